@@ -1,0 +1,153 @@
+# ballast: one Makefile for the whole tree.
+#
+#   make            build everything into build/ (CUDA parts when nvcc is found)
+#   make test       build and run every test; ends with "N passed, N failed, N skipped"
+#   make run        the demo: synthetic corpus + a short training run
+#   make bench      benchmarks (ratios measured side by side)
+#   make asan       unit + integration tests under ASan + UBSan (build-asan/)
+#   make tsan       the concurrency tests under ThreadSanitizer (build-tsan/)
+#   make valgrind   unit tests under valgrind memcheck
+#   make deps       install missing Debian packages (as root)
+#
+# Each part of the tree adds itself through a module.mk fragment; see
+# "Adding code" in README.md.
+
+BUILD   ?= build
+CUDA    ?= auto
+SAN     ?=
+V       ?= 0
+Q       := $(if $(filter 1,$(V)),,@)
+
+CC      ?= cc
+ifeq ($(CC),cc)
+CC      := gcc
+endif
+NVCC    ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+
+# Debian packages the build, the tests and the benchmarks need.
+DEPS_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
+             liburing-dev libjemalloc-dev libjansson-dev libmicrohttpd-dev libcriterion-dev \
+             python3-torch python3-numpy fio valgrind docker-compose
+PKGS      := grpc libprotobuf-c liburing jemalloc jansson libmicrohttpd
+
+SAN_FLAGS_asan := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+SAN_FLAGS_tsan := -fsanitize=thread -fno-omit-frame-pointer
+SAN_FLAGS      := $(SAN_FLAGS_$(SAN))
+OPT            := $(if $(SAN),-O1,-O2)
+
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter \
+               -Wno-missing-field-initializers -fopenmp -pthread $(SAN_FLAGS)
+INCLUDES    := -I. -Icommon -I$(BUILD)/gen
+PKG_CFLAGS   = $(shell pkg-config --cflags $(PKGS))
+PKG_LIBS     = $(shell pkg-config --libs $(PKGS))
+CFLAGS      += $(CFLAGS_BASE) $(INCLUDES) $(PKG_CFLAGS)
+LDLIBS      += $(PKG_LIBS) -lm -ldl
+LDFLAGS     += -fopenmp -pthread $(SAN_FLAGS)
+DEPFLAGS     = -MMD -MP
+
+# ---- CUDA detection ----
+ifeq ($(CUDA),0)
+HAVE_CUDA := 0
+else ifneq ($(NVCC),)
+HAVE_CUDA := 1
+else
+HAVE_CUDA := 0
+endif
+CUDA_ARCHS  ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80
+NVCCFLAGS   ?= -O2 -g -std=c++17 $(CUDA_ARCHS) -Xcompiler -fPIC,-Wall -I. -Icommon -I$(BUILD)/gen
+CUDA_LIBS    = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++
+
+# ---- collected by the module.mk fragments ----
+LIBS         :=        # static libraries, in link order (most dependent first)
+BINS         :=        # programs under $(BUILD)/bin
+UNIT_TESTS   :=        # Criterion programs under $(BUILD)/tests
+CUDA_OBJS    :=        # objects from .cu files
+GEN_SRCS     :=        # generated C sources
+
+COMMON_LIB   := $(BUILD)/lib/libballast_common.a
+
+# Link a program from its own objects ($^) and every library of the tree.
+LINK = @mkdir -p $(@D); echo "  LD   $@"; \
+       $(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) -Wl,--start-group $(LIBS) -Wl,--end-group $(LDLIBS) $(EXTRA_LIBS)
+
+.PHONY: all build deps test run bench asan tsan valgrind clean help check-deps
+.DEFAULT_GOAL := all
+.SECONDARY:
+
+all: deps
+	$(Q)$(MAKE) --no-print-directory build
+
+help:
+	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
+
+# ---- dependencies ----
+deps:
+	$(Q)missing=$$(for p in $(DEPS_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "deps: installing:" $$missing; \
+	    (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null || { echo "deps: apt-get install failed" >&2; exit 1; }; \
+	  else \
+	    echo "deps: missing Debian packages: $$missing" >&2; \
+	    echo "deps: run as root: apt-get install -y $$missing" >&2; exit 1; \
+	  fi; \
+	fi
+
+include common/module.mk
+include $(wildcard services/*/module.mk)
+include workers/module.mk
+include tests/module.mk
+
+build: report $(BINS) $(UNIT_TESTS) $(BUILD)/.cuda-stamp
+
+report:
+	@echo "build: C compiler $(CC) ($(shell $(CC) -dumpversion))"
+	@echo "build: nvcc $(if $(filter 1,$(HAVE_CUDA)),found at $(NVCC): building CUDA parts,$(if $(filter 0,$(CUDA)),disabled (CUDA=0),missing: CUDA parts skipped))"
+	@echo "build: fio $(if $(shell command -v fio),found,missing: spill benchmark compares nothing)"
+	@echo "build: python3-torch $(if $(shell /usr/bin/python3 -c 'import torch' 2>/dev/null && echo y),found,missing: reference tests skip)"
+.PHONY: report
+
+$(BUILD)/.cuda-stamp: $(CUDA_OBJS)
+	@mkdir -p $(@D) && touch $@
+
+# ---- pattern rules ----
+$(BUILD)/obj/%.o: %.c | $(GEN_HDRS)
+	@mkdir -p $(@D)
+	@echo "  CC   $<"
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+$(BUILD)/cuobj/%.o: %.cu
+	@mkdir -p $(@D)
+	@echo "  NVCC $<"
+	$(Q)$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# ---- tests ----
+test: deps
+	$(Q)$(MAKE) --no-print-directory build
+	$(Q)BUILD=$(BUILD) tests/run.sh $(T)
+
+asan: deps
+	$(Q)$(MAKE) --no-print-directory BUILD=build-asan SAN=asan CUDA=0 build
+	$(Q)BUILD=build-asan BALLAST_SAN=asan tests/run.sh --no-reference $(T)
+
+tsan: deps
+	$(Q)$(MAKE) --no-print-directory BUILD=build-tsan SAN=tsan CUDA=0 build
+	$(Q)BUILD=build-tsan BALLAST_SAN=tsan tests/run.sh --only-concurrency $(T)
+
+valgrind: deps
+	$(Q)$(MAKE) --no-print-directory build
+	$(Q)BUILD=$(BUILD) BALLAST_VALGRIND=1 tests/run.sh --no-reference $(T)
+
+bench: deps
+	$(Q)$(MAKE) --no-print-directory build
+	$(Q)BUILD=$(BUILD) tests/bench/run.sh
+
+run: deps
+	$(Q)$(MAKE) --no-print-directory build
+	$(Q)BUILD=$(BUILD) tests/demo.sh
+
+clean:
+	rm -rf build build-asan build-tsan
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

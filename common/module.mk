@@ -1,0 +1,27 @@
+# common/: the shared C library, plus the protobuf-c code generated from proto/.
+# proto/X.proto becomes $(BUILD)/gen/X.pb-c.{c,h}; include it as "X.pb-c.h".
+
+PROTOS     := $(shell find proto -name '*.proto' | sort)
+GEN_SRCS   += $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTOS))
+GEN_HDRS   := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.h,$(PROTOS))
+
+$(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
+	@mkdir -p $(BUILD)/gen
+	@echo "  PROTOC-C $<"
+	$(Q)protoc-c --proto_path=proto --c_out=$(BUILD)/gen $<
+
+COMMON_SRCS := $(wildcard common/*.c)
+COMMON_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(COMMON_SRCS)) \
+               $(patsubst $(BUILD)/gen/%.c,$(BUILD)/obj/gen/%.o,$(GEN_SRCS))
+
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c $(GEN_HDRS)
+	@mkdir -p $(@D)
+	@echo "  CC   $<"
+	$(Q)$(CC) $(CFLAGS) -w -c $< -o $@
+
+$(COMMON_LIB): $(COMMON_OBJS)
+	@mkdir -p $(@D)
+	@echo "  AR   $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+LIBS += $(COMMON_LIB)

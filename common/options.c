@@ -1,0 +1,346 @@
+/* options.c: see options.h. No getopt: the table is the single source. */
+#include "options.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* ---- scalar parsers ---- */
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static bool blank(const char *s) {
+    while (*s && isspace((unsigned char)*s)) s++;
+    return *s == 0;
+}
+
+int parse_int64(const char *s, int64_t *out, char *err, size_t errlen) {
+    if (!s || blank(s)) return fail(err, errlen, "empty value where an integer is expected");
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 0);
+    if (errno == ERANGE) return fail(err, errlen, "'%s' overflows a 64-bit integer", s);
+    if (*end != 0 || end == s) return fail(err, errlen, "'%s' is not an integer", s);
+    *out = v;
+    return 0;
+}
+
+int parse_double(const char *s, double *out, char *err, size_t errlen) {
+    if (!s || blank(s)) return fail(err, errlen, "empty value where a number is expected");
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (*end != 0 || end == s) return fail(err, errlen, "'%s' is not a number", s);
+    if (errno == ERANGE || !isfinite(v)) return fail(err, errlen, "'%s' is out of range", s);
+    *out = v;
+    return 0;
+}
+
+int parse_bool(const char *s, bool *out, char *err, size_t errlen) {
+    static const char *yes[] = { "1", "true", "yes", "on" }, *no[] = { "0", "false", "no", "off" };
+    for (int i = 0; i < 4; i++) {
+        if (s && strcasecmp(s, yes[i]) == 0) { *out = true; return 0; }
+        if (s && strcasecmp(s, no[i]) == 0) { *out = false; return 0; }
+    }
+    return fail(err, errlen, "'%s' is not a boolean (use true/false, 1/0, yes/no)", s ? s : "");
+}
+
+int parse_size(const char *s, uint64_t *out, char *err, size_t errlen) {
+    if (!s || blank(s)) return fail(err, errlen, "empty value where a size is expected (e.g. 512M, 8G)");
+    const char *p = s;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p == '-') return fail(err, errlen, "size '%s' is negative", s);
+    if (!isdigit((unsigned char)*p) && *p != '.') return fail(err, errlen, "'%s' is not a size (e.g. 4096, 512M, 8G)", s);
+    /* Integer part exactly, optional fraction, optional unit. */
+    errno = 0;
+    char *end;
+    unsigned long long whole = strtoull(p, &end, 10);
+    if (errno == ERANGE) return fail(err, errlen, "size '%s' overflows 64 bits", s);
+    double frac = 0;
+    if (*end == '.') {
+        char *fend;
+        frac = strtod(end, &fend);
+        if (fend == end + 1 && end == p) return fail(err, errlen, "'%s' is not a size", s);
+        end = fend;
+    }
+    unsigned shift = 0;
+    switch (toupper((unsigned char)*end)) {
+    case 0: break;
+    case 'K': shift = 10; end++; break;
+    case 'M': shift = 20; end++; break;
+    case 'G': shift = 30; end++; break;
+    case 'T': shift = 40; end++; break;
+    case 'P': shift = 50; end++; break;
+    case 'B': break;
+    default: return fail(err, errlen, "size '%s' has an unknown unit (use K, M, G, T, P)", s);
+    }
+    if (shift && (*end == 'i' || *end == 'I')) end++; /* KiB, MiB */
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end != 0) return fail(err, errlen, "size '%s' has trailing characters '%s'", s, end);
+    if (shift && whole > (UINT64_MAX >> shift)) return fail(err, errlen, "size '%s' overflows 64 bits", s);
+    uint64_t v = (uint64_t)whole << shift;
+    if (frac > 0) {
+        double extra = frac * (double)((uint64_t)1 << shift);
+        if ((double)v + extra >= 18446744073709551615.0) return fail(err, errlen, "size '%s' overflows 64 bits", s);
+        v += (uint64_t)extra;
+    }
+    *out = v;
+    return 0;
+}
+
+int parse_duration(const char *s, double *seconds, char *err, size_t errlen) {
+    if (!s || blank(s)) return fail(err, errlen, "empty value where a duration is expected (e.g. 30s, 5m)");
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s) return fail(err, errlen, "'%s' is not a duration (e.g. 500ms, 30s, 5m, 2h)", s);
+    if (errno == ERANGE || !isfinite(v)) return fail(err, errlen, "duration '%s' is out of range", s);
+    if (v < 0) return fail(err, errlen, "duration '%s' is negative", s);
+    double mul;
+    if (*end == 0 || strcmp(end, "s") == 0) mul = 1;
+    else if (strcmp(end, "ms") == 0) mul = 1e-3;
+    else if (strcmp(end, "us") == 0) mul = 1e-6;
+    else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0) mul = 60;
+    else if (strcmp(end, "h") == 0) mul = 3600;
+    else if (strcmp(end, "d") == 0) mul = 86400;
+    else return fail(err, errlen, "duration '%s' has an unknown unit '%s' (use ms, s, m, h, d)", s, end);
+    if (v * mul > 1e12) return fail(err, errlen, "duration '%s' is out of range", s);
+    *seconds = v * mul;
+    return 0;
+}
+
+void format_size(uint64_t b, char *buf, size_t len) {
+    static const char *u[] = { "", "K", "M", "G", "T", "P" };
+    int i = 0;
+    double v = (double)b;
+    while (v >= 1024 && i < 5 && (b % 1024 == 0 || v >= 10240)) { v /= 1024; i++; b /= 1024; }
+    if (v == floor(v)) snprintf(buf, len, "%.0f%s", v, u[i]);
+    else snprintf(buf, len, "%.1f%s", v, u[i]);
+}
+
+/* ---- the table ---- */
+
+static const char *type_name(const opt_t *o) {
+    switch (o->type) {
+    case OPT_BOOL: return "";
+    case OPT_INT: return "INT";
+    case OPT_SIZE: return "SIZE";
+    case OPT_DURATION: return "DURATION";
+    case OPT_DOUBLE: return "NUM";
+    case OPT_STRING: return "STR";
+    case OPT_ENUM: return o->choices;
+    }
+    return "?";
+}
+
+static void env_name(const opt_t *o, char *buf, size_t len) {
+    size_t n = (size_t)snprintf(buf, len, "BALLAST_");
+    for (const char *p = o->name; *p && n + 1 < len; p++)
+        buf[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+    buf[n] = 0;
+}
+
+static bool bounded(const opt_t *o) { return !(o->min == 0 && o->max == 0); }
+
+/* Parse text into o->dst; origin says where the text came from. */
+static int set_value(const opt_t *o, const char *text, const char *origin, char *err, size_t errlen) {
+    char why[256];
+    why[0] = 0;
+    int rc = 0;
+    switch (o->type) {
+    case OPT_BOOL: {
+        bool v;
+        rc = parse_bool(text, &v, why, sizeof why);
+        if (!rc) *(bool *)o->dst = v;
+        break;
+    }
+    case OPT_INT: {
+        int64_t v;
+        rc = parse_int64(text, &v, why, sizeof why);
+        if (!rc && bounded(o) && ((double)v < o->min || (double)v > o->max)) {
+            snprintf(why, sizeof why, "%lld is outside [%.0f, %.0f]", (long long)v, o->min, o->max);
+            rc = -1;
+        }
+        if (!rc) *(int64_t *)o->dst = v;
+        break;
+    }
+    case OPT_SIZE: {
+        uint64_t v;
+        rc = parse_size(text, &v, why, sizeof why);
+        if (!rc && bounded(o) && ((double)v < o->min || (double)v > o->max)) {
+            char lo[32], hi[32];
+            format_size((uint64_t)o->min, lo, sizeof lo);
+            format_size((uint64_t)o->max, hi, sizeof hi);
+            snprintf(why, sizeof why, "%s is outside [%s, %s]", text, lo, hi);
+            rc = -1;
+        }
+        if (!rc) *(uint64_t *)o->dst = v;
+        break;
+    }
+    case OPT_DURATION: {
+        double v;
+        rc = parse_duration(text, &v, why, sizeof why);
+        if (!rc && bounded(o) && (v < o->min || v > o->max)) {
+            snprintf(why, sizeof why, "%s is outside [%gs, %gs]", text, o->min, o->max);
+            rc = -1;
+        }
+        if (!rc) *(double *)o->dst = v;
+        break;
+    }
+    case OPT_DOUBLE: {
+        double v;
+        rc = parse_double(text, &v, why, sizeof why);
+        if (!rc && bounded(o) && (v < o->min || v > o->max)) {
+            snprintf(why, sizeof why, "%s is outside [%g, %g]", text, o->min, o->max);
+            rc = -1;
+        }
+        if (!rc) *(double *)o->dst = v;
+        break;
+    }
+    case OPT_STRING:
+        *(const char **)o->dst = text;
+        break;
+    case OPT_ENUM: {
+        int idx = 0;
+        const char *c = o->choices;
+        size_t tl = text ? strlen(text) : 0;
+        rc = -1;
+        while (c && *c) {
+            const char *bar = strchr(c, '|');
+            size_t cl = bar ? (size_t)(bar - c) : strlen(c);
+            if (text && cl == tl && strncmp(c, text, cl) == 0) { *(int *)o->dst = idx; rc = 0; break; }
+            idx++;
+            c = bar ? bar + 1 : NULL;
+        }
+        if (rc) snprintf(why, sizeof why, "'%s' is not one of %s", text ? text : "", o->choices);
+        break;
+    }
+    }
+    if (rc) return fail(err, errlen, "invalid value for --%s (from %s): %s", o->name, origin, why);
+    return 0;
+}
+
+static const opt_t *find(const opt_t *opts, size_t n, const char *name, size_t len) {
+    for (size_t i = 0; i < n; i++)
+        if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0) return &opts[i];
+    return NULL;
+}
+
+void opt_format_value(const opt_t *o, char *buf, size_t len) {
+    switch (o->type) {
+    case OPT_BOOL: snprintf(buf, len, "%s", *(bool *)o->dst ? "true" : "false"); break;
+    case OPT_INT: snprintf(buf, len, "%lld", (long long)*(int64_t *)o->dst); break;
+    case OPT_SIZE: format_size(*(uint64_t *)o->dst, buf, len); break;
+    case OPT_DURATION: snprintf(buf, len, "%gs", *(double *)o->dst); break;
+    case OPT_DOUBLE: snprintf(buf, len, "%g", *(double *)o->dst); break;
+    case OPT_STRING: snprintf(buf, len, "%s", *(const char **)o->dst ? *(const char **)o->dst : "(unset)"); break;
+    case OPT_ENUM: {
+        int idx = *(int *)o->dst, i = 0;
+        const char *c = o->choices;
+        while (c && i < idx) { c = strchr(c, '|'); if (c) c++; i++; }
+        if (!c) { snprintf(buf, len, "?"); break; }
+        const char *bar = strchr(c, '|');
+        snprintf(buf, len, "%.*s", bar ? (int)(bar - c) : (int)strlen(c), c);
+        break;
+    }
+    }
+}
+
+void opt_print_help(const opt_t *opts, size_t n, const char *usage, FILE *out) {
+    if (usage) fprintf(out, "%s\n\n", usage);
+    fprintf(out, "Options (each also settable as BALLAST_<NAME> in the environment):\n");
+    for (size_t i = 0; i < n; i++) {
+        const opt_t *o = &opts[i];
+        char flag[96];
+        snprintf(flag, sizeof flag, "--%s%s%s", o->name, o->type == OPT_BOOL ? "" : " ", type_name(o));
+        fprintf(out, "  %-34s %s (default: %s)\n", flag, o->help ? o->help : "",
+                o->def ? (o->def[0] ? o->def : "\"\"") : "unset");
+    }
+    fprintf(out, "  %-34s %s\n", "--help", "print this help and exit");
+}
+
+void opt_print_table(const opt_t *opts, size_t n, FILE *out) {
+    fprintf(out, "+------------------------------+--------------------------------+\n");
+    fprintf(out, "| %-28s | %-30s |\n", "setting", "value");
+    fprintf(out, "+------------------------------+--------------------------------+\n");
+    for (size_t i = 0; i < n; i++) {
+        char v[256];
+        opt_format_value(&opts[i], v, sizeof v);
+        fprintf(out, "| %-28s | %-30s |\n", opts[i].name, v);
+    }
+    fprintf(out, "+------------------------------+--------------------------------+\n");
+}
+
+int opt_parse(const opt_t *opts, size_t n, int argc, char **argv,
+              const char **pos, int max_pos, int *npos,
+              const char *usage, char *err, size_t errlen) {
+    if (npos) *npos = 0;
+    /* Defaults (an empty/NULL default for a string leaves NULL). */
+    for (size_t i = 0; i < n; i++) {
+        const opt_t *o = &opts[i];
+        if (!o->def) {
+            if (o->type == OPT_STRING) *(const char **)o->dst = NULL;
+            continue;
+        }
+        if (set_value(o, o->def, "the built-in default", err, errlen)) return -1;
+    }
+    /* Environment. */
+    for (size_t i = 0; i < n; i++) {
+        char env[96], origin[128];
+        env_name(&opts[i], env, sizeof env);
+        const char *v = getenv(env);
+        if (!v) continue;
+        snprintf(origin, sizeof origin, "environment variable %s", env);
+        if (set_value(&opts[i], v, origin, err, errlen)) return -1;
+    }
+    /* Flags. */
+    bool only_pos = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!only_pos && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) {
+            opt_print_help(opts, n, usage, stdout);
+            return 1;
+        }
+        if (!only_pos && strcmp(a, "--") == 0) { only_pos = true; continue; }
+        if (only_pos || a[0] != '-' || a[1] == 0) {
+            if (!pos || !npos || *npos >= max_pos)
+                return fail(err, errlen, "unexpected argument '%s'%s", a,
+                            max_pos ? " (too many arguments)" : " (this program takes only --options)");
+            pos[(*npos)++] = a;
+            continue;
+        }
+        if (a[1] != '-') return fail(err, errlen, "unknown option '%s' (options are spelled --name; see --help)", a);
+        const char *name = a + 2;
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const opt_t *o = find(opts, n, name, len);
+        const char *val = eq ? eq + 1 : NULL;
+        if (!o && len > 3 && strncmp(name, "no-", 3) == 0) {
+            const opt_t *b = find(opts, n, name + 3, len - 3);
+            if (b && b->type == OPT_BOOL && !eq) { *(bool *)b->dst = false; continue; }
+        }
+        if (!o) return fail(err, errlen, "unknown option '--%.*s' (see --help for the list)", (int)len, name);
+        char origin[128];
+        snprintf(origin, sizeof origin, "the command line");
+        if (o->type == OPT_BOOL && !val) { *(bool *)o->dst = true; continue; }
+        if (!val) {
+            if (i + 1 >= argc) return fail(err, errlen, "option --%s needs a value (%s)", o->name, type_name(o));
+            val = argv[++i];
+        }
+        if (set_value(o, val, origin, err, errlen)) return -1;
+    }
+    return 0;
+}

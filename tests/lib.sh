@@ -1,0 +1,41 @@
+# tests/lib.sh: helpers for shell tests. Source it; each check prints one TAP
+# line that tests/run.sh counts. A script ends with `t_done`.
+#
+#   t_ok NAME / t_fail NAME WHY / t_skip NAME WHY
+#   t_check NAME CMD...          passes when CMD exits 0
+#   t_expect_fail NAME PATTERN CMD...  passes when CMD exits non-zero and its
+#                                output (stdout+stderr) matches PATTERN (grep -E)
+#   t_tmpdir                     a fresh directory removed at exit
+set -u
+BUILD=${BUILD:-build}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN=$ROOT/$BUILD/bin
+T_FAILED=0
+T_COUNT=0
+
+t_ok()   { T_COUNT=$((T_COUNT+1)); echo "ok - $1"; }
+t_fail() { T_COUNT=$((T_COUNT+1)); T_FAILED=$((T_FAILED+1)); echo "not ok - $1"; shift; echo "#   $*" | sed 's/^/#   /' >&2; echo "  # $*"; }
+t_skip() { T_COUNT=$((T_COUNT+1)); echo "ok - $1 # SKIP $2"; }
+
+t_check() {
+    local name=$1; shift
+    local out
+    if out=$("$@" 2>&1); then t_ok "$name"; else t_fail "$name" "command failed: $*: $(echo "$out" | tail -5)"; fi
+}
+
+t_expect_fail() {
+    local name=$1 pat=$2; shift 2
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    if [ $rc -eq 0 ]; then t_fail "$name" "expected failure, got exit 0: $*"
+    elif [ $rc -ge 128 ]; then t_fail "$name" "crashed with signal $((rc-128)): $*"
+    elif echo "$out" | grep -Eq -- "$pat"; then t_ok "$name"
+    else t_fail "$name" "message did not match /$pat/: $(echo "$out" | tail -3)"; fi
+}
+
+T_TMPDIRS=()
+t_tmpdir() { local d; d=$(mktemp -d /tmp/ballast-test.XXXXXX); T_TMPDIRS+=("$d"); echo "$d"; }
+t_cleanup() { for d in "${T_TMPDIRS[@]:-}"; do [ -n "$d" ] && rm -rf "$d"; done; }
+trap t_cleanup EXIT
+
+t_done() { [ "$T_COUNT" -gt 0 ] || { echo "not ok - $(basename "$0") ran no check"; exit 1; }; [ "$T_FAILED" -eq 0 ]; }

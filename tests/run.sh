@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# tests/run.sh: run every test and print one summary line
+# "N passed, N failed, N skipped". Exit status is non-zero on any failure.
+#
+#   tests/run.sh [--no-reference] [--only-concurrency] [FILTER]
+#
+# Test kinds, all reporting TAP:
+#   $BUILD/tests/unit/test_*   Criterion programs (tests/unit/*.c)
+#   tests/integration/*.sh     scripts driving the real binaries
+#   tests/reference/*.sh       cross-checks against PyTorch
+# FILTER keeps the tests whose path contains it (e.g. "crc32c").
+# BALLAST_VALGRIND=1 runs the unit programs under valgrind memcheck.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export BUILD
+NO_REF=0; ONLY_CONC=0; FILTER=""
+for a in "$@"; do
+    case "$a" in
+    --no-reference) NO_REF=1 ;;
+    --only-concurrency) ONLY_CONC=1 ;;
+    -*) echo "run.sh: unknown option $a" >&2; exit 2 ;;
+    *) FILTER=$a ;;
+    esac
+done
+TIMEOUT=${BALLAST_TEST_TIMEOUT:-900}
+LOGDIR=$BUILD/test-logs
+rm -rf "$LOGDIR"; mkdir -p "$LOGDIR"
+PASS=0; FAIL=0; SKIP=0
+FAILED_NAMES=()
+
+# Count TAP lines of one log; a program that failed without a failing line
+# counts as one failure.
+tally() {
+    local name=$1 log=$2 rc=$3
+    local p f s
+    p=$(grep -E '^ok ' "$log" | grep -vc '# SKIP' || true)
+    s=$(grep -E '^ok .*# SKIP' -c "$log" || true)
+    f=$(grep -cE '^not ok ' "$log" || true)
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1; echo "not ok - $name exited with status $rc" >> "$log"
+    fi
+    if [ $((p + f + s)) -eq 0 ]; then f=1; echo "not ok - $name reported no result" >> "$log"; fi
+    PASS=$((PASS + p)); FAIL=$((FAIL + f)); SKIP=$((SKIP + s))
+    local status=PASS
+    [ "$f" -gt 0 ] && { status=FAIL; FAILED_NAMES+=("$name"); }
+    printf '%-4s %-44s %4d passed %3d failed %3d skipped\n' "$status" "$name" "$p" "$f" "$s"
+    if [ "$f" -gt 0 ]; then
+        grep -E -A12 '^not ok ' "$log" | sed 's/^/     | /' | head -40
+        echo "     | (full log: $log)"
+    fi
+    grep -E '^ok .*# SKIP' "$log" | sed 's/^ok - /     skipped: /' | head -5
+}
+
+want() {
+    local path=$1
+    [ -z "$FILTER" ] || [[ "$path" == *"$FILTER"* ]] || return 1
+    if [ "$ONLY_CONC" = 1 ]; then [[ "$path" == *ring* || "$path" == *rpc* || "$path" == *concurr* ]] || return 1; fi
+    return 0
+}
+
+VG=()
+if [ "${BALLAST_VALGRIND:-0}" = 1 ]; then
+    VG=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --trace-children=yes
+        --suppressions=tests/valgrind.supp)
+fi
+
+for t in $(ls "$BUILD"/tests/unit/test_* 2>/dev/null | grep -v '\.d$' | sort); do
+    [ -x "$t" ] || continue
+    name=unit/$(basename "$t")
+    want "$name" || continue
+    log=$LOGDIR/$(basename "$t").tap
+    jobs=2; [ ${#VG[@]} -gt 0 ] && jobs=1
+    timeout "$TIMEOUT" "${VG[@]}" "$t" --tap="$log" -j$jobs --timeout 300 > "$LOGDIR/$(basename "$t").out" 2>&1
+    rc=$?
+    [ -f "$log" ] || : > "$log"
+    tally "$name" "$log" $rc
+done
+
+run_script() {
+    local s=$1 name=$2
+    local log=$LOGDIR/$(echo "$name" | tr '/' '_').tap
+    timeout "$TIMEOUT" bash "$s" > "$log" 2> "$log.err"
+    local rc=$?
+    [ $rc -eq 124 ] && echo "not ok - $name timed out after ${TIMEOUT}s" >> "$log"
+    if [ $rc -ne 0 ]; then tail -20 "$log.err" | sed 's/^/# /' >> "$log"; fi
+    tally "$name" "$log" $rc
+}
+
+for s in $(ls tests/integration/*.sh 2>/dev/null | sort); do
+    name=integration/$(basename "$s" .sh)
+    want "$name" || continue
+    run_script "$s" "$name"
+done
+
+if [ "$NO_REF" = 0 ] && [ "$ONLY_CONC" = 0 ]; then
+    for s in $(ls tests/reference/*.sh 2>/dev/null | sort); do
+        name=reference/$(basename "$s" .sh)
+        want "$name" || continue
+        run_script "$s" "$name"
+    done
+fi
+
+echo
+if [ ${#FAILED_NAMES[@]} -gt 0 ]; then echo "failed: ${FAILED_NAMES[*]}"; fi
+echo "$PASS passed, $FAIL failed, $SKIP skipped"
+[ "$FAIL" -eq 0 ] && [ $((PASS + SKIP)) -gt 0 ]

@@ -1,0 +1,26 @@
+# workers/: ballast-worker, the ballast CLI, and the library they share.
+# Every workers/*.c except the *_main.c files goes into libballast_worker.a.
+
+WORKER_SRCS := $(filter-out %_main.c,$(wildcard workers/*.c))
+WORKER_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(WORKER_SRCS))
+WORKER_LIB  := $(BUILD)/lib/libballast_worker.a
+
+$(WORKER_LIB): $(WORKER_OBJS)
+	@mkdir -p $(@D)
+	@echo "  AR   $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+LIBS := $(WORKER_LIB) $(LIBS)
+
+# CUDA backend: compiled whenever nvcc is there, so every .cu file is checked
+# on machines without a GPU too.
+CUDA_SRCS := $(wildcard workers/backend_cuda/*.cu)
+ifeq ($(HAVE_CUDA),1)
+CUDA_OBJS += $(patsubst %.cu,$(BUILD)/cuobj/%.o,$(CUDA_SRCS))
+endif
+
+WORKER_MAINS := $(wildcard workers/*_main.c)
+BINS += $(patsubst workers/%_main.c,$(BUILD)/bin/%,$(WORKER_MAINS))
+
+$(BUILD)/bin/%: $(BUILD)/obj/workers/%_main.o $(LIBS)
+	$(LINK)
