@@ -59,6 +59,19 @@ want() {
     return 0
 }
 
+# Sanitizer and valgrind reports that happen in a test's child process (or at
+# its exit, like LeakSanitizer) do not fail the test by themselves: look for
+# them in the output and count one failure per affected program.
+SAN_PAT='^==[0-9]+==ERROR|^==[0-9]+== (Invalid|Conditional jump|Syscall param|Mismatched|Source and destination overlap|Use of uninitialised)|^==[0-9]+== .*definitely lost|runtime error:|WARNING: ThreadSanitizer'
+check_reports() {
+    local name=$1 out=$2 log=$3
+    [ -f "$out" ] || return 0
+    if grep -Eq "$SAN_PAT" "$out"; then
+        echo "not ok - $name: sanitizer/valgrind report in $out" >> "$log"
+        grep -E -A8 "$SAN_PAT" "$out" | head -30 | sed 's/^/# /' >> "$log"
+    fi
+}
+
 VG=()
 if [ "${BALLAST_VALGRIND:-0}" = 1 ]; then
     VG=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --trace-children=yes
@@ -74,6 +87,7 @@ for t in $(ls "$BUILD"/tests/unit/test_* 2>/dev/null | grep -v '\.d$' | sort); d
     timeout "$TIMEOUT" "${VG[@]}" "$t" --tap="$log" -j$jobs --timeout 300 > "$LOGDIR/$(basename "$t").out" 2>&1
     rc=$?
     [ -f "$log" ] || : > "$log"
+    check_reports "$name" "$LOGDIR/$(basename "$t").out" "$log"
     tally "$name" "$log" $rc
 done
 
@@ -84,6 +98,7 @@ run_script() {
     local rc=$?
     [ $rc -eq 124 ] && echo "not ok - $name timed out after ${TIMEOUT}s" >> "$log"
     if [ $rc -ne 0 ]; then tail -20 "$log.err" | sed 's/^/# /' >> "$log"; fi
+    check_reports "$name" "$log.err" "$log"
     tally "$name" "$log" $rc
 }
 
