@@ -24,3 +24,12 @@ BINS += $(patsubst workers/%_main.c,$(BUILD)/bin/%,$(WORKER_MAINS))
 
 $(BUILD)/bin/%: $(BUILD)/obj/workers/%_main.o $(LIBS)
 	$(LINK)
+
+# ballast_main.c refers to the cmd_*() functions weakly, and a weak reference
+# does not pull a member out of an archive: link the cmd_*.o objects directly.
+$(BUILD)/bin/ballast: $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard workers/cmd_*.c))
+
+# ballast-worker's main is workers/worker_main.c.
+BINS := $(filter-out $(BUILD)/bin/worker,$(BINS)) $(if $(wildcard workers/worker_main.c),$(BUILD)/bin/ballast-worker)
+$(BUILD)/bin/ballast-worker: $(BUILD)/obj/workers/worker_main.o $(LIBS)
+	$(LINK)
