@@ -87,6 +87,12 @@ for t in $(ls "$BUILD"/tests/unit/test_* 2>/dev/null | grep -v '\.d$' | sort); d
     timeout "$TIMEOUT" "${VG[@]}" "$t" --tap="$log" -j$jobs --timeout 300 > "$LOGDIR/$(basename "$t").out" 2>&1
     rc=$?
     [ -f "$log" ] || : > "$log"
+    # Criterion cannot start under ThreadSanitizer (Snaipe/Criterion#274:
+    # its shared arena collides with TSan's memory layout); say so instead of
+    # failing. TSan coverage comes from the plain programs of tests/integration.
+    if [ "${BALLAST_SAN:-}" = tsan ] && grep -q 'Could not initialize inheritable arena' "$LOGDIR/$(basename "$t").out"; then
+        echo "ok - $name # SKIP Criterion cannot run under ThreadSanitizer (Criterion#274); see tests/integration" > "$log"; rc=0
+    fi
     check_reports "$name" "$LOGDIR/$(basename "$t").out" "$log"
     tally "$name" "$log" $rc
 done
