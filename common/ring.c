@@ -1,0 +1,435 @@
+/* ring.c: see ring.h. SPSC ring in shared memory, eventfd doorbells.
+ *
+ * Memory ordering
+ * ---------------
+ * Data: the producer writes an entry with plain stores, then publishes it
+ * with a release store of tail. The consumer reads tail with an acquire
+ * load; every entry below that tail is therefore fully written when it
+ * copies it out. The consumer then frees the slots with a release store of
+ * head; the producer reads head with an acquire load before it reuses a
+ * slot, so the consumer's copy-out happens before the slot is overwritten.
+ * Each counter has exactly one writer, so no read-modify-write is needed.
+ *
+ * Wakeups (the store-buffer / Dekker pattern): a consumer about to sleep
+ * does   store(cons_waiting = 1); load(tail)    and sleeps only if empty;
+ * the producer does   store(tail); load(cons_waiting)   and notifies if 1.
+ * All four are seq_cst, so they sit in one total order: if the consumer's
+ * load of tail missed the new tail, that load precedes the producer's store
+ * of tail, hence the consumer's flag store precedes the producer's flag
+ * load, which then reads 1 and rings the doorbell. Either the consumer sees
+ * the entry or the producer sees the flag; a wakeup cannot be lost. The
+ * eventfd counts, so a notification that lands before poll() still makes
+ * poll() return at once. The same argument covers prod_waiting / head.
+ * (seq_cst operations rather than fences: ThreadSanitizer does not model
+ * atomic_thread_fence.)
+ *
+ * Trust: a side never trusts the counter the other side writes. It keeps
+ * its own counter in ring_t and checks 0 <= tail - head <= capacity (32-bit
+ * modular arithmetic) on every read of the other counter, before any entry
+ * is touched; slot indexes are masked, so no access leaves the mapping. */
+#include "ring.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+_Static_assert(sizeof(ring_hdr_t) == RING_HDR_BYTES, "ring header must be 4 cache lines");
+_Static_assert(offsetof(ring_hdr_t, head) == 1 * RING_LINE, "head on line 1");
+_Static_assert(offsetof(ring_hdr_t, tail) == 2 * RING_LINE, "tail on line 2");
+_Static_assert(offsetof(ring_hdr_t, cons_waiting) == 3 * RING_LINE, "flags on line 3");
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "ring needs lock-free 32-bit atomics in shared memory");
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static bool is_pow2(uint32_t x) { return x && !(x & (x - 1)); }
+
+/* ---- layout ---- */
+
+size_t ring_bytes(uint32_t capacity, uint32_t entry_size) {
+    if (!is_pow2(capacity) || capacity > RING_MAX_CAPACITY) return 0;
+    if (entry_size < 8 || entry_size > RING_MAX_ENTRY || entry_size % 8) return 0;
+    return RING_HDR_BYTES + (size_t)capacity * entry_size; /* <= 2^40, no overflow */
+}
+
+int ring_init(void *mem, size_t bytes, uint32_t capacity, uint32_t entry_size,
+              char *err, size_t errlen) {
+    size_t need = ring_bytes(capacity, entry_size);
+    if (!mem || ((uintptr_t)mem % RING_LINE)) {
+        seterr(err, errlen, "ring_init: memory %p is not %u-byte aligned", mem, RING_LINE);
+        return -EINVAL;
+    }
+    if (need == 0) {
+        seterr(err, errlen, "ring_init: capacity %u must be a power of two <= %u and entry size %u "
+               "a multiple of 8 in [8, %u]", capacity, RING_MAX_CAPACITY, entry_size, RING_MAX_ENTRY);
+        return -EINVAL;
+    }
+    if (bytes < need) {
+        seterr(err, errlen, "ring_init: %zu bytes given, a ring of %u x %u-byte entries needs %zu",
+               bytes, capacity, entry_size, need);
+        return -EINVAL;
+    }
+    ring_hdr_t *h = mem;
+    memset(h, 0, RING_HDR_BYTES);
+    h->version = RING_VERSION;
+    h->capacity = capacity;
+    h->entry_size = entry_size;
+    h->entries_off = RING_HDR_BYTES;
+    atomic_init(&h->head, 0);
+    atomic_init(&h->tail, 0);
+    atomic_init(&h->cons_waiting, 0);
+    atomic_init(&h->prod_waiting, 0);
+    /* magic last, released: a reader that sees it sees the rest. */
+    atomic_store_explicit((_Atomic uint64_t *)&h->magic, RING_MAGIC, memory_order_release);
+    return 0;
+}
+
+int ring_attach(ring_t *r, void *mem, size_t bytes, uint32_t expect_entry_size,
+                char *err, size_t errlen) {
+    memset(r, 0, sizeof *r);
+    r->data_fd = r->space_fd = -1;
+    if (!mem || ((uintptr_t)mem % RING_LINE) || bytes < RING_HDR_BYTES) {
+        seterr(err, errlen, "ring_attach: mapping %p of %zu bytes cannot hold a %u-byte ring header",
+               mem, bytes, RING_HDR_BYTES);
+        return -EINVAL;
+    }
+    ring_hdr_t *h = mem;
+    /* Read each field once: the other side may change them under us. */
+    uint64_t magic = atomic_load_explicit((_Atomic uint64_t *)&h->magic, memory_order_acquire);
+    uint32_t version = ((volatile ring_hdr_t *)h)->version;
+    uint32_t cap = ((volatile ring_hdr_t *)h)->capacity;
+    uint32_t esz = ((volatile ring_hdr_t *)h)->entry_size;
+    uint32_t off = ((volatile ring_hdr_t *)h)->entries_off;
+    if (magic != RING_MAGIC) {
+        seterr(err, errlen, "ring_attach: bad magic 0x%016llx (want 0x%016llx): not a ring, or not "
+               "initialized yet", (unsigned long long)magic, (unsigned long long)RING_MAGIC);
+        return -EBADMSG;
+    }
+    if (version != RING_VERSION) {
+        seterr(err, errlen, "ring_attach: ring version %u, this build speaks %u: upgrade both sides "
+               "together", version, RING_VERSION);
+        return -EBADMSG;
+    }
+    if (!is_pow2(cap) || cap > RING_MAX_CAPACITY) {
+        seterr(err, errlen, "ring_attach: capacity %u is not a power of two in [1, %u]", cap,
+               RING_MAX_CAPACITY);
+        return -EBADMSG;
+    }
+    if (esz < 8 || esz > RING_MAX_ENTRY || esz % 8) {
+        seterr(err, errlen, "ring_attach: entry size %u is not a multiple of 8 in [8, %u]", esz,
+               RING_MAX_ENTRY);
+        return -EBADMSG;
+    }
+    if (expect_entry_size && esz != expect_entry_size) {
+        seterr(err, errlen, "ring_attach: entry size %u, expected %u: the peer speaks another "
+               "protocol version", esz, expect_entry_size);
+        return -EBADMSG;
+    }
+    if (off != RING_HDR_BYTES) {
+        seterr(err, errlen, "ring_attach: entries at offset %u, expected %u", off, RING_HDR_BYTES);
+        return -EBADMSG;
+    }
+    size_t need = ring_bytes(cap, esz);
+    if (need > bytes) {
+        seterr(err, errlen, "ring_attach: header claims %u x %u-byte entries (%zu bytes) but the "
+               "mapping is %zu bytes", cap, esz, need, bytes);
+        return -EBADMSG;
+    }
+    uint32_t head = atomic_load_explicit(&h->head, memory_order_acquire);
+    uint32_t tail = atomic_load_explicit(&h->tail, memory_order_acquire);
+    if (tail - head > cap) {
+        seterr(err, errlen, "ring_attach: tail %u - head %u = %u exceeds capacity %u: corrupt ring",
+               tail, head, tail - head, cap);
+        return -EBADMSG;
+    }
+    r->hdr = h;
+    r->entries = (uint8_t *)mem + RING_HDR_BYTES;
+    r->capacity = cap;
+    r->mask = cap - 1;
+    r->entry_size = esz;
+    r->head = head;
+    r->tail = tail;
+    r->seen_head = head;
+    r->seen_tail = tail;
+    return 0;
+}
+
+void ring_set_doorbells(ring_t *r, int data_fd, int space_fd) {
+    r->data_fd = data_fd;
+    r->space_fd = space_fd;
+}
+
+/* ---- doorbells ---- */
+
+int ring_doorbell_create(int *fd_out, char *err, size_t errlen) {
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) {
+        int e = errno;
+        seterr(err, errlen, "eventfd: %s (raise the open file limit: ulimit -n)", strerror(e));
+        return -e;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+int ring_doorbell_notify(int fd) {
+    uint64_t one = 1;
+    for (;;) {
+        ssize_t n = write(fd, &one, sizeof one);
+        if (n == (ssize_t)sizeof one) return 0;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EAGAIN) return 0; /* counter saturated: already rung */
+        return n < 0 ? -errno : -EIO;
+    }
+}
+
+static void doorbell_drain(int fd) {
+    uint64_t v;
+    while (read(fd, &v, sizeof v) < 0 && errno == EINTR) {}
+}
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* poll() fd for input for up to timeout_ms (< 0: forever). 0 if readable,
+ * -ETIMEDOUT, -errno. */
+static int poll_in(int fd, int timeout_ms) {
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    int n = poll(&p, 1, timeout_ms);
+    if (n < 0) return errno == EINTR ? 0 : -errno; /* EINTR: caller rechecks */
+    if (n == 0) return -ETIMEDOUT;
+    if (p.revents & (POLLERR | POLLNVAL)) return -EBADF;
+    return 0;
+}
+
+int ring_doorbell_wait(int fd, int timeout_ms) {
+    int rc = poll_in(fd, timeout_ms);
+    if (rc == 0) doorbell_drain(fd);
+    return rc;
+}
+
+/* ---- producer ---- */
+
+static int corrupt(ring_t *r, const char *who, uint32_t tail, uint32_t head) {
+    snprintf(r->err, sizeof r->err, "%s: tail %u - head %u = %u exceeds capacity %u: corrupt "
+             "ring, drop the session", who, tail, head, tail - head, r->capacity);
+    return -EBADMSG;
+}
+
+/* Free slots as the producer sees them, reloading head if fewer than want
+ * appear free. -EBADMSG if head is inconsistent with our tail. */
+static int64_t prod_space(ring_t *r, uint32_t want) {
+    uint32_t used = r->tail - r->seen_head;
+    if (r->capacity - used >= want) return r->capacity - used;
+    uint32_t head = atomic_load_explicit(&r->hdr->head, memory_order_acquire);
+    used = r->tail - head;
+    if (used > r->capacity) return corrupt(r, "ring_push", r->tail, head);
+    r->seen_head = head;
+    return r->capacity - used;
+}
+
+/* Publish tail and ring the data doorbell if the consumer sleeps. */
+static void prod_publish(ring_t *r) {
+    if (r->data_fd < 0) {
+        atomic_store_explicit(&r->hdr->tail, r->tail, memory_order_release);
+        return;
+    }
+    atomic_store_explicit(&r->hdr->tail, r->tail, memory_order_seq_cst);
+    if (atomic_load_explicit(&r->hdr->cons_waiting, memory_order_seq_cst))
+        ring_doorbell_notify(r->data_fd);
+}
+
+int ring_push_batch(ring_t *r, const void *entries, uint32_t n) {
+    int64_t space = prod_space(r, n ? n : 1);
+    if (space < 0) return (int)space;
+    if (n > space) n = (uint32_t)space;
+    if (n == 0) return 0;
+    const uint8_t *src = entries;
+    uint32_t slot = r->tail & r->mask;
+    uint32_t first = r->capacity - slot < n ? r->capacity - slot : n;
+    memcpy(r->entries + (size_t)slot * r->entry_size, src, (size_t)first * r->entry_size);
+    if (n > first)
+        memcpy(r->entries, src + (size_t)first * r->entry_size, (size_t)(n - first) * r->entry_size);
+    r->tail += n;
+    prod_publish(r);
+    return (int)n;
+}
+
+int ring_push(ring_t *r, const void *entry) {
+    int n = ring_push_batch(r, entry, 1);
+    return n < 0 ? n : n == 1 ? 0 : -EAGAIN;
+}
+
+int ring_arm_space(ring_t *r) {
+    int64_t space = prod_space(r, 1);
+    if (space != 0) return space < 0 ? (int)space : 1;
+    atomic_store_explicit(&r->hdr->prod_waiting, 1, memory_order_seq_cst);
+    uint32_t head = atomic_load_explicit(&r->hdr->head, memory_order_seq_cst);
+    if (r->tail - head == r->capacity) return 0; /* still full: safe to sleep */
+    atomic_store_explicit(&r->hdr->prod_waiting, 0, memory_order_relaxed);
+    space = prod_space(r, 1); /* freed meanwhile, or corrupt */
+    return space < 0 ? (int)space : 1;
+}
+
+void ring_disarm_space(ring_t *r) {
+    atomic_store_explicit(&r->hdr->prod_waiting, 0, memory_order_relaxed);
+    if (r->space_fd >= 0) doorbell_drain(r->space_fd);
+}
+
+int ring_wait_space(ring_t *r, int timeout_ms) {
+    if (r->space_fd < 0) return -EINVAL;
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    for (;;) {
+        int rc = ring_arm_space(r);
+        if (rc != 0) return rc < 0 ? rc : 0;
+        int left = -1;
+        if (deadline >= 0) {
+            int64_t l = deadline - now_ms();
+            if (l <= 0) {
+                ring_disarm_space(r);
+                return -ETIMEDOUT;
+            }
+            left = (int)l;
+        }
+        rc = poll_in(r->space_fd, left);
+        ring_disarm_space(r);
+        if (rc < 0 && rc != -ETIMEDOUT) return rc;
+    }
+}
+
+int ring_push_wait(ring_t *r, const void *entry, int timeout_ms) {
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    for (;;) {
+        int rc = ring_push(r, entry);
+        if (rc != -EAGAIN) return rc;
+        int left = -1;
+        if (deadline >= 0) {
+            int64_t l = deadline - now_ms();
+            left = l > 0 ? (int)l : 0;
+        }
+        rc = ring_wait_space(r, left);
+        if (rc < 0) return rc;
+    }
+}
+
+/* ---- consumer ---- */
+
+/* Entries ready as the consumer sees them, reloading tail if fewer than
+ * want appear ready. -EBADMSG if tail is inconsistent with our head. */
+static int64_t cons_ready(ring_t *r, uint32_t want) {
+    uint32_t ready = r->seen_tail - r->head;
+    if (ready >= want) return ready;
+    uint32_t tail = atomic_load_explicit(&r->hdr->tail, memory_order_acquire);
+    ready = tail - r->head;
+    if (ready > r->capacity) return corrupt(r, "ring_pop", tail, r->head);
+    r->seen_tail = tail;
+    return ready;
+}
+
+/* Publish head and ring the space doorbell if the producer sleeps. */
+static void cons_publish(ring_t *r) {
+    if (r->space_fd < 0) {
+        atomic_store_explicit(&r->hdr->head, r->head, memory_order_release);
+        return;
+    }
+    atomic_store_explicit(&r->hdr->head, r->head, memory_order_seq_cst);
+    if (atomic_load_explicit(&r->hdr->prod_waiting, memory_order_seq_cst))
+        ring_doorbell_notify(r->space_fd);
+}
+
+int ring_pop_batch(ring_t *r, void *entries, uint32_t max) {
+    int64_t ready = cons_ready(r, max ? max : 1);
+    if (ready < 0) return (int)ready;
+    uint32_t n = max < ready ? max : (uint32_t)ready;
+    if (n == 0) return 0;
+    uint8_t *dst = entries;
+    uint32_t slot = r->head & r->mask;
+    uint32_t first = r->capacity - slot < n ? r->capacity - slot : n;
+    memcpy(dst, r->entries + (size_t)slot * r->entry_size, (size_t)first * r->entry_size);
+    if (n > first)
+        memcpy(dst + (size_t)first * r->entry_size, r->entries, (size_t)(n - first) * r->entry_size);
+    r->head += n;
+    cons_publish(r);
+    return (int)n;
+}
+
+int ring_pop(ring_t *r, void *entry) {
+    int n = ring_pop_batch(r, entry, 1);
+    return n < 0 ? n : n == 1 ? 0 : -EAGAIN;
+}
+
+int ring_arm_data(ring_t *r) {
+    int64_t ready = cons_ready(r, 1);
+    if (ready != 0) return ready < 0 ? (int)ready : 1;
+    atomic_store_explicit(&r->hdr->cons_waiting, 1, memory_order_seq_cst);
+    uint32_t tail = atomic_load_explicit(&r->hdr->tail, memory_order_seq_cst);
+    if (tail == r->head) return 0; /* still empty: safe to sleep */
+    atomic_store_explicit(&r->hdr->cons_waiting, 0, memory_order_relaxed);
+    ready = cons_ready(r, 1); /* arrived meanwhile, or corrupt */
+    return ready < 0 ? (int)ready : 1;
+}
+
+void ring_disarm_data(ring_t *r) {
+    atomic_store_explicit(&r->hdr->cons_waiting, 0, memory_order_relaxed);
+    if (r->data_fd >= 0) doorbell_drain(r->data_fd);
+}
+
+int ring_wait_data(ring_t *r, int timeout_ms) {
+    if (r->data_fd < 0) return -EINVAL;
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    for (;;) {
+        int rc = ring_arm_data(r);
+        if (rc != 0) return rc < 0 ? rc : 0;
+        int left = -1;
+        if (deadline >= 0) {
+            int64_t l = deadline - now_ms();
+            if (l <= 0) {
+                ring_disarm_data(r);
+                return -ETIMEDOUT;
+            }
+            left = (int)l;
+        }
+        rc = poll_in(r->data_fd, left);
+        ring_disarm_data(r);
+        if (rc < 0 && rc != -ETIMEDOUT) return rc;
+    }
+}
+
+int ring_pop_wait(ring_t *r, void *entry, int timeout_ms) {
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    for (;;) {
+        int rc = ring_pop(r, entry);
+        if (rc != -EAGAIN) return rc;
+        int left = -1;
+        if (deadline >= 0) {
+            int64_t l = deadline - now_ms();
+            left = l > 0 ? (int)l : 0;
+        }
+        rc = ring_wait_data(r, left);
+        if (rc < 0) return rc;
+    }
+}
+
+/* ---- both ---- */
+
+uint32_t ring_count(const ring_t *r) {
+    uint32_t head = atomic_load_explicit(&r->hdr->head, memory_order_acquire);
+    uint32_t tail = atomic_load_explicit(&r->hdr->tail, memory_order_acquire);
+    uint32_t n = tail - head;
+    return n > r->capacity ? r->capacity : n;
+}

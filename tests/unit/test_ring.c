@@ -1,0 +1,351 @@
+/* test_ring.c: the SPSC ring (common/ring.c): single-thread semantics,
+ * 10^6 entries between two processes and between two threads over small
+ * rings with eventfd doorbells, and corrupt headers from an untrusted peer. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ring.h"
+#include "shm.h"
+
+/* ---- helpers ---- */
+
+#include "tests/ring_traffic.h"
+
+#define rng_next traffic_rng
+typedef traffic_req_t req_t;
+
+static void make_req(req_t *q, uint64_t seq, uint64_t seed) { traffic_make_req(q, seq, seed); }
+
+/* 64-byte aligned memory (aligned_alloc wants a multiple of the alignment). */
+static void *amem(size_t bytes) {
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    cr_assert(p);
+    return p;
+}
+
+static uint64_t test_seed(void) {
+    const char *e = getenv("BALLAST_TEST_SEED");
+    uint64_t s = e ? strtoull(e, NULL, 0) : 0x2545f4914f6cdd1dull ^ (uint64_t)getpid();
+    return s ? s : 1;
+}
+
+/* ---- single thread ---- */
+
+Test(ring, bytes_and_init_validate_parameters) {
+    cr_assert_eq(ring_bytes(64, 64), RING_HDR_BYTES + 64 * 64);
+    cr_assert_eq(ring_bytes(0, 64), 0);
+    cr_assert_eq(ring_bytes(48, 64), 0, "capacity not a power of two");
+    cr_assert_eq(ring_bytes(64, 12), 0, "entry size not a multiple of 8");
+    cr_assert_eq(ring_bytes(64, 0), 0);
+    cr_assert_eq(ring_bytes(RING_MAX_CAPACITY * 2, 8), 0);
+    cr_assert_eq(ring_bytes(4, RING_MAX_ENTRY + 8), 0);
+
+    void *mem = amem(8192);
+    char err[RING_ERR_LEN];
+    cr_assert_eq(ring_init(mem, 8192, 48, 64, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "power of two"), "%s", err);
+    cr_assert_eq(ring_init(mem, 1000, 64, 64, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "needs"), "%s", err);
+    cr_assert_eq(ring_init((char *)mem + 8, 4096, 8, 8, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "aligned"), "%s", err);
+    free(mem);
+}
+
+Test(ring, fifo_full_empty_batches_wraparound) {
+    enum { CAP = 8, ESZ = sizeof(req_t) };
+    size_t bytes = ring_bytes(CAP, ESZ);
+    void *mem = amem(bytes);
+    char err[RING_ERR_LEN];
+    cr_assert_eq(ring_init(mem, bytes, CAP, ESZ, err, sizeof err), 0, "%s", err);
+    ring_t r;
+    cr_assert_eq(ring_attach(&r, mem, bytes, ESZ, err, sizeof err), 0, "%s", err);
+    uint64_t seed = test_seed();
+    req_t q, out[CAP + 3];
+    cr_assert_eq(ring_pop(&r, &q), -EAGAIN, "empty ring pops nothing");
+    uint64_t next_in = 0, next_out = 0;
+    uint64_t s = seed;
+    /* Random mixes of single and batch pushes and pops, checked against a
+     * model FIFO (the sequence numbers). */
+    for (int round = 0; round < 20000; round++) {
+        uint32_t count = ring_count(&r);
+        cr_assert_eq(count, next_in - next_out);
+        uint64_t op = rng_next(&s);
+        if (op & 1) {
+            uint32_t n = 1 + (uint32_t)((op >> 8) % (CAP + 2));
+            req_t in[CAP + 2];
+            for (uint32_t i = 0; i < n; i++) make_req(&in[i], next_in + i, seed);
+            int k = (op & 2) ? ring_push_batch(&r, in, n) : (int)(ring_push(&r, in) == 0);
+            uint32_t want = (op & 2) ? (n < CAP - count ? n : CAP - count) : (count < CAP);
+            cr_assert_eq(k, (int)want, "pushed %d of %u with %u queued", k, n, count);
+            if (!(op & 2) && count == CAP) cr_assert_eq(ring_push(&r, in), -EAGAIN);
+            next_in += (uint64_t)k;
+        } else {
+            uint32_t n = 1 + (uint32_t)((op >> 8) % (CAP + 3));
+            int k = (op & 2) ? ring_pop_batch(&r, out, n) : (int)(ring_pop(&r, out) == 0);
+            uint32_t want = (op & 2) ? (n < count ? n : count) : (count > 0);
+            cr_assert_eq(k, (int)want, "popped %d of %u with %u queued", k, n, count);
+            for (int i = 0; i < k; i++) {
+                req_t ref;
+                make_req(&ref, next_out + (uint64_t)i, seed);
+                cr_assert_eq(memcmp(&out[i], &ref, sizeof ref), 0, "entry %llu differs",
+                             (unsigned long long)(next_out + (uint64_t)i));
+            }
+            next_out += (uint64_t)k;
+        }
+    }
+    cr_assert_gt(next_out, 5000, "the random walk moved entries (%llu)", (unsigned long long)next_out);
+    free(mem);
+}
+
+Test(ring, counters_wrap_past_2_32) {
+    enum { CAP = 4, ESZ = 16 };
+    size_t bytes = ring_bytes(CAP, ESZ);
+    void *mem = amem(bytes);
+    cr_assert_eq(ring_init(mem, bytes, CAP, ESZ, NULL, 0), 0);
+    ring_hdr_t *h = mem;
+    atomic_store(&h->head, UINT32_MAX - 5); /* a long-lived ring */
+    atomic_store(&h->tail, UINT32_MAX - 5);
+    ring_t r;
+    char err[RING_ERR_LEN];
+    cr_assert_eq(ring_attach(&r, mem, bytes, 0, err, sizeof err), 0, "%s", err);
+    for (uint64_t i = 0; i < 40; i++) {
+        uint64_t v[2] = { i, ~i }, o[2];
+        cr_assert_eq(ring_push(&r, v), 0);
+        cr_assert_eq(ring_count(&r), 1);
+        cr_assert_eq(ring_pop(&r, o), 0, "%s", r.err);
+        cr_assert(o[0] == i && o[1] == ~i);
+    }
+    free(mem);
+}
+
+Test(ring, wait_times_out_on_empty_and_full) {
+    enum { CAP = 2, ESZ = 8 };
+    size_t bytes = ring_bytes(CAP, ESZ);
+    void *mem = amem(bytes);
+    cr_assert_eq(ring_init(mem, bytes, CAP, ESZ, NULL, 0), 0);
+    ring_t r;
+    cr_assert_eq(ring_attach(&r, mem, bytes, ESZ, NULL, 0), 0);
+    uint64_t v = 7;
+    cr_assert_eq(ring_pop_wait(&r, &v, 10), -EINVAL, "no doorbell set");
+    int dfd, sfd;
+    char err[RING_ERR_LEN];
+    cr_assert_eq(ring_doorbell_create(&dfd, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ring_doorbell_create(&sfd, err, sizeof err), 0, "%s", err);
+    ring_set_doorbells(&r, dfd, sfd);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    cr_assert_eq(ring_pop_wait(&r, &v, 50), -ETIMEDOUT);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
+    cr_assert(ms >= 45 && ms < 2000, "waited %.1f ms for a 50 ms timeout", ms);
+    cr_assert_eq(atomic_load(&((ring_hdr_t *)mem)->cons_waiting), 0, "flag cleared after timeout");
+    cr_assert_eq(ring_push_wait(&r, &v, 0), 0);
+    cr_assert_eq(ring_push_wait(&r, &v, 0), 0);
+    cr_assert_eq(ring_push_wait(&r, &v, 30), -ETIMEDOUT, "full ring");
+    cr_assert_eq(atomic_load(&((ring_hdr_t *)mem)->prod_waiting), 0);
+    cr_assert_eq(ring_pop_wait(&r, &v, 0), 0);
+    cr_assert_eq(ring_push_wait(&r, &v, 0), 0);
+    /* a doorbell rung before the wait is not lost */
+    cr_assert_eq(ring_doorbell_notify(dfd), 0);
+    cr_assert_eq(ring_doorbell_wait(dfd, 1000), 0);
+    cr_assert_eq(ring_doorbell_wait(dfd, 0), -ETIMEDOUT, "reset by the wait");
+    close(dfd);
+    close(sfd);
+    free(mem);
+}
+
+/* ---- 10^6 entries between two sides (tests/ring_traffic.h) ---- */
+
+#define N_ENTRIES 1000000u
+#define SMALL_CAP 64u
+
+static void traffic_check(int rc, const char *err, const traffic_stats_t *st, const char *how) {
+    cr_assert_eq(rc, 0, "%s: %s", how, err);
+    cr_log_info("%s: %u entries over %u-entry rings; the producer found the ring full %llu "
+                "times and woke %llu (space) + %llu (completions) times; the consumer waited "
+                "%llu times", how, N_ENTRIES, SMALL_CAP, (unsigned long long)st->req_full,
+                (unsigned long long)st->req_sleeps, (unsigned long long)st->cpl_sleeps,
+                (unsigned long long)st->cons_sleeps);
+    cr_assert_eq(st->cons_bad, 0, "%s", st->cons_err);
+    /* a small ring fills up and empties out, so both wait paths ran */
+    cr_assert_gt(st->req_full, 0, "the request ring never filled up");
+    cr_assert_gt(st->req_sleeps + st->cpl_sleeps + st->cons_sleeps, 0,
+                 "no side ever slept on a doorbell");
+}
+
+Test(ring, two_processes_1e6_entries, .timeout = 60) {
+    char err[256] = "";
+    traffic_stats_t st;
+    int rc = traffic_fork(N_ENTRIES, SMALL_CAP, test_seed(), &st, err, sizeof err);
+    traffic_check(rc, err, &st, "two processes");
+}
+
+/* The same traffic between two threads, so that ThreadSanitizer (which
+ * cannot see into another process) can check the ring's synchronization;
+ * see tests/integration/ring_stress.c for the TSan run. */
+Test(ring, two_threads_1e6_entries, .timeout = 60) {
+    char err[256] = "";
+    traffic_stats_t st;
+    int rc = traffic_threads(N_ENTRIES, SMALL_CAP, test_seed(), &st, err, sizeof err);
+    traffic_check(rc, err, &st, "two threads");
+}
+
+/* ---- an untrusted peer ---- */
+
+/* A ring placed so that its last entry ends at a PROT_NONE guard page:
+ * any read or write past the mapping faults. */
+typedef struct {
+    char *map;     /* whole mapping, incl. the guard page */
+    size_t len;    /* bytes of the whole mapping */
+    void *ring;    /* ring start */
+    size_t bytes;  /* ring bytes (exactly up to the guard page) */
+} guarded_t;
+
+static void guarded_new(guarded_t *g, uint32_t cap, uint32_t esz) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    g->bytes = ring_bytes(cap, esz);
+    size_t body = (g->bytes + pg - 1) / pg * pg;
+    g->len = body + pg;
+    g->map = mmap(NULL, g->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(g->map, MAP_FAILED);
+    cr_assert_eq(mprotect(g->map + body, pg, PROT_NONE), 0);
+    g->ring = g->map + body - g->bytes;
+    cr_assert_eq((uintptr_t)g->ring % 64, 0);
+    cr_assert_eq(ring_init(g->ring, g->bytes, cap, esz, NULL, 0), 0);
+}
+
+Test(ring, attach_rejects_corrupt_headers) {
+    guarded_t g;
+    guarded_new(&g, 64, 32);
+    ring_hdr_t *h = g.ring;
+    ring_t r;
+    char err[RING_ERR_LEN];
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 32, err, sizeof err), 0, "%s", err);
+
+    h->magic ^= 0x100;
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), -EBADMSG);
+    cr_assert(strstr(err, "magic"), "%s", err);
+    h->magic ^= 0x100;
+
+    h->capacity = 48;
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), -EBADMSG);
+    cr_assert(strstr(err, "power of two"), "%s", err);
+    h->capacity = 128; /* a power of two, but 128 x 32 bytes overrun the mapping */
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), -EBADMSG);
+    cr_assert(strstr(err, "mapping"), "%s", err);
+    h->capacity = 1u << 31;
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), -EBADMSG);
+    h->capacity = 64;
+
+    h->entry_size = 40; /* 64 x 40 > mapping */
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), -EBADMSG);
+    h->entry_size = 12;
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), -EBADMSG);
+    h->entry_size = 24; /* fits, but not what this protocol uses */
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 32, err, sizeof err), -EBADMSG);
+    cr_assert(strstr(err, "expected 32"), "%s", err);
+    h->entry_size = 32;
+
+    h->version = 99;
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), -EBADMSG);
+    cr_assert(strstr(err, "version"), "%s", err);
+    h->version = RING_VERSION;
+    h->entries_off = 128;
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), -EBADMSG);
+    h->entries_off = RING_HDR_BYTES;
+
+    atomic_store(&h->head, 1000);
+    atomic_store(&h->tail, 1000 + 65); /* tail far ahead of head */
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), -EBADMSG);
+    cr_assert(strstr(err, "exceeds capacity"), "%s", err);
+    atomic_store(&h->tail, 999); /* tail behind head */
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), -EBADMSG);
+    atomic_store(&h->tail, 1000 + 64); /* exactly full is fine */
+    cr_assert_eq(ring_attach(&r, g.ring, g.bytes, 0, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ring_count(&r), 64);
+
+    cr_assert_eq(ring_attach(&r, g.ring, 100, 0, err, sizeof err), -EINVAL, "mapping too small");
+    munmap(g.map, g.len);
+}
+
+Test(ring, pop_and_push_reject_counters_corrupted_after_attach) {
+    guarded_t g;
+    guarded_new(&g, 16, 16);
+    ring_hdr_t *h = g.ring;
+    ring_t cons, prod;
+    char err[RING_ERR_LEN];
+    cr_assert_eq(ring_attach(&cons, g.ring, g.bytes, 16, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ring_attach(&prod, g.ring, g.bytes, 16, err, sizeof err), 0, "%s", err);
+    uint64_t e[2] = { 1, 2 }, o[2];
+    cr_assert_eq(ring_push(&prod, e), 0);
+    cr_assert_eq(ring_push(&prod, e), 0);
+    cr_assert_eq(ring_pop(&cons, o), 0); /* the consumer has now seen tail = 2 */
+    /* the producer writes tail far ahead */
+    atomic_store(&h->tail, 1u << 30);
+    cr_assert_eq(ring_pop(&cons, o), 0, "the entry already seen is still fine");
+    cr_assert_eq(ring_pop(&cons, o), -EBADMSG);
+    cr_assert(strstr(cons.err, "exceeds capacity"), "%s", cons.err);
+    cr_assert_eq(ring_pop_batch(&cons, o, 1), -EBADMSG);
+    cr_assert_eq(ring_count(&cons), 16, "count is clamped");
+    /* the consumer writes head past our tail */
+    atomic_store(&h->head, 1u << 20); /* our tail is 2 */
+    for (int i = 0; i < 20; i++) {
+        int rc = ring_push(&prod, e);
+        if (rc == -EBADMSG) break;
+        cr_assert_eq(rc, 0, "push %d", i);
+        cr_assert_lt(i, 16, "producer never noticed head > tail");
+    }
+    cr_assert_eq(ring_push(&prod, e), -EBADMSG);
+    cr_assert(strstr(prod.err, "exceeds capacity"), "%s", prod.err);
+    munmap(g.map, g.len);
+}
+
+/* Random garbage in the header: attach, pop and push must never crash or
+ * touch memory outside the mapping (a guard page follows it). */
+Test(ring, random_header_garbage_never_escapes_the_mapping) {
+    guarded_t g;
+    guarded_new(&g, 32, 24);
+    uint64_t s = test_seed();
+    uint8_t entry[RING_MAX_ENTRY];
+    int attached = 0, popped = 0, pushed = 0;
+    for (int it = 0; it < 20000; it++) {
+        ring_init(g.ring, g.bytes, 32, 24, NULL, 0);
+        ring_hdr_t *h = g.ring;
+        /* mutate a few fields with values that are often near-valid */
+        uint64_t v = rng_next(&s);
+        uint32_t small = (uint32_t)(v >> 32) % 70;
+        switch (v % 7) {
+        case 0: h->capacity = small; break;
+        case 1: h->entry_size = small * 4; break;
+        case 2: atomic_store(&h->tail, (uint32_t)(v >> 20)); break;
+        case 3: atomic_store(&h->head, (uint32_t)(v >> 20) % 80); atomic_store(&h->tail, small); break;
+        case 4: ((uint8_t *)h)[(v >> 8) % RING_HDR_BYTES] ^= (uint8_t)(1u << ((v >> 16) % 8)); break;
+        case 5: h->capacity = 1u << ((v >> 8) % 32); h->entry_size = 8u << ((v >> 16) % 14); break;
+        default: break;
+        }
+        ring_t r;
+        if (ring_attach(&r, g.ring, g.bytes, 0, NULL, 0) != 0) continue;
+        attached++;
+        cr_assert_leq((size_t)r.capacity * r.entry_size + RING_HDR_BYTES, g.bytes);
+        /* corrupt counters after attach too */
+        if (v & (1ull << 60)) atomic_store(&h->tail, (uint32_t)rng_next(&s));
+        if (v & (1ull << 61)) atomic_store(&h->head, (uint32_t)rng_next(&s));
+        for (int k = 0; k < 3; k++) {
+            if (ring_pop(&r, entry) == 0) popped++;
+            if (ring_push(&r, entry) == 0) pushed++;
+        }
+        ring_pop_batch(&r, entry, RING_MAX_ENTRY / r.entry_size < 100 ? RING_MAX_ENTRY / r.entry_size : 100);
+    }
+    cr_log_info("garbage headers: %d attached, %d pops, %d pushes went through", attached, popped, pushed);
+    cr_assert_gt(attached, 100);
+    munmap(g.map, g.len);
+}
