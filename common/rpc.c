@@ -1,0 +1,985 @@
+/* rpc.c: unary gRPC server and client over the gRPC C core API, carrying
+ * protobuf-c messages. See rpc.h for the contract and docs/rpc.md for the
+ * conventions.
+ *
+ * Server design. Every known method is registered with
+ * grpc_server_register_method(GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER), so
+ * gRPC hands us a call only once its request message has arrived; a call
+ * never parks a thread waiting for its payload. Unknown paths arrive through
+ * grpc_server_request_call, the catch-all, which answers UNIMPLEMENTED.
+ * Each server thread owns one completion queue and keeps, on it, one
+ * request posted per method plus one catch-all. Every tag is completed on
+ * the queue it was posted to, so each call's state is touched by one thread
+ * only. A method's request is reposted after its handler returns: while a
+ * thread runs an Open handler, the next Open call goes to another thread
+ * instead of queueing behind it (gRPC prefers one queue per connection).
+ *
+ * Stop: set `stopping` (no more posting), grpc_server_shutdown_and_notify,
+ * wait for the notification and for every live call to finish (cancelling
+ * them after the grace period), then shut down and drain each queue, join
+ * the threads, destroy the server and the queues. Queues are shut down only
+ * after the last call is gone, because starting a batch on a shut-down queue
+ * is fatal in gRPC. */
+#include "rpc.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "log.h"
+
+#define HEALTH_CHECK_PATH "/grpc.health.v1.Health/Check"
+#define CLIENT_DEFAULT_MAX_MSG (64u << 20)
+
+/* ---- small helpers ---- */
+
+static void errf(char *err, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void errf(char *err, size_t len, const char *fmt, ...) {
+    if (!err || len == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+}
+
+const char *rpc_status_name(grpc_status_code code) {
+    static const char *names[] = {
+        "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+        "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+        "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+        "UNAUTHENTICATED",
+    };
+    if ((int)code >= 0 && (size_t)code < sizeof names / sizeof names[0]) return names[code];
+    return "UNKNOWN_STATUS";
+}
+
+/* A method path must look like "/pkg.Service/Method": leading slash, exactly
+ * one more slash, non-empty parts, printable ASCII. */
+static bool path_ok(const char *p) {
+    if (!p || p[0] != '/') return false;
+    const char *slash = strchr(p + 1, '/');
+    if (!slash || slash == p + 1 || slash[1] == '\0' || strchr(slash + 1, '/')) return false;
+    for (const char *q = p; *q; q++)
+        if (*q <= ' ' || *q > '~') return false;
+    return true;
+}
+
+/* Copy a byte buffer into one contiguous slice (decompressing if needed).
+ * Returns false when gRPC cannot read the buffer. */
+static bool bb_flatten(grpc_byte_buffer *bb, grpc_slice *out) {
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb)) return false;
+    *out = grpc_byte_buffer_reader_readall(&r);
+    grpc_byte_buffer_reader_destroy(&r);
+    return true;
+}
+
+/* Pack msg into a new byte buffer; NULL when out of memory. */
+static grpc_byte_buffer *pack_msg(const ProtobufCMessage *msg, size_t *len_out) {
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    grpc_slice s = grpc_slice_malloc(n);
+    size_t w = protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
+    if (w != n) {
+        grpc_slice_unref(s);
+        return NULL;
+    }
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    if (len_out) *len_out = n;
+    return bb;
+}
+
+/* ---- server types ---- */
+
+typedef struct {
+    char *path;                                  /* owned copy */
+    const ProtobufCMessageDescriptor *req_desc;
+    const ProtobufCMessageDescriptor *resp_desc;
+    rpc_handler_fn handler;
+    void *user;
+    void *handle;                                /* grpc_server_register_method's result */
+} srv_method_t;
+
+typedef struct {
+    char *service;                               /* owned */
+    rpc_health_t status;
+} health_entry_t;
+
+typedef struct srv_thread srv_thread_t;
+
+enum { SC_REQUESTED = 1, SC_SENDING };
+
+/* One posted request and, once matched, the call it became. Owned by the
+ * thread whose queue it was posted on. */
+typedef struct {
+    int state;                    /* SC_REQUESTED | SC_SENDING */
+    int method;                   /* index into srv->methods; -1 = catch-all */
+    srv_thread_t *th;
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_metadata_array md;       /* request metadata (unused, but owned) */
+    grpc_call_details details;    /* catch-all only: method path, host */
+    grpc_byte_buffer *payload;    /* registered only: the request message */
+    grpc_byte_buffer *resp;       /* response being sent */
+    grpc_slice status_details;    /* status message being sent */
+    int cancelled;                /* set by RECV_CLOSE_ON_SERVER */
+} srv_call_t;
+
+struct srv_thread {
+    rpc_server_t *srv;
+    int index;                    /* 0..N-1 */
+    grpc_completion_queue *cq;
+    pthread_t tid;
+    bool started;
+};
+
+struct rpc_server {
+    grpc_server *gs;
+    int nthreads;
+    size_t max_msg;                               /* bytes */
+    srv_thread_t *threads;                        /* [nthreads] */
+    srv_method_t *methods;                        /* [nmethods] */
+    size_t nmethods, cap_methods;
+    int nlisteners;
+    bool started, stopped;
+
+    pthread_mutex_t mu;                           /* guards everything below */
+    pthread_cond_t cv;
+    bool stopping;                                /* no more posting */
+    bool notified;                                /* shutdown tag arrived */
+    int live_calls;                               /* matched calls not yet destroyed */
+    health_entry_t *health;                       /* [nhealth] */
+    size_t nhealth, cap_health;
+
+    atomic_uint_fast64_t calls;                   /* calls answered */
+    int shutdown_tag;                             /* its address is the tag */
+};
+
+struct rpc_ctx_priv {
+    void **defer;                                 /* pointers freed after packing */
+    size_t n, cap;
+    gpr_timespec deadline;                        /* GPR_CLOCK_MONOTONIC */
+};
+
+/* ---- handler context ---- */
+
+void *rpc_ctx_defer_free(rpc_ctx_t *ctx, void *p) {
+    if (!p) return NULL;
+    rpc_ctx_priv_t *pv = ctx->priv;
+    if (pv->n == pv->cap) {
+        size_t cap = pv->cap ? 2 * pv->cap : 8;
+        void **d = realloc(pv->defer, cap * sizeof *d);
+        if (!d) {
+            free(p);
+            return NULL;
+        }
+        pv->defer = d;
+        pv->cap = cap;
+    }
+    pv->defer[pv->n++] = p;
+    return p;
+}
+
+void *rpc_ctx_alloc(rpc_ctx_t *ctx, size_t n) {
+    return rpc_ctx_defer_free(ctx, calloc(1, n ? n : 1));
+}
+
+grpc_status_code rpc_ctx_errf(rpc_ctx_t *ctx, grpc_status_code code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int64_t rpc_ctx_time_left_ms(const rpc_ctx_t *ctx) {
+    gpr_timespec dl = ctx->priv->deadline;
+    if (gpr_time_cmp(dl, gpr_inf_future(dl.clock_type)) == 0) return INT64_MAX;
+    gpr_timespec left = gpr_time_sub(dl, gpr_now(GPR_CLOCK_MONOTONIC));
+    return gpr_time_to_millis(left);
+}
+
+/* ---- health service ---- */
+
+static grpc_status_code health_check(rpc_ctx_t *ctx, const ProtobufCMessage *reqm,
+                                     ProtobufCMessage *respm) {
+    rpc_server_t *s = ctx->user;
+    const Grpc__Health__V1__HealthCheckRequest *req = (const void *)reqm;
+    Grpc__Health__V1__HealthCheckResponse *resp = (void *)respm;
+    const char *svc = req->service ? req->service : "";
+    int st = -1;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nhealth; i++)
+        if (strcmp(s->health[i].service, svc) == 0) st = (int)s->health[i].status;
+    pthread_mutex_unlock(&s->mu);
+    if (st < 0)
+        return rpc_ctx_errf(ctx, GRPC_STATUS_NOT_FOUND,
+                            "health: unknown service \"%.100s\" (ask for \"\" for the whole server)",
+                            svc);
+    resp->status = st;
+    return GRPC_STATUS_OK;
+}
+
+void rpc_server_set_health(rpc_server_t *s, const char *service, rpc_health_t st) {
+    if (!s) return;
+    if (!service) service = "";
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nhealth; i++) {
+        if (strcmp(s->health[i].service, service) == 0) {
+            s->health[i].status = st;
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+    }
+    if (s->nhealth == s->cap_health) {
+        size_t cap = s->cap_health ? 2 * s->cap_health : 4;
+        health_entry_t *h = realloc(s->health, cap * sizeof *h);
+        if (!h) goto oom;
+        s->health = h;
+        s->cap_health = cap;
+    }
+    char *name = strdup(service);
+    if (!name) goto oom;
+    s->health[s->nhealth++] = (health_entry_t){name, st};
+    pthread_mutex_unlock(&s->mu);
+    return;
+oom:
+    pthread_mutex_unlock(&s->mu);
+    log_error("rpc: out of memory recording health of service \"%s\"", service);
+}
+
+/* ---- server: posting requests ---- */
+
+static srv_call_t *sc_new(srv_thread_t *th, int method) {
+    srv_call_t *sc = calloc(1, sizeof *sc);
+    if (!sc) return NULL;
+    sc->state = SC_REQUESTED;
+    sc->method = method;
+    sc->th = th;
+    grpc_metadata_array_init(&sc->md);
+    grpc_call_details_init(&sc->details);
+    return sc;
+}
+
+static void sc_free(srv_call_t *sc) {
+    if (sc->call) grpc_call_unref(sc->call);
+    if (sc->payload) grpc_byte_buffer_destroy(sc->payload);
+    if (sc->resp) grpc_byte_buffer_destroy(sc->resp);
+    if (sc->state == SC_SENDING) grpc_slice_unref(sc->status_details);
+    grpc_metadata_array_destroy(&sc->md);
+    grpc_call_details_destroy(&sc->details);
+    free(sc);
+}
+
+/* Post one request (method >= 0) or catch-all (-1) on th's queue, unless the
+ * server is stopping. Holding mu while posting orders every post before the
+ * queues are shut down. */
+static void post_request(srv_thread_t *th, int method) {
+    rpc_server_t *s = th->srv;
+    srv_call_t *sc = sc_new(th, method);
+    if (!sc) {
+        log_error("rpc: out of memory posting a request; thread %d serves one method fewer",
+                  th->index);
+        return;
+    }
+    grpc_call_error e;
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        sc_free(sc);
+        return;
+    }
+    if (method >= 0)
+        e = grpc_server_request_registered_call(s->gs, s->methods[method].handle, &sc->call,
+                                                &sc->deadline, &sc->md, &sc->payload, th->cq,
+                                                th->cq, sc);
+    else
+        e = grpc_server_request_call(s->gs, &sc->call, &sc->details, &sc->md, th->cq, th->cq, sc);
+    pthread_mutex_unlock(&s->mu);
+    if (e != GRPC_CALL_OK) {
+        log_error("rpc: posting a request failed (grpc_call_error %d)", (int)e);
+        sc_free(sc);
+    }
+}
+
+static void call_done(rpc_server_t *s) {
+    pthread_mutex_lock(&s->mu);
+    s->live_calls--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Send status (and, on OK, sc->resp) and ask to hear when the call closes.
+ * On failure to start, the call is released here. */
+static void send_answer(srv_call_t *sc, grpc_status_code code, const char *msg) {
+    rpc_server_t *s = sc->th->srv;
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    sc->status_details = grpc_slice_from_copied_string(msg ? msg : "");
+    sc->state = SC_SENDING;
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n++].data.send_initial_metadata.count = 0;
+    if (code == GRPC_STATUS_OK && sc->resp) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = sc->resp;
+    }
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.trailing_metadata_count = 0;
+    ops[n].data.send_status_from_server.status = code;
+    ops[n++].data.send_status_from_server.status_details = &sc->status_details;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n++].data.recv_close_on_server.cancelled = &sc->cancelled;
+    atomic_fetch_add(&s->calls, 1);
+    grpc_call_error e = grpc_call_start_batch(sc->call, ops, n, sc, NULL);
+    if (e != GRPC_CALL_OK) {
+        log_error("rpc: starting the answer batch failed (grpc_call_error %d)", (int)e);
+        sc_free(sc);
+        call_done(s);
+    }
+}
+
+/* Run the method's handler on the request in sc->payload and fill sc->resp.
+ * Returns the status; *msg is set for non-OK. */
+static grpc_status_code run_handler(srv_call_t *sc, char *msg, size_t msglen) {
+    rpc_server_t *s = sc->th->srv;
+    const srv_method_t *m = &s->methods[sc->method];
+    grpc_status_code code;
+
+    if (!sc->payload) {
+        errf(msg, msglen, "%s: the call carried no request message; send one %s", m->path,
+             m->req_desc->name);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    grpc_slice in;
+    if (!bb_flatten(sc->payload, &in)) {
+        errf(msg, msglen, "%s: cannot read the request (unsupported compression?)", m->path);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, GRPC_SLICE_LENGTH(in),
+                                                      GRPC_SLICE_START_PTR(in));
+    size_t inlen = GRPC_SLICE_LENGTH(in);
+    grpc_slice_unref(in);
+    if (!req) {
+        errf(msg, msglen, "%s: the request (%zu bytes) does not parse as %s; send a serialized %s",
+             m->path, inlen, m->req_desc->name, m->req_desc->name);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+
+    ProtobufCMessage *resp = calloc(1, m->resp_desc->sizeof_message);
+    if (!resp) {
+        protobuf_c_message_free_unpacked(req, NULL);
+        errf(msg, msglen, "%s: server out of memory", m->path);
+        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    }
+    protobuf_c_message_init(m->resp_desc, resp);
+
+    rpc_ctx_priv_t pv = {.deadline = gpr_convert_clock_type(sc->deadline, GPR_CLOCK_MONOTONIC)};
+    rpc_ctx_t ctx = {.method = m->path, .user = m->user, .thread = sc->th->index, .priv = &pv};
+    char *peer = grpc_call_get_peer(sc->call);
+    ctx.peer = peer ? peer : "unknown";
+
+    if (rpc_ctx_time_left_ms(&ctx) <= 0) {
+        code = GRPC_STATUS_DEADLINE_EXCEEDED;
+        errf(msg, msglen, "%s: deadline passed before the handler ran", m->path);
+    } else {
+        code = m->handler(&ctx, req, resp);
+        if (code != GRPC_STATUS_OK) {
+            errf(msg, msglen, "%s", ctx.err[0] ? ctx.err : rpc_status_name(code));
+        } else if (!protobuf_c_message_check(resp)) {
+            code = GRPC_STATUS_INTERNAL;
+            errf(msg, msglen, "%s: handler produced an invalid %s", m->path, m->resp_desc->name);
+        } else {
+            size_t outlen = protobuf_c_message_get_packed_size(resp);
+            if (outlen > s->max_msg) {
+                code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+                errf(msg, msglen, "%s: response of %zu bytes exceeds the server's limit of %zu",
+                     m->path, outlen, s->max_msg);
+            } else if (!(sc->resp = pack_msg(resp, NULL))) {
+                code = GRPC_STATUS_INTERNAL;
+                errf(msg, msglen, "%s: packing the response failed", m->path);
+            }
+        }
+    }
+
+    for (size_t i = 0; i < pv.n; i++) free(pv.defer[i]);
+    free(pv.defer);
+    free(resp);
+    if (peer) gpr_free(peer);
+    protobuf_c_message_free_unpacked(req, NULL);
+    return code;
+}
+
+/* ---- server: event loop ---- */
+
+static void on_event(srv_thread_t *th, srv_call_t *sc, bool ok) {
+    rpc_server_t *s = th->srv;
+    if (sc->state == SC_SENDING) {
+        sc_free(sc);
+        call_done(s);
+        return;
+    }
+    /* SC_REQUESTED */
+    if (!ok) { /* the server is shutting down */
+        sc_free(sc);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->live_calls++;
+    pthread_mutex_unlock(&s->mu);
+
+    if (sc->method < 0) {
+        /* catch-all: repost first, nothing here blocks */
+        post_request(th, -1);
+        char msg[RPC_ERR_LEN + 64];
+        const grpc_slice *p = &sc->details.method;
+        snprintf(msg, sizeof msg, "unknown method \"%.*s\"; this server has no such method",
+                 (int)(GRPC_SLICE_LENGTH(*p) > 200 ? 200 : GRPC_SLICE_LENGTH(*p)),
+                 (const char *)GRPC_SLICE_START_PTR(*p));
+        send_answer(sc, GRPC_STATUS_UNIMPLEMENTED, msg);
+        return;
+    }
+    char msg[RPC_ERR_LEN + 128] = "";
+    int method = sc->method;
+    grpc_status_code code = run_handler(sc, msg, sizeof msg);
+    send_answer(sc, code, code == GRPC_STATUS_OK ? "" : msg);
+    post_request(th, method);
+}
+
+static void *server_thread(void *arg) {
+    srv_thread_t *th = arg;
+    rpc_server_t *s = th->srv;
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(th->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type != GRPC_OP_COMPLETE) continue;
+        if (ev.tag == &s->shutdown_tag) {
+            pthread_mutex_lock(&s->mu);
+            s->notified = true;
+            pthread_cond_broadcast(&s->cv);
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        on_event(th, ev.tag, ev.success != 0);
+    }
+    return NULL;
+}
+
+/* ---- server: lifecycle ---- */
+
+rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t errlen) {
+    rpc_server_opts_t o = opts ? *opts : (rpc_server_opts_t){0};
+    if (o.threads < 0 || o.threads > 256) {
+        errf(err, errlen, "rpc server: %d threads is out of range; use 1..256 (0 = %d)", o.threads,
+             RPC_DEFAULT_THREADS);
+        return NULL;
+    }
+    if (o.max_msg_bytes > (size_t)INT32_MAX) {
+        errf(err, errlen, "rpc server: max message size %zu bytes is over gRPC's limit of %d",
+             o.max_msg_bytes, INT32_MAX);
+        return NULL;
+    }
+    rpc_server_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        errf(err, errlen, "rpc server: out of memory");
+        return NULL;
+    }
+    s->nthreads = o.threads ? o.threads : RPC_DEFAULT_THREADS;
+    s->max_msg = o.max_msg_bytes ? o.max_msg_bytes : RPC_DEFAULT_MAX_MSG;
+    s->threads = calloc((size_t)s->nthreads, sizeof *s->threads);
+    if (!s->threads) {
+        free(s);
+        errf(err, errlen, "rpc server: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    atomic_init(&s->calls, 0);
+
+    grpc_init();
+    grpc_arg args[2] = {
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         .value.integer = (int)s->max_msg},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+         .value.integer = (int)s->max_msg},
+    };
+    grpc_channel_args ca = {.num_args = 2, .args = args};
+    s->gs = grpc_server_create(&ca, NULL);
+    for (int i = 0; i < s->nthreads; i++) {
+        srv_thread_t *th = &s->threads[i];
+        th->srv = s;
+        th->index = i;
+        th->cq = grpc_completion_queue_create_for_next(NULL);
+        grpc_server_register_completion_queue(s->gs, th->cq, NULL);
+    }
+    rpc_server_set_health(s, "", RPC_HEALTH_SERVING);
+    rpc_method_t hm = {HEALTH_CHECK_PATH, &grpc__health__v1__health_check_request__descriptor,
+                       &grpc__health__v1__health_check_response__descriptor, health_check, s};
+    if (rpc_server_add_method(s, &hm, err, errlen) != 0) {
+        rpc_server_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+int rpc_server_add_method(rpc_server_t *s, const rpc_method_t *m, char *err, size_t errlen) {
+    if (s->started) {
+        errf(err, errlen, "rpc server: add method %s before rpc_server_start", m->path);
+        return -1;
+    }
+    if (!path_ok(m->path)) {
+        errf(err, errlen, "rpc server: method path \"%s\" is malformed; write \"/pkg.Service/Method\"",
+             m->path ? m->path : "(null)");
+        return -1;
+    }
+    if (!m->req_desc || !m->resp_desc || !m->handler ||
+        m->req_desc->magic != PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC ||
+        m->resp_desc->magic != PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC) {
+        errf(err, errlen, "rpc server: method %s needs a handler and request/response message "
+             "descriptors", m->path);
+        return -1;
+    }
+    for (size_t i = 0; i < s->nmethods; i++) {
+        if (strcmp(s->methods[i].path, m->path) == 0) {
+            errf(err, errlen, "rpc server: method %s registered twice", m->path);
+            return -1;
+        }
+    }
+    if (s->nmethods == s->cap_methods) {
+        size_t cap = s->cap_methods ? 2 * s->cap_methods : 8;
+        srv_method_t *nm = realloc(s->methods, cap * sizeof *nm);
+        if (!nm) goto oom;
+        s->methods = nm;
+        s->cap_methods = cap;
+    }
+    srv_method_t e = {.path = strdup(m->path), .req_desc = m->req_desc,
+                      .resp_desc = m->resp_desc, .handler = m->handler, .user = m->user};
+    if (!e.path) goto oom;
+    e.handle = grpc_server_register_method(s->gs, e.path, NULL,
+                                           GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+    if (!e.handle) {
+        errf(err, errlen, "rpc server: gRPC refused to register method %s", m->path);
+        free(e.path);
+        return -1;
+    }
+    s->methods[s->nmethods++] = e;
+    return 0;
+oom:
+    errf(err, errlen, "rpc server: out of memory adding method %s", m->path);
+    return -1;
+}
+
+int rpc_server_add_methods(rpc_server_t *s, const rpc_method_t *m, size_t n, char *err,
+                           size_t errlen) {
+    for (size_t i = 0; i < n; i++)
+        if (rpc_server_add_method(s, &m[i], err, errlen) != 0) return -1;
+    return 0;
+}
+
+/* Check the shape of a listen address: "unix:/path", "unix:path",
+ * "unix-abstract:name", or "host:port" / "[v6]:port" with port 0..65535. */
+static bool addr_ok(const char *addr, char *why, size_t whylen) {
+    if (!addr || !*addr) {
+        errf(why, whylen, "empty address");
+        return false;
+    }
+    if (strncmp(addr, "unix:", 5) == 0 || strncmp(addr, "unix-abstract:", 14) == 0) {
+        const char *p = strchr(addr, ':') + 1;
+        if (!*p) {
+            errf(why, whylen, "no socket path after \"unix:\"");
+            return false;
+        }
+        if (strncmp(addr, "unix:", 5) == 0 && strlen(p) >= 108) {
+            errf(why, whylen, "socket path is %zu bytes; Unix sockets allow 107", strlen(p));
+            return false;
+        }
+        return true;
+    }
+    const char *colon = strrchr(addr, ':');
+    if (!colon || colon == addr || !colon[1]) {
+        errf(why, whylen, "expected \"host:port\" or \"unix:/path\"");
+        return false;
+    }
+    char *end;
+    errno = 0;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || errno || port < 0 || port > 65535) {
+        errf(why, whylen, "port \"%s\" is not a number in 0..65535", colon + 1);
+        return false;
+    }
+    return true;
+}
+
+int rpc_server_listen(rpc_server_t *s, const char *addr, int *bound_port, char *err,
+                      size_t errlen) {
+    char why[160];
+    if (s->started) {
+        errf(err, errlen, "rpc server: listen on %s before rpc_server_start", addr);
+        return -1;
+    }
+    if (!addr_ok(addr, why, sizeof why)) {
+        errf(err, errlen, "rpc server: bad listen address \"%s\": %s", addr ? addr : "(null)", why);
+        return -1;
+    }
+    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    int port = grpc_server_add_http2_port(s->gs, addr, cr);
+    grpc_server_credentials_release(cr);
+    if (port == 0) {
+        errf(err, errlen, "rpc server: cannot listen on %s (address in use, no permission, or "
+             "missing directory?); pick another address", addr);
+        return -1;
+    }
+    s->nlisteners++;
+    if (bound_port) *bound_port = strncmp(addr, "unix", 4) == 0 ? 0 : port;
+    return 0;
+}
+
+int rpc_server_start(rpc_server_t *s, char *err, size_t errlen) {
+    if (s->started) {
+        errf(err, errlen, "rpc server: already started");
+        return -1;
+    }
+    if (s->nlisteners == 0) {
+        errf(err, errlen, "rpc server: no address to listen on; call rpc_server_listen first");
+        return -1;
+    }
+    grpc_server_start(s->gs);
+    s->started = true;
+    /* Initial requests are posted here, before the threads exist, so a stop
+     * that follows at once still finds them on the queues. */
+    for (int i = 0; i < s->nthreads; i++) {
+        post_request(&s->threads[i], -1);
+        for (size_t m = 0; m < s->nmethods; m++) post_request(&s->threads[i], (int)m);
+    }
+    for (int i = 0; i < s->nthreads; i++) {
+        srv_thread_t *th = &s->threads[i];
+        int rc = pthread_create(&th->tid, NULL, server_thread, th);
+        if (rc != 0) {
+            errf(err, errlen, "rpc server: cannot start thread %d: %s", i, strerror(rc));
+            rpc_server_stop(s, 0);
+            return -1;
+        }
+        th->started = true;
+    }
+    return 0;
+}
+
+/* Wait until the shutdown notification came and no call is live, or until
+ * abs_deadline (CLOCK_REALTIME; NULL = forever). True when both happened. */
+static bool wait_quiet(rpc_server_t *s, const struct timespec *abs_deadline) {
+    bool done;
+    pthread_mutex_lock(&s->mu);
+    while (!(done = s->notified && s->live_calls == 0)) {
+        if (!abs_deadline) {
+            pthread_cond_wait(&s->cv, &s->mu);
+        } else if (pthread_cond_timedwait(&s->cv, &s->mu, abs_deadline) == ETIMEDOUT) {
+            done = s->notified && s->live_calls == 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
+void rpc_server_stop(rpc_server_t *s, int grace_ms) {
+    if (!s || s->stopped) return;
+    s->stopped = true;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_mutex_unlock(&s->mu);
+
+    bool any_thread = false;
+    for (int i = 0; i < s->nthreads; i++) any_thread |= s->threads[i].started;
+    if (s->started && any_thread) {
+        grpc_server_shutdown_and_notify(s->gs, s->threads[0].cq, &s->shutdown_tag);
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        int64_t ns = dl.tv_nsec + (int64_t)(grace_ms > 0 ? grace_ms : 0) * 1000000;
+        dl.tv_sec += ns / 1000000000;
+        dl.tv_nsec = ns % 1000000000;
+        if (!wait_quiet(s, &dl)) {
+            grpc_server_cancel_all_calls(s->gs);
+            wait_quiet(s, NULL);
+        }
+        for (int i = 0; i < s->nthreads; i++) grpc_completion_queue_shutdown(s->threads[i].cq);
+        for (int i = 0; i < s->nthreads; i++) {
+            srv_thread_t *th = &s->threads[i];
+            if (th->started) {
+                pthread_join(th->tid, NULL);
+                continue;
+            }
+            /* a thread that failed to start: drain its queue here */
+            for (;;) {
+                grpc_event ev = grpc_completion_queue_next(th->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                                           NULL);
+                if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+                if (ev.type == GRPC_OP_COMPLETE) sc_free(ev.tag);
+            }
+        }
+    } else {
+        /* Never served (or no thread started): drain the queues here. */
+        grpc_server_shutdown_and_notify(s->gs, s->threads[0].cq, &s->shutdown_tag);
+        grpc_server_cancel_all_calls(s->gs);
+        for (int i = 0; i < s->nthreads; i++) {
+            srv_thread_t *th = &s->threads[i];
+            if (i == 0) { /* wait for the shutdown tag first */
+                for (;;) {
+                    grpc_event ev = grpc_completion_queue_next(
+                        th->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+                    if (ev.type != GRPC_OP_COMPLETE) break;
+                    if (ev.tag == &s->shutdown_tag) break;
+                    sc_free(ev.tag);
+                }
+            }
+        }
+        for (int i = 0; i < s->nthreads; i++) {
+            srv_thread_t *th = &s->threads[i];
+            grpc_completion_queue_shutdown(th->cq);
+            for (;;) {
+                grpc_event ev = grpc_completion_queue_next(th->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                                           NULL);
+                if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+                if (ev.type == GRPC_OP_COMPLETE && ev.tag != &s->shutdown_tag) sc_free(ev.tag);
+            }
+        }
+    }
+}
+
+void rpc_server_free(rpc_server_t *s) {
+    if (!s) return;
+    if (s->gs) {
+        rpc_server_stop(s, 0);
+        grpc_server_destroy(s->gs);
+    }
+    for (int i = 0; i < s->nthreads; i++)
+        if (s->threads[i].cq) grpc_completion_queue_destroy(s->threads[i].cq);
+    for (size_t i = 0; i < s->nmethods; i++) free(s->methods[i].path);
+    free(s->methods);
+    for (size_t i = 0; i < s->nhealth; i++) free(s->health[i].service);
+    free(s->health);
+    free(s->threads);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+    grpc_shutdown();
+}
+
+uint64_t rpc_server_calls(const rpc_server_t *s) {
+    return atomic_load(&((rpc_server_t *)s)->calls);
+}
+
+/* ---- client ---- */
+
+struct rpc_client {
+    char *addr;                  /* as given */
+    grpc_channel *ch;
+};
+
+rpc_client_t *rpc_client_open(const char *addr, const rpc_client_opts_t *opts, char *err,
+                              size_t errlen) {
+    char why[160];
+    if (!addr_ok(addr, why, sizeof why)) {
+        errf(err, errlen, "rpc client: bad address \"%s\": %s", addr ? addr : "(null)", why);
+        return NULL;
+    }
+    size_t max = opts && opts->max_msg_bytes ? opts->max_msg_bytes : CLIENT_DEFAULT_MAX_MSG;
+    if (max > (size_t)INT32_MAX) {
+        errf(err, errlen, "rpc client: max message size %zu bytes is over gRPC's limit of %d", max,
+             INT32_MAX);
+        return NULL;
+    }
+    rpc_client_t *c = calloc(1, sizeof *c);
+    if (!c || !(c->addr = strdup(addr))) {
+        free(c);
+        errf(err, errlen, "rpc client: out of memory");
+        return NULL;
+    }
+    grpc_init();
+    /* Node-local services restart quickly: keep reconnect backoff short so a
+     * wait-for-ready call notices a restarted server within about a second. */
+    grpc_arg args[] = {
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         .value.integer = (int)max},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, .value.integer = 1},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+         .value.integer = 100},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
+    };
+    grpc_channel_args ca = {.num_args = sizeof args / sizeof args[0], .args = args};
+    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    c->ch = grpc_channel_create(addr, cr, &ca);
+    grpc_channel_credentials_release(cr);
+    if (!c->ch) {
+        errf(err, errlen, "rpc client: cannot create a channel to %s", addr);
+        free(c->addr);
+        free(c);
+        grpc_shutdown();
+        return NULL;
+    }
+    return c;
+}
+
+void rpc_client_close(rpc_client_t *c) {
+    if (!c) return;
+    grpc_channel_destroy(c->ch);
+    free(c->addr);
+    free(c);
+    grpc_shutdown();
+}
+
+const char *rpc_client_addr(const rpc_client_t *c) { return c->addr; }
+
+/* The one call path: send req_bb, receive the status and, on OK, the
+ * response bytes in *out (caller unrefs; empty slice when none). */
+static grpc_status_code call_bb(rpc_client_t *c, const char *method, grpc_byte_buffer *req_bb,
+                                grpc_slice *out, int64_t deadline_ms, bool wait_for_ready,
+                                char *msg, size_t msglen) {
+    *out = grpc_empty_slice();
+    if (!path_ok(method)) {
+        errf(msg, msglen, "rpc %s to %s: malformed method path; write \"/pkg.Service/Method\"",
+             method ? method : "(null)", c->addr);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    gpr_timespec dl = deadline_ms > 0
+                          ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                         gpr_time_from_millis(deadline_ms, GPR_TIMESPAN))
+                          : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice mslice = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, mslice,
+                                               NULL, dl, NULL);
+    grpc_slice_unref(mslice);
+
+    grpc_metadata_array init_md, trail_md;
+    grpc_metadata_array_init(&init_md);
+    grpc_metadata_array_init(&trail_md);
+    grpc_byte_buffer *resp_bb = NULL;
+    grpc_status_code status = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    const char *error_string = NULL;
+
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].flags = GRPC_INITIAL_METADATA_WAIT_FOR_READY_EXPLICITLY_SET |
+                   (wait_for_ready ? GRPC_INITIAL_METADATA_WAIT_FOR_READY : 0);
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = req_bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &resp_bb;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trail_md;
+    ops[5].data.recv_status_on_client.status = &status;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    ops[5].data.recv_status_on_client.error_string = &error_string;
+
+    int tag;
+    grpc_call_error e = grpc_call_start_batch(call, ops, 6, &tag, NULL);
+    if (e != GRPC_CALL_OK) {
+        status = GRPC_STATUS_INTERNAL;
+        errf(msg, msglen, "rpc %s to %s: cannot start the call (grpc_call_error %d)", method,
+             c->addr, (int)e);
+    } else {
+        grpc_event ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                                    NULL);
+        if (ev.type != GRPC_OP_COMPLETE || !ev.success) {
+            status = GRPC_STATUS_INTERNAL;
+            errf(msg, msglen, "rpc %s to %s: the call's batch failed", method, c->addr);
+        } else if (status != GRPC_STATUS_OK) {
+            errf(msg, msglen, "rpc %s to %s: %s: %.*s", method, c->addr, rpc_status_name(status),
+                 (int)GRPC_SLICE_LENGTH(details), (const char *)GRPC_SLICE_START_PTR(details));
+        } else if (resp_bb && !bb_flatten(resp_bb, out)) {
+            status = GRPC_STATUS_INTERNAL;
+            errf(msg, msglen, "rpc %s to %s: cannot read the response", method, c->addr);
+        } else if (!resp_bb) {
+            status = GRPC_STATUS_INTERNAL;
+            errf(msg, msglen, "rpc %s to %s: server answered OK without a message", method,
+                 c->addr);
+        } else {
+            errf(msg, msglen, "%s", "");
+        }
+    }
+
+    if (resp_bb) grpc_byte_buffer_destroy(resp_bb);
+    grpc_slice_unref(details);
+    if (error_string) gpr_free((void *)error_string);
+    grpc_metadata_array_destroy(&init_md);
+    grpc_metadata_array_destroy(&trail_md);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    grpc_completion_queue_destroy(cq);
+    return status;
+}
+
+grpc_status_code rpc_call_raw(rpc_client_t *c, const char *method, const void *req,
+                              size_t req_len, void **resp, size_t *resp_len, int64_t deadline_ms,
+                              bool wait_for_ready, char *msg, size_t msglen) {
+    *resp = NULL;
+    *resp_len = 0;
+    grpc_slice s = grpc_slice_from_copied_buffer(req, req_len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    grpc_slice out;
+    grpc_status_code st = call_bb(c, method, bb, &out, deadline_ms, wait_for_ready, msg, msglen);
+    grpc_byte_buffer_destroy(bb);
+    if (st == GRPC_STATUS_OK) {
+        size_t n = GRPC_SLICE_LENGTH(out);
+        void *p = malloc(n ? n : 1);
+        if (!p) {
+            st = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            errf(msg, msglen, "rpc %s to %s: out of memory for a %zu-byte response", method,
+                 c->addr, n);
+        } else {
+            memcpy(p, GRPC_SLICE_START_PTR(out), n);
+            *resp = p;
+            *resp_len = n;
+        }
+    }
+    grpc_slice_unref(out);
+    return st;
+}
+
+grpc_status_code rpc_call(rpc_client_t *c, const char *method, const ProtobufCMessage *req,
+                          const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
+                          int64_t deadline_ms, bool wait_for_ready, char *msg, size_t msglen) {
+    *resp = NULL;
+    grpc_byte_buffer *bb = pack_msg(req, NULL);
+    if (!bb) {
+        errf(msg, msglen, "rpc %s to %s: cannot pack the %s request", method, c->addr,
+             req->descriptor->name);
+        return GRPC_STATUS_INTERNAL;
+    }
+    grpc_slice out;
+    grpc_status_code st = call_bb(c, method, bb, &out, deadline_ms, wait_for_ready, msg, msglen);
+    grpc_byte_buffer_destroy(bb);
+    if (st == GRPC_STATUS_OK) {
+        *resp = protobuf_c_message_unpack(resp_desc, NULL, GRPC_SLICE_LENGTH(out),
+                                          GRPC_SLICE_START_PTR(out));
+        if (!*resp) {
+            st = GRPC_STATUS_INTERNAL;
+            errf(msg, msglen, "rpc %s to %s: the %zu-byte response does not parse as %s", method,
+                 c->addr, (size_t)GRPC_SLICE_LENGTH(out), resp_desc->name);
+        }
+    }
+    grpc_slice_unref(out);
+    return st;
+}
