@@ -1,0 +1,341 @@
+/* model.c: Llama forward and backward over the backend table. See model.h
+ * for the parameter layout. Nothing here touches backend memory except
+ * through m->be. */
+#include "workers/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* ---- layout ---- */
+
+static void add_tensor(model_t *m, const char *name, int ndim, int64_t d0, int64_t d1, size_t off, int block) {
+    model_tensor_t *t = &m->tensors[m->n_tensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = ndim == 2 ? d1 : 1;
+    t->offset = off;
+    t->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    t->block = block;
+    t->decay = ndim >= 2;
+}
+
+static void build_layout(model_t *m) {
+    const llama_config_t *c = &m->cfg;
+    size_t D = c->dim, F = c->ffn_dim, V = c->vocab, qd = (size_t)c->n_heads * c->head_dim,
+           kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t sizes[BLK_NT] = { qd * D, kvd * D, kvd * D, D * qd, F * D, F * D, D * F, D, D };
+    size_t o = 0;
+    for (int i = 0; i < BLK_NT; i++) { m->blk_off[i] = o; o += sizes[i]; }
+    m->block_numel = o;
+    m->embed_off = 0;
+    m->blocks_off = V * D;
+    m->norm_off = m->blocks_off + (size_t)c->n_layers * m->block_numel;
+    m->lm_head_off = c->tie_embeddings ? m->embed_off : m->norm_off + D;
+    m->n_params = m->norm_off + D + (c->tie_embeddings ? 0 : V * D);
+
+    m->tensors = calloc((size_t)c->n_layers * BLK_NT + 3, sizeof *m->tensors);
+    CHECK_ALLOC(m->tensors);
+    add_tensor(m, "model.embed_tokens.weight", 2, V, D, m->embed_off, -1);
+    static const char *const names[BLK_NT] = {
+        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+        "input_layernorm.weight", "post_attention_layernorm.weight",
+    };
+    const int64_t shp[BLK_NT][2] = {
+        { qd, D }, { kvd, D }, { kvd, D }, { D, qd }, { F, D }, { F, D }, { D, F }, { D, 0 }, { D, 0 },
+    };
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < BLK_NT; i++) {
+            char nm[MODEL_NAME_LEN];
+            snprintf(nm, sizeof nm, "model.layers.%d.%s", l, names[i]);
+            add_tensor(m, nm, shp[i][1] ? 2 : 1, shp[i][0], shp[i][1],
+                       m->blocks_off + (size_t)l * m->block_numel + m->blk_off[i], l);
+        }
+    add_tensor(m, "model.norm.weight", 1, D, 0, m->norm_off, -1);
+    if (!c->tie_embeddings) add_tensor(m, "lm_head.weight", 2, V, D, m->lm_head_off, -1);
+}
+
+/* ---- allocation ---- */
+
+typedef struct { const backend_t *be; bool failed; } alloc_ctx_t;
+
+static float *falloc(alloc_ctx_t *ac, size_t n) {
+    float *p = ac->be->alloc(n * sizeof(float));
+    if (!p) ac->failed = true;
+    return p;
+}
+
+static void acts_alloc(alloc_ctx_t *ac, block_acts_t *a, const llama_config_t *c, int B, int T) {
+    size_t N = (size_t)B * T, D = c->dim, F = c->ffn_dim, qd = (size_t)c->n_heads * c->head_dim,
+           kvd = (size_t)c->n_kv_heads * c->head_dim;
+    a->xn1 = falloc(ac, N * D); a->rstd1 = falloc(ac, N);
+    a->q = falloc(ac, N * qd); a->k = falloc(ac, N * kvd); a->v = falloc(ac, N * kvd);
+    a->att = falloc(ac, (size_t)B * c->n_heads * T * T);
+    a->ao = falloc(ac, N * qd);
+    a->xmid = falloc(ac, N * D);
+    a->xn2 = falloc(ac, N * D); a->rstd2 = falloc(ac, N);
+    a->gate = falloc(ac, N * F); a->up = falloc(ac, N * F); a->h = falloc(ac, N * F);
+}
+
+static void acts_free(const backend_t *be, block_acts_t *a) {
+    float *ps[] = { a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->ao, a->xmid, a->xn2, a->rstd2,
+                    a->gate, a->up, a->h };
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) if (ps[i]) be->free(ps[i]);
+}
+
+uint64_t model_memory_bytes(const llama_config_t *c, int B, int T, bool act_ckpt) {
+    uint64_t N = (uint64_t)B * T, D = c->dim, F = c->ffn_dim, V = c->vocab, L = c->n_layers,
+             qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+    uint64_t params = (uint64_t)llama_total_params(c);
+    uint64_t acts = N * (3 * D + 2 + 2 * qd + 2 * kvd + 3 * F) + (uint64_t)B * c->n_heads * T * T;
+    uint64_t floats = 4 * params                            /* params, grads, AdamW m and v */
+                      + (L + 1) * N * D                     /* block inputs */
+                      + (act_ckpt ? 1 : L) * acts
+                      + N * (D + 1 + V + 1)                 /* final norm, logits, losses */
+                      + N * (3 * D + 2 * qd + 2 * kvd + 3 * F); /* backward scratch */
+    return floats * 4;
+}
+
+int model_layout(model_t *m, const llama_config_t *cfg, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    if (llama_config_validate(cfg, err, errlen)) return -1;
+    m->cfg = *cfg;
+    build_layout(m);
+    return 0;
+}
+
+int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+                 char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    if (llama_config_validate(cfg, err, errlen)) return -1;
+    if (cfg->head_dim % 2) {
+        snprintf(err, errlen, "head_dim %d is odd; rotary embedding needs an even head_dim", cfg->head_dim);
+        return -1;
+    }
+    if (B <= 0 || T <= 0) { snprintf(err, errlen, "micro-batch (%d) and seq-len (%d) must be positive", B, T); return -1; }
+    if (T > cfg->max_seq) {
+        snprintf(err, errlen, "seq-len %d exceeds the model's max_position_embeddings %d", T, cfg->max_seq);
+        return -1;
+    }
+    m->cfg = *cfg;
+    m->be = be;
+    m->B = B;
+    m->T = T;
+    m->act_ckpt = act_ckpt;
+    build_layout(m);
+
+    const llama_config_t *c = cfg;
+    size_t N = (size_t)B * T, D = c->dim, F = c->ffn_dim, V = c->vocab,
+           qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    alloc_ctx_t ac = { be, false };
+    m->params = falloc(&ac, m->n_params);
+    m->grads = falloc(&ac, m->n_params);
+    m->tokens = be->alloc(N * sizeof(int32_t));
+    m->targets = be->alloc(N * sizeof(int32_t));
+    if (!m->tokens || !m->targets) ac.failed = true;
+    m->xs = calloc((size_t)c->n_layers + 1, sizeof *m->xs);
+    int nacts = act_ckpt ? 1 : c->n_layers;
+    m->acts = calloc((size_t)nacts, sizeof *m->acts);
+    CHECK_ALLOC(m->xs);
+    CHECK_ALLOC(m->acts);
+    for (int l = 0; l <= c->n_layers; l++) m->xs[l] = falloc(&ac, N * D);
+    for (int l = 0; l < nacts; l++) acts_alloc(&ac, &m->acts[l], c, B, T);
+    m->xf = falloc(&ac, N * D); m->rstdf = falloc(&ac, N);
+    m->logits = falloc(&ac, N * V);
+    m->losses = falloc(&ac, N);
+    m->dx = falloc(&ac, N * D); m->dtmp = falloc(&ac, N * D); m->ftmp = falloc(&ac, N * D);
+    m->dq = falloc(&ac, N * qd); m->dk = falloc(&ac, N * kvd); m->dv = falloc(&ac, N * kvd);
+    m->dao = falloc(&ac, N * qd);
+    m->dgate = falloc(&ac, N * F); m->dup = falloc(&ac, N * F); m->dh = falloc(&ac, N * F);
+    m->loss_host = malloc(N * sizeof(float));
+    if (ac.failed || !m->loss_host) {
+        snprintf(err, errlen, "out of memory allocating the model (%zu parameters, micro-batch %d x %d)",
+                 m->n_params, B, T);
+        model_destroy(m);
+        return -1;
+    }
+    return 0;
+}
+
+void model_destroy(model_t *m) {
+    const backend_t *be = m->be;
+    if (!be) { free(m->tensors); memset(m, 0, sizeof *m); return; }
+    float *ps[] = { m->params, m->grads, m->xf, m->rstdf, m->logits, m->losses, m->dx, m->dtmp, m->ftmp,
+                    m->dq, m->dk, m->dv, m->dao, m->dgate, m->dup, m->dh };
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) if (ps[i]) be->free(ps[i]);
+    if (m->tokens) be->free(m->tokens);
+    if (m->targets) be->free(m->targets);
+    if (m->xs) for (int l = 0; l <= m->cfg.n_layers; l++) if (m->xs[l]) be->free(m->xs[l]);
+    if (m->acts) for (int l = 0; l < (m->act_ckpt ? 1 : m->cfg.n_layers); l++) acts_free(be, &m->acts[l]);
+    free(m->xs);
+    free(m->acts);
+    free(m->tensors);
+    free(m->loss_host);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- parameters ---- */
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* A standard normal from two uniforms (Box-Muller), in double. */
+static double randn(uint64_t *s) {
+    double u1 = ((splitmix64(s) >> 11) + 1.0) / 9007199254740993.0; /* (0, 1] */
+    double u2 = (splitmix64(s) >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+void model_init_random(model_t *m, uint64_t seed) {
+    float *host = malloc(m->n_params * sizeof(float));
+    CHECK_ALLOC(host);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const model_tensor_t *t = &m->tensors[i];
+        /* each tensor has its own stream, so adding a layer leaves the others alone */
+        uint64_t s = seed ^ (0x1000193ull * (uint64_t)(i + 1));
+        for (size_t j = 0; j < t->numel; j++)
+            host[t->offset + j] = t->ndim == 2 ? (float)(0.02 * randn(&s)) : 1.0f;
+    }
+    model_set_params(m, host);
+    free(host);
+}
+
+const model_tensor_t *model_find(const model_t *m, const char *name) {
+    for (int i = 0; i < m->n_tensors; i++) if (strcmp(m->tensors[i].name, name) == 0) return &m->tensors[i];
+    return NULL;
+}
+
+float *model_block_params(model_t *m, int l) { return m->params + m->blocks_off + (size_t)l * m->block_numel; }
+float *model_block_grads(model_t *m, int l) { return m->grads + m->blocks_off + (size_t)l * m->block_numel; }
+
+void model_get_params(const model_t *m, float *host) { m->be->to_host(host, m->params, m->n_params * sizeof(float)); }
+void model_set_params(model_t *m, const float *host) { m->be->from_host(m->params, host, m->n_params * sizeof(float)); }
+void model_zero_grads(model_t *m) { m->be->memset0(m->grads, m->n_params * sizeof(float)); }
+
+/* ---- blocks ---- */
+
+void model_block_forward(model_t *m, const float *bp, const float *x_in, float *x_out, block_acts_t *a) {
+    const backend_t *be = m->be;
+    const llama_config_t *c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, D = c->dim, F = c->ffn_dim, H = c->n_heads, Hkv = c->n_kv_heads,
+        Dh = c->head_dim, qd = H * Dh, kvd = Hkv * Dh;
+    const float *wq = bp + m->blk_off[BLK_WQ], *wk = bp + m->blk_off[BLK_WK], *wv = bp + m->blk_off[BLK_WV],
+                *wo = bp + m->blk_off[BLK_WO], *wg = bp + m->blk_off[BLK_WGATE], *wu = bp + m->blk_off[BLK_WUP],
+                *wd = bp + m->blk_off[BLK_WDOWN], *n1 = bp + m->blk_off[BLK_ATTN_NORM],
+                *n2 = bp + m->blk_off[BLK_FFN_NORM];
+    /* attention */
+    be->rmsnorm_fwd(a->xn1, a->rstd1, x_in, n1, N, D, c->rms_eps);
+    be->matmul_fwd(a->q, a->xn1, wq, N, D, qd);
+    be->matmul_fwd(a->k, a->xn1, wk, N, D, kvd);
+    be->matmul_fwd(a->v, a->xn1, wv, N, D, kvd);
+    be->rope_fwd(a->q, B, T, H, Dh, c->rope_theta);
+    be->rope_fwd(a->k, B, T, Hkv, Dh, c->rope_theta);
+    be->attention_fwd(a->ao, a->att, a->q, a->k, a->v, B, T, H, Hkv, Dh);
+    be->matmul_fwd(m->ftmp, a->ao, wo, N, qd, D);
+    be->add(a->xmid, x_in, m->ftmp, (size_t)N * D);
+    /* MLP */
+    be->rmsnorm_fwd(a->xn2, a->rstd2, a->xmid, n2, N, D, c->rms_eps);
+    be->matmul_fwd(a->gate, a->xn2, wg, N, D, F);
+    be->matmul_fwd(a->up, a->xn2, wu, N, D, F);
+    be->swiglu_fwd(a->h, a->gate, a->up, (size_t)N * F);
+    be->matmul_fwd(m->ftmp, a->h, wd, N, F, D);
+    be->add(x_out, a->xmid, m->ftmp, (size_t)N * D);
+}
+
+void model_block_backward(model_t *m, const float *bp, float *bg, const float *x_in, block_acts_t *a, float *dx) {
+    const backend_t *be = m->be;
+    const llama_config_t *c = &m->cfg;
+    int B = m->B, T = m->T, N = B * T, D = c->dim, F = c->ffn_dim, H = c->n_heads, Hkv = c->n_kv_heads,
+        Dh = c->head_dim, qd = H * Dh, kvd = Hkv * Dh;
+#define P(i) (bp + m->blk_off[i])
+#define G(i) (bg + m->blk_off[i])
+    /* MLP: dx is dL/d x_out and also, through the residual, part of dL/d xmid */
+    be->matmul_bwd(m->dh, G(BLK_WDOWN), dx, a->h, P(BLK_WDOWN), N, F, D, false);
+    be->swiglu_bwd(m->dgate, m->dup, m->dh, a->gate, a->up, (size_t)N * F);
+    be->matmul_bwd(m->dtmp, G(BLK_WGATE), m->dgate, a->xn2, P(BLK_WGATE), N, D, F, false);
+    be->matmul_bwd(m->dtmp, G(BLK_WUP), m->dup, a->xn2, P(BLK_WUP), N, D, F, true);
+    be->rmsnorm_bwd(dx, G(BLK_FFN_NORM), m->dtmp, a->xmid, P(BLK_FFN_NORM), a->rstd2, N, D);
+    /* attention: dx is now dL/d xmid */
+    be->matmul_bwd(m->dao, G(BLK_WO), dx, a->ao, P(BLK_WO), N, qd, D, false);
+    be->attention_bwd(m->dq, m->dk, m->dv, m->dao, a->q, a->k, a->v, a->att, B, T, H, Hkv, Dh);
+    be->rope_bwd(m->dq, B, T, H, Dh, c->rope_theta);
+    be->rope_bwd(m->dk, B, T, Hkv, Dh, c->rope_theta);
+    be->matmul_bwd(m->dtmp, G(BLK_WQ), m->dq, a->xn1, P(BLK_WQ), N, D, qd, false);
+    be->matmul_bwd(m->dtmp, G(BLK_WK), m->dk, a->xn1, P(BLK_WK), N, D, kvd, true);
+    be->matmul_bwd(m->dtmp, G(BLK_WV), m->dv, a->xn1, P(BLK_WV), N, D, kvd, true);
+    be->rmsnorm_bwd(dx, G(BLK_ATTN_NORM), m->dtmp, x_in, P(BLK_ATTN_NORM), a->rstd1, N, D);
+#undef P
+#undef G
+}
+
+/* ---- embedding and head ---- */
+
+void model_embed_forward(model_t *m, const float *embed, const int32_t *tokens, const int32_t *targets) {
+    const backend_t *be = m->be;
+    int N = m->B * m->T;
+    be->from_host(m->tokens, tokens, (size_t)N * sizeof(int32_t));
+    be->from_host(m->targets, targets, (size_t)N * sizeof(int32_t));
+    be->embedding_fwd(m->xs[0], m->tokens, embed, N, m->cfg.dim);
+}
+
+double model_head_forward(model_t *m, const float *norm, const float *lm_head) {
+    const backend_t *be = m->be;
+    const llama_config_t *c = &m->cfg;
+    int N = m->B * m->T, D = c->dim, V = c->vocab;
+    be->rmsnorm_fwd(m->xf, m->rstdf, m->xs[c->n_layers], norm, N, D, c->rms_eps);
+    be->matmul_fwd(m->logits, m->xf, lm_head, N, D, V);
+    be->xent_fwd(m->losses, m->logits, m->targets, N, V);
+    be->to_host(m->loss_host, m->losses, (size_t)N * sizeof(float));
+    double s = 0;
+    for (int i = 0; i < N; i++) s += m->loss_host[i];
+    return s;
+}
+
+void model_head_backward(model_t *m, const float *norm, const float *lm_head, float *dnorm, float *dlm_head,
+                         float loss_scale) {
+    const backend_t *be = m->be;
+    const llama_config_t *c = &m->cfg;
+    int N = m->B * m->T, D = c->dim, V = c->vocab;
+    be->xent_bwd(m->logits, m->logits, m->targets, loss_scale, N, V);
+    be->matmul_bwd(m->dtmp, dlm_head, m->logits, m->xf, lm_head, N, D, V, false);
+    be->memset0(m->dx, (size_t)N * D * sizeof(float));
+    be->rmsnorm_bwd(m->dx, dnorm, m->dtmp, m->xs[c->n_layers], norm, m->rstdf, N, D);
+}
+
+void model_embed_backward(model_t *m, float *dembed) {
+    m->be->embedding_bwd(dembed, m->dx, m->tokens, m->B * m->T, m->cfg.dim);
+}
+
+/* ---- whole model ---- */
+
+double model_forward(model_t *m, const int32_t *tokens, const int32_t *targets) {
+    int L = m->cfg.n_layers;
+    model_embed_forward(m, m->params + m->embed_off, tokens, targets);
+    for (int l = 0; l < L; l++)
+        model_block_forward(m, model_block_params(m, l), m->xs[l], m->xs[l + 1], &m->acts[m->act_ckpt ? 0 : l]);
+    return model_head_forward(m, m->params + m->norm_off, m->params + m->lm_head_off);
+}
+
+void model_backward(model_t *m, float loss_scale) {
+    int L = m->cfg.n_layers;
+    model_head_backward(m, m->params + m->norm_off, m->params + m->lm_head_off, m->grads + m->norm_off,
+                        m->grads + m->lm_head_off, loss_scale);
+    for (int l = L - 1; l >= 0; l--) {
+        block_acts_t *a = &m->acts[m->act_ckpt ? 0 : l];
+        /* recompute this block from its input; the output rewrites xs[l+1]
+         * with the same values (ops are deterministic), which block l+1's
+         * backward has finished with */
+        if (m->act_ckpt) model_block_forward(m, model_block_params(m, l), m->xs[l], m->xs[l + 1], a);
+        model_block_backward(m, model_block_params(m, l), model_block_grads(m, l), m->xs[l], a, m->dx);
+    }
+    model_embed_backward(m, m->grads + m->embed_off);
+}

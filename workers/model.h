@@ -1,0 +1,156 @@
+/* model.h: the Llama architecture (Hugging Face LlamaForCausalLM) on a
+ * backend_t.
+ *
+ * Parameter layout, chosen so that a block can be sharded, gathered and
+ * updated as one flat buffer:
+ *
+ *   params = [ embed (V, D) | block 0 | ... | block L-1 | norm (D) | lm_head (V, D) ]
+ *   block  = [ wq (H*Dh, D) | wk (Hkv*Dh, D) | wv (Hkv*Dh, D) | wo (D, H*Dh) |
+ *              w_gate (F, D) | w_up (F, D) | w_down (D, F) | attn_norm (D) | ffn_norm (D) ]
+ *
+ * lm_head is absent when the config ties it to embed. Weights are stored
+ * (out, in) as in PyTorch. Gradients (and the optimizer's moments) use the
+ * same layout. Every tensor has its Hugging Face name in the tensor table.
+ *
+ * One training micro-step is model_forward() then model_backward(); each
+ * block's forward and backward need only the block's input, so with
+ * activation checkpointing the model keeps the L+1 block inputs and
+ * recomputes a block's internals just before its backward. */
+#ifndef BALLAST_MODEL_H
+#define BALLAST_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "workers/backend.h"
+#include "workers/llama_config.h"
+
+/* The tensors of one block, in their order inside the block buffer. */
+typedef enum {
+    BLK_WQ, BLK_WK, BLK_WV, BLK_WO, BLK_WGATE, BLK_WUP, BLK_WDOWN, BLK_ATTN_NORM, BLK_FFN_NORM,
+    BLK_NT
+} blk_tensor_t;
+
+#define MODEL_NAME_LEN 96
+
+typedef struct {
+    char name[MODEL_NAME_LEN]; /* Hugging Face name, e.g. model.layers.3.mlp.up_proj.weight */
+    int ndim;                  /* 1 or 2 */
+    int64_t shape[2];          /* (out, in) or (D) */
+    size_t offset;             /* floats from the start of params */
+    size_t numel;
+    int block;                 /* block index, -1 outside blocks */
+    bool decay;                /* weight decay applies (2-D tensors) */
+} model_tensor_t;
+
+/* Activations of one block for its backward. */
+typedef struct {
+    float *xn1, *rstd1;        /* (N, D), (N): attention RMSNorm output and 1/rms */
+    float *q, *k, *v;          /* (N, H*Dh), (N, Hkv*Dh) x2, after RoPE */
+    float *att;                /* (B, H, T, T) softmax probabilities */
+    float *ao;                 /* (N, H*Dh) attention output before wo */
+    float *xmid;               /* (N, D) residual after attention */
+    float *xn2, *rstd2;        /* (N, D), (N): MLP RMSNorm */
+    float *gate, *up, *h;      /* (N, F) each */
+} block_acts_t;
+
+typedef struct model {
+    llama_config_t cfg;
+    const backend_t *be;
+    int B, T;                  /* micro-batch rows and sequence length */
+    bool act_ckpt;             /* keep only block inputs; recompute in backward */
+
+    /* layout */
+    size_t n_params;           /* floats in params (and grads) */
+    size_t embed_off, blocks_off, norm_off, lm_head_off; /* floats; lm_head_off == embed_off when tied */
+    size_t block_numel;        /* floats per block */
+    size_t blk_off[BLK_NT];    /* offsets inside a block */
+    model_tensor_t *tensors;   /* host table, n_tensors entries, in layout order */
+    int n_tensors;
+
+    /* backend memory */
+    float *params;             /* (n_params) */
+    float *grads;              /* (n_params), accumulated over micro-steps */
+    int32_t *tokens, *targets; /* (N) current micro-batch */
+    float **xs;                /* L+1 block inputs (N, D); xs[L] is the last block's output */
+    block_acts_t *acts;        /* L sets, or 1 scratch set with act_ckpt */
+    float *xf, *rstdf;         /* (N, D), (N): final RMSNorm */
+    float *logits;             /* (N, V); becomes dlogits in backward */
+    float *losses;             /* (N) per-token loss */
+    /* backward scratch */
+    float *dx, *dtmp;          /* (N, D) */
+    float *dq, *dk, *dv, *dao; /* (N, H*Dh), (N, Hkv*Dh) x2, (N, H*Dh) */
+    float *dgate, *dup, *dh;   /* (N, F) */
+    float *ftmp;               /* (N, D) forward scratch */
+    float *loss_host;          /* host (N) */
+} model_t;
+
+/* Build the layout and allocate parameters, gradients and activations for
+ * micro-batches of B rows of T tokens. Parameters start at zero. Returns 0,
+ * or -1 with a message (bad config, T > max_seq, out of memory). */
+int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+                 char *err, size_t errlen);
+
+/* Bytes model_create would allocate (parameters, gradients, activations
+ * and scratch), plus the optimizer's two moment buffers. */
+uint64_t model_memory_bytes(const llama_config_t *cfg, int B, int T, bool act_ckpt);
+
+/* Only the layout and tensor table (no backend, no memory beyond the
+ * table): for tools that move weights between files. Free with
+ * model_destroy. */
+int model_layout(model_t *m, const llama_config_t *cfg, char *err, size_t errlen);
+void model_destroy(model_t *m);
+
+/* Deterministic initialisation from a seed: 2-D weights ~ N(0, 0.02^2)
+ * (Hugging Face's initializer_range), norm gains 1. */
+void model_init_random(model_t *m, uint64_t seed);
+
+/* Find a tensor by Hugging Face name; NULL if absent. */
+const model_tensor_t *model_find(const model_t *m, const char *name);
+
+/* Pointer to block l's flat parameter buffer (block_numel floats). */
+float *model_block_params(model_t *m, int l);
+float *model_block_grads(model_t *m, int l);
+
+/* Copy parameters to/from host memory in layout order (n_params floats). */
+void model_get_params(const model_t *m, float *host);
+void model_set_params(model_t *m, const float *host);
+
+/* Run the forward pass on one micro-batch (host tokens and targets, B*T
+ * each, already checked < V). Returns the sum over the B*T tokens of the
+ * cross-entropy (double, host). Logits stay available until backward. */
+double model_forward(model_t *m, const int32_t *tokens, const int32_t *targets);
+
+/* Backward of the last forward; gradients accumulate into m->grads scaled
+ * by loss_scale (1 / tokens in the global batch for a mean loss). */
+void model_backward(model_t *m, float loss_scale);
+
+/* Zero the gradients. */
+void model_zero_grads(model_t *m);
+
+/* The pieces of model_forward / model_backward, in their order, for a
+ * driver that places parameters itself (sharded training gathers each
+ * block's buffer just before it runs). Parameter and gradient pointers are
+ * explicit; activations stay in m (xs[0..L], m->dx).
+ *   model_embed_forward   tokens -> xs[0]
+ *   model_block_forward   for l = 0..L-1: xs[l] -> xs[l+1]
+ *   model_head_forward    xs[L] -> final norm, logits, loss (sum over B*T tokens)
+ *   model_head_backward   loss -> m->dx = dL/d xs[L]; dnorm, dlm_head accumulate
+ *   model_block_backward  for l = L-1..0 (after recomputing block l when
+ *                         activations were not kept): m->dx -> dL/d xs[l]
+ *   model_embed_backward  m->dx -> dembed (accumulates) */
+void model_embed_forward(model_t *m, const float *embed, const int32_t *tokens, const int32_t *targets);
+double model_head_forward(model_t *m, const float *norm, const float *lm_head);
+void model_head_backward(model_t *m, const float *norm, const float *lm_head, float *dnorm, float *dlm_head,
+                         float loss_scale);
+void model_embed_backward(model_t *m, float *dembed);
+
+/* Block-level pieces (also used by the tests and by sharded training):
+ * forward of block l from x_in (N, D) into x_out (N, D) keeping activations
+ * in a; backward from dx (N, D) = dL/dx_out, replaced by dL/dx_in, with the
+ * block's parameter gradients accumulated into grads (block_numel floats). */
+void model_block_forward(model_t *m, const float *bp, const float *x_in, float *x_out, block_acts_t *a);
+void model_block_backward(model_t *m, const float *bp, float *bg, const float *x_in, block_acts_t *a, float *dx);
+
+#endif

@@ -1,0 +1,322 @@
+/* train.c: options and the training loop of ballast-worker; see train.h.
+ *
+ * One step = grad_accum micro-steps of B x T tokens; the loss is the mean
+ * token cross-entropy over the step's A*B*T tokens, and the logged loss of
+ * step s is that of step s's batch before its update. Relies on model.h,
+ * optim.h, ckpt.h, data.h and the CPU backend. */
+#include "workers/train.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "options.h"
+#include "workers/backend.h"
+#include "workers/ckpt.h"
+#include "workers/data.h"
+#include "workers/model.h"
+#include "workers/optim.h"
+#include "workers/safetensors.h"
+
+/* ---- options ---- */
+
+static train_opts_t g_opts;
+
+static const opt_t train_options[] = {
+    { "model", OPT_STRING, NULL, 0, 0, NULL, "preset (tiny, small, demo, llama2-7b, ...), config.json or model directory; default: --init-from's config", &g_opts.model },
+    { "init-from", OPT_STRING, NULL, 0, 0, NULL, "Hugging Face Llama directory to load the initial weights from", &g_opts.init_from },
+    { "init-seed", OPT_INT, "1", 0, 9.2e18, NULL, "seed of the random initialisation (without --init-from)", &g_opts.init_seed },
+    { "data", OPT_STRING, NULL, 0, 0, NULL, "token shard file or glob (llm.c format; ballast data synth makes one)", &g_opts.data },
+    { "data-order", OPT_ENUM, "shuffled", 0, 0, "sequential|shuffled", "order of the training windows", &g_opts.data_order },
+    { "data-seed", OPT_INT, "1", 0, 9.2e18, NULL, "seed of the shuffled order", &g_opts.data_seed },
+    { "micro-batch", OPT_INT, "4", 1, 1 << 20, NULL, "B: rows per micro-step", &g_opts.micro_batch },
+    { "seq-len", OPT_INT, "128", 1, 1 << 24, NULL, "T: tokens per row", &g_opts.seq_len },
+    { "grad-accum", OPT_INT, "1", 1, 1 << 20, NULL, "A: micro-steps per optimizer step", &g_opts.grad_accum },
+    { "global-batch-tokens", OPT_INT, "0", 0, 9.2e18, NULL, "tokens per step; when set, A = this / (B*T) and must divide", &g_opts.global_batch_tokens },
+    { "steps", OPT_INT, "100", 0, 9.2e18, NULL, "optimizer steps of the whole run", &g_opts.steps },
+    { "lr", OPT_DOUBLE, "3e-4", 0, 10, NULL, "peak learning rate", &g_opts.lr },
+    { "min-lr", OPT_DOUBLE, "0", 0, 10, NULL, "final learning rate of the cosine schedule", &g_opts.min_lr },
+    { "lr-schedule", OPT_ENUM, "cosine", 0, 0, "constant|cosine", "learning-rate schedule after warmup", &g_opts.lr_schedule },
+    { "warmup-steps", OPT_INT, "0", 0, 9.2e18, NULL, "linear warmup steps", &g_opts.warmup_steps },
+    { "beta1", OPT_DOUBLE, "0.9", 0, 0.999999, NULL, "AdamW first-moment decay", &g_opts.beta1 },
+    { "beta2", OPT_DOUBLE, "0.95", 0, 0.999999999, NULL, "AdamW second-moment decay", &g_opts.beta2 },
+    { "adam-eps", OPT_DOUBLE, "1e-8", 0, 1, NULL, "AdamW epsilon", &g_opts.adam_eps },
+    { "weight-decay", OPT_DOUBLE, "0.1", 0, 10, NULL, "decoupled weight decay on 2-D weights", &g_opts.weight_decay },
+    { "grad-clip", OPT_DOUBLE, "1.0", 0, 1e30, NULL, "max global gradient L2 norm; 0 turns clipping off", &g_opts.grad_clip },
+    { "ckpt-dir", OPT_STRING, NULL, 0, 0, NULL, "directory for step-NNNNNNNN checkpoints", &g_opts.ckpt_dir },
+    { "ckpt-every", OPT_INT, "0", 0, 9.2e18, NULL, "steps between checkpoints (0: only at the end); needs --ckpt-dir", &g_opts.ckpt_every },
+    { "resume", OPT_BOOL, "false", 0, 0, NULL, "continue from the newest checkpoint in --ckpt-dir", &g_opts.resume },
+    { "log-json", OPT_STRING, NULL, 0, 0, NULL, "write one JSON object per step to FILE (- for stdout)", &g_opts.log_json },
+    { "log-every", OPT_INT, "1", 1, 9.2e18, NULL, "print a progress line every N steps", &g_opts.log_every },
+    { "activation-checkpointing", OPT_BOOL, "false", 0, 0, NULL, "keep only block inputs; recompute blocks in backward", &g_opts.act_ckpt },
+    { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads (0: all cores)", &g_opts.threads },
+    { "dump-grads", OPT_STRING, NULL, 0, 0, NULL, "test hook: write step 1's logits, loss and gradients (before clipping) as safetensors", &g_opts.dump_grads },
+};
+#define N_OPTS (sizeof train_options / sizeof train_options[0])
+
+int train_parse(int argc, char **argv, train_opts_t *o) {
+    char err[OPT_ERR_LEN];
+    const char *pos[1];
+    int npos = 0;
+    int rc = opt_parse(train_options, N_OPTS, argc, argv, pos, 0, &npos,
+                       "usage: ballast-worker --data SHARDS [--model M | --init-from DIR] [options]", err, sizeof err);
+    if (rc < 0) { fprintf(stderr, "ballast-worker: %s\n", err); return -1; }
+    *o = g_opts;
+    return rc;
+}
+
+void train_print_settings(FILE *out) { opt_print_table(train_options, N_OPTS, out); }
+
+/* ---- run ---- */
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Resolve --model / --init-from into one config. */
+static int resolve_config(const train_opts_t *o, llama_config_t *cfg, char *err, size_t errlen) {
+    if (!o->model && !o->init_from) {
+        snprintf(err, errlen, "no model: give --model (a preset: %s, or a config.json) or --init-from DIR", llama_preset_names());
+        return -1;
+    }
+    if (o->model && llama_config_resolve(o->model, cfg, err, errlen)) return -1;
+    if (o->init_from) {
+        llama_config_t hf;
+        if (llama_config_resolve(o->init_from, &hf, err, errlen)) return -1;
+        if (o->model && (hf.dim != cfg->dim || hf.n_layers != cfg->n_layers || hf.n_heads != cfg->n_heads ||
+                         hf.n_kv_heads != cfg->n_kv_heads || hf.ffn_dim != cfg->ffn_dim || hf.vocab != cfg->vocab)) {
+            snprintf(err, errlen, "--model %s and --init-from %s describe different shapes; drop --model to use the directory's config",
+                     o->model, o->init_from);
+            return -1;
+        }
+        if (!o->model) *cfg = hf;
+    }
+    return llama_config_validate(cfg, err, errlen);
+}
+
+/* Test hook: logits of the first micro-batch, the step loss and every
+ * parameter gradient, by Hugging Face name. */
+static int dump_grads(const char *path, const model_t *m, const float *logits, double loss, char *err, size_t errlen) {
+    st_writer_t *w = st_writer_new();
+    float *g = malloc(m->n_params * sizeof(float));
+    int rc = -1;
+    if (!w || !g) { snprintf(err, errlen, "out of memory writing %s", path); goto out; }
+    m->be->to_host(g, m->grads, m->n_params * sizeof(float));
+    int64_t lshape[2] = { (int64_t)m->B * m->T, m->cfg.vocab }, one = 1;
+    float lf = (float)loss;
+    if (st_writer_add_f32(w, "logits", ST_F32, lshape, 2, logits) || st_writer_add_f32(w, "loss", ST_F32, &one, 1, &lf))
+        goto nomem;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const model_tensor_t *t = &m->tensors[i];
+        if (st_writer_add_f32(w, t->name, ST_F32, t->shape, t->ndim, g + t->offset)) goto nomem;
+    }
+    rc = st_writer_save(w, path, err, errlen);
+    goto out;
+nomem:
+    snprintf(err, errlen, "out of memory writing %s", path);
+out:
+    if (w) st_writer_free(w);
+    free(g);
+    return rc;
+}
+
+int train_run(const train_opts_t *o) {
+    char err[1024];
+    int status = 1;
+    data_t *data = NULL;
+    model_t model = { 0 };
+    optim_t opt = { 0 };
+    FILE *jlog = NULL;
+    int32_t *inputs = NULL, *targets = NULL;
+    float *logits_host = NULL;
+    bool have_model = false, have_opt = false;
+
+    const backend_t *be = backend_cpu((int)o->threads);
+    llama_config_t cfg;
+    if (resolve_config(o, &cfg, err, sizeof err)) { log_error("%s", err); return 1; }
+    if (!o->data) {
+        log_error("--data is required: a token shard file or glob (make one with `ballast data synth --out FILE ...`)");
+        return 1;
+    }
+    if (o->resume && !o->ckpt_dir) { log_error("--resume needs --ckpt-dir DIR (where the step-NNNNNNNN directories are)"); return 1; }
+    if (o->ckpt_every && !o->ckpt_dir) { log_error("--ckpt-every needs --ckpt-dir DIR"); return 1; }
+    int B = (int)o->micro_batch, T = (int)o->seq_len, A = (int)o->grad_accum;
+    if (o->global_batch_tokens > 0) {
+        int64_t row = (int64_t)B * T;
+        if (o->global_batch_tokens % row) {
+            log_error("--global-batch-tokens %lld is not a multiple of micro-batch x seq-len = %d x %d = %lld",
+                      (long long)o->global_batch_tokens, B, T, (long long)row);
+            return 1;
+        }
+        A = (int)(o->global_batch_tokens / row);
+        if (o->grad_accum != 1 && o->grad_accum != A) {
+            log_error("--grad-accum %lld conflicts with --global-batch-tokens %lld (which means grad-accum %d); give one of them",
+                      (long long)o->grad_accum, (long long)o->global_batch_tokens, A);
+            return 1;
+        }
+    }
+    if (data_open(o->data, cfg.vocab, &data, err, sizeof err)) { log_error("%s", err); return 1; }
+    if (data_num_tokens(data) < (int64_t)T + 1) {
+        log_error("%s: %lld tokens, fewer than seq-len + 1 = %d", o->data, (long long)data_num_tokens(data), T + 1);
+        goto out;
+    }
+    uint64_t need = model_memory_bytes(&cfg, B, T, o->act_ckpt);
+    uint64_t have = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE);
+    if (have && need > have / 10 * 9) {
+        char a[32], b[32];
+        format_size(need, a, sizeof a);
+        format_size(have, b, sizeof b);
+        log_error("model %s with micro-batch %d x %d needs about %s of memory; this machine has %s. "
+                  "Use a smaller model, micro-batch or seq-len, or --activation-checkpointing",
+                  cfg.name, B, T, a, b);
+        goto out;
+    }
+    if (model_create(&model, &cfg, be, B, T, o->act_ckpt, err, sizeof err)) { log_error("%s", err); goto out; }
+    have_model = true;
+    optim_config_t ocfg = {
+        .lr = o->lr, .min_lr = o->min_lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps,
+        .weight_decay = o->weight_decay, .grad_clip = o->grad_clip, .warmup_steps = o->warmup_steps,
+        .total_steps = o->steps, .schedule = (lr_schedule_t)o->lr_schedule,
+    };
+    if (optim_create(&opt, &ocfg, be, model.n_params, err, sizeof err)) { log_error("%s", err); goto out; }
+    have_opt = true;
+
+    /* starting point: a checkpoint, a Hugging Face directory, or a seed */
+    int64_t start = 0;
+    char ck[4200];
+    int found = 0;
+    if (o->resume) {
+        found = ckpt_find_latest(o->ckpt_dir, ck, sizeof ck, err, sizeof err);
+        if (found < 0) { log_error("%s", err); goto out; }
+        if (!found) log_warn("--resume: no checkpoint under %s yet, starting from scratch", o->ckpt_dir);
+    }
+    if (found) {
+        ckpt_meta_t meta;
+        if (ckpt_read_meta(ck, &meta, err, sizeof err)) { log_error("%s", err); goto out; }
+        if (meta.B != B || meta.T != T || meta.accum != A || meta.data_order != o->data_order ||
+            meta.data_seed != (uint64_t)o->data_seed) {
+            log_error("%s: saved with micro-batch %d, seq-len %d, grad-accum %d, data-order %s, data-seed %llu; "
+                      "resume with the same values to continue the same data stream",
+                      ck, meta.B, meta.T, meta.accum, meta.data_order == DATA_SEQUENTIAL ? "sequential" : "shuffled",
+                      (unsigned long long)meta.data_seed);
+            goto out;
+        }
+        if (ckpt_load(ck, &model, &opt, err, sizeof err)) { log_error("%s", err); goto out; }
+        start = opt.step;
+        log_info("resumed from %s (step %lld)", ck, (long long)start);
+    } else if (o->init_from) {
+        if (ckpt_load_hf(o->init_from, &model, err, sizeof err)) { log_error("%s", err); goto out; }
+        log_info("loaded weights from %s", o->init_from);
+    } else {
+        model_init_random(&model, (uint64_t)o->init_seed);
+    }
+
+    FILE *con = o->log_json && !strcmp(o->log_json, "-") ? stderr : stdout;
+    train_print_settings(con);
+    fprintf(con, "model: %s, %lld parameters (dim %d, %d layers, %d heads / %d kv, ffn %d, vocab %d%s)\n",
+            cfg.name, (long long)llama_total_params(&cfg), cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
+            cfg.ffn_dim, cfg.vocab, cfg.tie_embeddings ? ", tied" : "");
+    fprintf(con, "batch: %d micro-steps x %d rows x %d tokens = %lld tokens per step; data %lld tokens\n", A, B, T,
+            (long long)A * B * T, (long long)data_num_tokens(data));
+    {
+        char tot[32], st[32];
+        format_size(need, tot, sizeof tot);
+        format_size((uint64_t)model.n_params * 16, st, sizeof st);
+        fprintf(con, "memory: about %s: %s of fp32 weights, gradients and AdamW moments, the rest activations%s\n", tot, st,
+                o->act_ckpt ? " (checkpointed)" : "");
+    }
+    fflush(con);
+    if (o->log_json) {
+        jlog = !strcmp(o->log_json, "-") ? stdout : fopen(o->log_json, start > 0 ? "a" : "w");
+        if (!jlog) { log_error("--log-json %s: cannot open for writing", o->log_json); goto out; }
+    }
+
+    size_t N = (size_t)B * T;
+    inputs = malloc(N * sizeof(int32_t));
+    targets = malloc(N * sizeof(int32_t));
+    CHECK_ALLOC(inputs);
+    CHECK_ALLOC(targets);
+    if (o->dump_grads) { logits_host = malloc(N * cfg.vocab * sizeof(float)); CHECK_ALLOC(logits_host); }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+
+    double t0 = now_s();
+    double inv_tokens = 1.0 / ((double)A * B * T);
+    int64_t last_saved = start;
+    for (int64_t s = start + 1; s <= o->steps; s++) {
+        double ts = now_s();
+        int64_t k = s - 1;
+        model_zero_grads(&model);
+        double loss_sum = 0;
+        for (int a = 0; a < A; a++) {
+            if (data_batch(data, (data_order_t)o->data_order, (uint64_t)o->data_seed, k, a, A, 0, 1, B, T, inputs,
+                           targets, err, sizeof err)) {
+                log_error("%s", err);
+                goto out;
+            }
+            loss_sum += model_forward(&model, inputs, targets);
+            if (logits_host && s == start + 1 && a == 0)
+                be->to_host(logits_host, model.logits, N * cfg.vocab * sizeof(float));
+            model_backward(&model, (float)inv_tokens);
+        }
+        double loss = loss_sum * inv_tokens;
+        if (!isfinite(loss)) {
+            log_error("step %lld: the loss is not finite (%g); lower --lr or check the data", (long long)s, loss);
+            goto out;
+        }
+        double norm = optim_grad_norm(be, model.grads, model.n_params);
+        if (logits_host && s == start + 1) {
+            if (dump_grads(o->dump_grads, &model, logits_host, loss, err, sizeof err)) { log_error("%s", err); goto out; }
+        }
+        float coef = optim_clip_coef(norm, o->grad_clip);
+        double lr = optim_lr(&ocfg, k);
+        optim_step(&opt, model.params, model.grads, model.tensors, model.n_tensors, lr, coef);
+
+        double te = now_s();
+        double tok_s = (double)A * B * T / (te - ts);
+        if ((s - start) % o->log_every == 0 || s == o->steps)
+            fprintf(con, "step %6lld/%lld | loss %.6f | lr %.4e | grad norm %.4f | %.0f tok/s | %.1f s\n",
+                    (long long)s, (long long)o->steps, loss, lr, norm, tok_s, te - t0);
+        fflush(con);
+        if (jlog) {
+            fprintf(jlog, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.1f, "
+                          "\"elapsed_s\": %.3f, \"tokens\": %lld}\n",
+                    (long long)s, loss, lr, norm, tok_s, te - t0, (long long)(s * A * B * T));
+            fflush(jlog);
+        }
+        bool save = o->ckpt_dir && ((o->ckpt_every && s % o->ckpt_every == 0) || s == o->steps || g_stop);
+        if (save) {
+            ckpt_meta_t meta = { .step = s, .cfg = cfg, .ocfg = ocfg, .data_order = o->data_order,
+                                 .data_seed = (uint64_t)o->data_seed, .init_seed = (uint64_t)o->init_seed,
+                                 .B = B, .T = T, .accum = A, .dp = 1 };
+            snprintf(meta.data, sizeof meta.data, "%s", o->data);
+            if (ckpt_save(o->ckpt_dir, &meta, &model, &opt, err, sizeof err)) { log_error("%s", err); goto out; }
+            last_saved = s;
+            log_info("saved checkpoint %s/step-%08lld", o->ckpt_dir, (long long)s);
+        }
+        if (g_stop) {
+            log_warn("stopping after step %lld on a signal%s", (long long)s, last_saved == s ? " (checkpoint saved)" : "");
+            status = 130;
+            goto out;
+        }
+    }
+    status = 0;
+out:
+    if (jlog && jlog != stdout) fclose(jlog);
+    free(inputs);
+    free(targets);
+    free(logits_host);
+    if (have_opt) optim_destroy(&opt);
+    if (have_model) model_destroy(&model);
+    if (data) data_close(data);
+    return status;
+}
