@@ -40,7 +40,7 @@ torch=$(/usr/bin/python3 tests/reference/llama_ref.py --bench "$D/config.json" "
 echo "train_vs_torch: model $MODEL, batch $B x $T, $THREADS threads, median of $((STEPS - 1)) steps"
 printf 'train_vs_torch: ballast cpu %10.1f tokens/s\n' "$ours"
 printf 'train_vs_torch: pytorch    %10.1f tokens/s\n' "$torch"
-awk -v a="$ours" -v b="$torch" 'BEGIN { printf "train_vs_torch: ratio ballast/pytorch %.2f\n", a / b }'
+awk -v a="$ours" -v b="$torch" 'BEGIN { printf "train_vs_torch: ratio ballast/pytorch %.2f\n", a / b; printf "RATIO CPU training tokens/s ballast/pytorch %.2f (%s vs %s tok/s)\n", a / b, a, b }'
 # Debian's torch does its matmuls through the system libblas.so.3: the
 # netlib reference BLAS unless an optimised one (libopenblas0) is installed.
 blas=$(readlink -f /etc/alternatives/libblas.so.3-x86_64-linux-gnu 2>/dev/null)
