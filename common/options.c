@@ -1,5 +1,6 @@
 /* options.c: see options.h. No getopt: the table is the single source. */
 #include "options.h"
+#include "errbuf.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -11,16 +12,6 @@
 
 /* ---- scalar parsers ---- */
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static bool blank(const char *s) {
     while (*s && isspace((unsigned char)*s)) s++;
@@ -28,23 +19,23 @@ static bool blank(const char *s) {
 }
 
 int parse_int64(const char *s, int64_t *out, char *err, size_t errlen) {
-    if (!s || blank(s)) return fail(err, errlen, "empty value where an integer is expected");
+    if (!s || blank(s)) return errbuf_set(err, errlen, "empty value where an integer is expected");
     errno = 0;
     char *end;
     long long v = strtoll(s, &end, 0);
-    if (errno == ERANGE) return fail(err, errlen, "'%s' overflows a 64-bit integer", s);
-    if (*end != 0 || end == s) return fail(err, errlen, "'%s' is not an integer", s);
+    if (errno == ERANGE) return errbuf_set(err, errlen, "'%s' overflows a 64-bit integer", s);
+    if (*end != 0 || end == s) return errbuf_set(err, errlen, "'%s' is not an integer", s);
     *out = v;
     return 0;
 }
 
 int parse_double(const char *s, double *out, char *err, size_t errlen) {
-    if (!s || blank(s)) return fail(err, errlen, "empty value where a number is expected");
+    if (!s || blank(s)) return errbuf_set(err, errlen, "empty value where a number is expected");
     errno = 0;
     char *end;
     double v = strtod(s, &end);
-    if (*end != 0 || end == s) return fail(err, errlen, "'%s' is not a number", s);
-    if (errno == ERANGE || !isfinite(v)) return fail(err, errlen, "'%s' is out of range", s);
+    if (*end != 0 || end == s) return errbuf_set(err, errlen, "'%s' is not a number", s);
+    if (errno == ERANGE || !isfinite(v)) return errbuf_set(err, errlen, "'%s' is out of range", s);
     *out = v;
     return 0;
 }
@@ -55,25 +46,25 @@ int parse_bool(const char *s, bool *out, char *err, size_t errlen) {
         if (s && strcasecmp(s, yes[i]) == 0) { *out = true; return 0; }
         if (s && strcasecmp(s, no[i]) == 0) { *out = false; return 0; }
     }
-    return fail(err, errlen, "'%s' is not a boolean (use true/false, 1/0, yes/no)", s ? s : "");
+    return errbuf_set(err, errlen, "'%s' is not a boolean (use true/false, 1/0, yes/no)", s ? s : "");
 }
 
 int parse_size(const char *s, uint64_t *out, char *err, size_t errlen) {
-    if (!s || blank(s)) return fail(err, errlen, "empty value where a size is expected (e.g. 512M, 8G)");
+    if (!s || blank(s)) return errbuf_set(err, errlen, "empty value where a size is expected (e.g. 512M, 8G)");
     const char *p = s;
     while (isspace((unsigned char)*p)) p++;
-    if (*p == '-') return fail(err, errlen, "size '%s' is negative", s);
-    if (!isdigit((unsigned char)*p) && *p != '.') return fail(err, errlen, "'%s' is not a size (e.g. 4096, 512M, 8G)", s);
+    if (*p == '-') return errbuf_set(err, errlen, "size '%s' is negative", s);
+    if (!isdigit((unsigned char)*p) && *p != '.') return errbuf_set(err, errlen, "'%s' is not a size (e.g. 4096, 512M, 8G)", s);
     /* Integer part exactly, optional fraction, optional unit. */
     errno = 0;
     char *end;
     unsigned long long whole = strtoull(p, &end, 10);
-    if (errno == ERANGE) return fail(err, errlen, "size '%s' overflows 64 bits", s);
+    if (errno == ERANGE) return errbuf_set(err, errlen, "size '%s' overflows 64 bits", s);
     double frac = 0;
     if (*end == '.') {
         char *fend;
         frac = strtod(end, &fend);
-        if (fend == end + 1 && end == p) return fail(err, errlen, "'%s' is not a size", s);
+        if (fend == end + 1 && end == p) return errbuf_set(err, errlen, "'%s' is not a size", s);
         end = fend;
     }
     unsigned shift = 0;
@@ -85,16 +76,16 @@ int parse_size(const char *s, uint64_t *out, char *err, size_t errlen) {
     case 'T': shift = 40; end++; break;
     case 'P': shift = 50; end++; break;
     case 'B': break;
-    default: return fail(err, errlen, "size '%s' has an unknown unit (use K, M, G, T, P)", s);
+    default: return errbuf_set(err, errlen, "size '%s' has an unknown unit (use K, M, G, T, P)", s);
     }
     if (shift && (*end == 'i' || *end == 'I')) end++; /* KiB, MiB */
     if (*end == 'B' || *end == 'b') end++;
-    if (*end != 0) return fail(err, errlen, "size '%s' has trailing characters '%s'", s, end);
-    if (shift && whole > (UINT64_MAX >> shift)) return fail(err, errlen, "size '%s' overflows 64 bits", s);
+    if (*end != 0) return errbuf_set(err, errlen, "size '%s' has trailing characters '%s'", s, end);
+    if (shift && whole > (UINT64_MAX >> shift)) return errbuf_set(err, errlen, "size '%s' overflows 64 bits", s);
     uint64_t v = (uint64_t)whole << shift;
     if (frac > 0) {
         double extra = frac * (double)((uint64_t)1 << shift);
-        if ((double)v + extra >= 18446744073709551615.0) return fail(err, errlen, "size '%s' overflows 64 bits", s);
+        if ((double)v + extra >= 18446744073709551615.0) return errbuf_set(err, errlen, "size '%s' overflows 64 bits", s);
         v += (uint64_t)extra;
     }
     *out = v;
@@ -102,13 +93,13 @@ int parse_size(const char *s, uint64_t *out, char *err, size_t errlen) {
 }
 
 int parse_duration(const char *s, double *seconds, char *err, size_t errlen) {
-    if (!s || blank(s)) return fail(err, errlen, "empty value where a duration is expected (e.g. 30s, 5m)");
+    if (!s || blank(s)) return errbuf_set(err, errlen, "empty value where a duration is expected (e.g. 30s, 5m)");
     errno = 0;
     char *end;
     double v = strtod(s, &end);
-    if (end == s) return fail(err, errlen, "'%s' is not a duration (e.g. 500ms, 30s, 5m, 2h)", s);
-    if (errno == ERANGE || !isfinite(v)) return fail(err, errlen, "duration '%s' is out of range", s);
-    if (v < 0) return fail(err, errlen, "duration '%s' is negative", s);
+    if (end == s) return errbuf_set(err, errlen, "'%s' is not a duration (e.g. 500ms, 30s, 5m, 2h)", s);
+    if (errno == ERANGE || !isfinite(v)) return errbuf_set(err, errlen, "duration '%s' is out of range", s);
+    if (v < 0) return errbuf_set(err, errlen, "duration '%s' is negative", s);
     double mul;
     if (*end == 0 || strcmp(end, "s") == 0) mul = 1;
     else if (strcmp(end, "ms") == 0) mul = 1e-3;
@@ -116,8 +107,8 @@ int parse_duration(const char *s, double *seconds, char *err, size_t errlen) {
     else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0) mul = 60;
     else if (strcmp(end, "h") == 0) mul = 3600;
     else if (strcmp(end, "d") == 0) mul = 86400;
-    else return fail(err, errlen, "duration '%s' has an unknown unit '%s' (use ms, s, m, h, d)", s, end);
-    if (v * mul > 1e12) return fail(err, errlen, "duration '%s' is out of range", s);
+    else return errbuf_set(err, errlen, "duration '%s' has an unknown unit '%s' (use ms, s, m, h, d)", s, end);
+    if (v * mul > 1e12) return errbuf_set(err, errlen, "duration '%s' is out of range", s);
     *seconds = v * mul;
     return 0;
 }
@@ -229,7 +220,7 @@ static int set_value(const opt_t *o, const char *text, const char *origin, char 
         break;
     }
     }
-    if (rc) return fail(err, errlen, "invalid value for --%s (from %s): %s", o->name, origin, why);
+    if (rc) return errbuf_set(err, errlen, "invalid value for --%s (from %s): %s", o->name, origin, why);
     return 0;
 }
 
@@ -317,12 +308,12 @@ int opt_parse(const opt_t *opts, size_t n, int argc, char **argv,
         if (!only_pos && strcmp(a, "--") == 0) { only_pos = true; continue; }
         if (only_pos || a[0] != '-' || a[1] == 0) {
             if (!pos || !npos || *npos >= max_pos)
-                return fail(err, errlen, "unexpected argument '%s'%s", a,
+                return errbuf_set(err, errlen, "unexpected argument '%s'%s", a,
                             max_pos ? " (too many arguments)" : " (this program takes only --options)");
             pos[(*npos)++] = a;
             continue;
         }
-        if (a[1] != '-') return fail(err, errlen, "unknown option '%s' (options are spelled --name; see --help)", a);
+        if (a[1] != '-') return errbuf_set(err, errlen, "unknown option '%s' (options are spelled --name; see --help)", a);
         const char *name = a + 2;
         const char *eq = strchr(name, '=');
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
@@ -332,12 +323,12 @@ int opt_parse(const opt_t *opts, size_t n, int argc, char **argv,
             const opt_t *b = find(opts, n, name + 3, len - 3);
             if (b && b->type == OPT_BOOL && !eq) { *(bool *)b->dst = false; continue; }
         }
-        if (!o) return fail(err, errlen, "unknown option '--%.*s' (see --help for the list)", (int)len, name);
+        if (!o) return errbuf_set(err, errlen, "unknown option '--%.*s' (see --help for the list)", (int)len, name);
         char origin[128];
         snprintf(origin, sizeof origin, "the command line");
         if (o->type == OPT_BOOL && !val) { *(bool *)o->dst = true; continue; }
         if (!val) {
-            if (i + 1 >= argc) return fail(err, errlen, "option --%s needs a value (%s)", o->name, type_name(o));
+            if (i + 1 >= argc) return errbuf_set(err, errlen, "option --%s needs a value (%s)", o->name, type_name(o));
             val = argv[++i];
         }
         if (set_value(o, val, origin, err, errlen)) return -1;

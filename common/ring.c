@@ -28,6 +28,7 @@
  * modular arithmetic) on every read of the other counter, before any entry
  * is touched; slot indexes are masked, so no access leaves the mapping. */
 #include "ring.h"
+#include "errbuf.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -44,15 +45,6 @@ _Static_assert(offsetof(ring_hdr_t, tail) == 2 * RING_LINE, "tail on line 2");
 _Static_assert(offsetof(ring_hdr_t, cons_waiting) == 3 * RING_LINE, "flags on line 3");
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "ring needs lock-free 32-bit atomics in shared memory");
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static bool is_pow2(uint32_t x) { return x && !(x & (x - 1)); }
 
@@ -68,16 +60,16 @@ int ring_init(void *mem, size_t bytes, uint32_t capacity, uint32_t entry_size,
               char *err, size_t errlen) {
     size_t need = ring_bytes(capacity, entry_size);
     if (!mem || ((uintptr_t)mem % RING_LINE)) {
-        seterr(err, errlen, "ring_init: memory %p is not %u-byte aligned", mem, RING_LINE);
+        errbuf_set(err, errlen, "ring_init: memory %p is not %u-byte aligned", mem, RING_LINE);
         return -EINVAL;
     }
     if (need == 0) {
-        seterr(err, errlen, "ring_init: capacity %u must be a power of two <= %u and entry size %u "
+        errbuf_set(err, errlen, "ring_init: capacity %u must be a power of two <= %u and entry size %u "
                "a multiple of 8 in [8, %u]", capacity, RING_MAX_CAPACITY, entry_size, RING_MAX_ENTRY);
         return -EINVAL;
     }
     if (bytes < need) {
-        seterr(err, errlen, "ring_init: %zu bytes given, a ring of %u x %u-byte entries needs %zu",
+        errbuf_set(err, errlen, "ring_init: %zu bytes given, a ring of %u x %u-byte entries needs %zu",
                bytes, capacity, entry_size, need);
         return -EINVAL;
     }
@@ -101,7 +93,7 @@ int ring_attach(ring_t *r, void *mem, size_t bytes, uint32_t expect_entry_size,
     memset(r, 0, sizeof *r);
     r->data_fd = r->space_fd = -1;
     if (!mem || ((uintptr_t)mem % RING_LINE) || bytes < RING_HDR_BYTES) {
-        seterr(err, errlen, "ring_attach: mapping %p of %zu bytes cannot hold a %u-byte ring header",
+        errbuf_set(err, errlen, "ring_attach: mapping %p of %zu bytes cannot hold a %u-byte ring header",
                mem, bytes, RING_HDR_BYTES);
         return -EINVAL;
     }
@@ -113,44 +105,44 @@ int ring_attach(ring_t *r, void *mem, size_t bytes, uint32_t expect_entry_size,
     uint32_t esz = ((volatile ring_hdr_t *)h)->entry_size;
     uint32_t off = ((volatile ring_hdr_t *)h)->entries_off;
     if (magic != RING_MAGIC) {
-        seterr(err, errlen, "ring_attach: bad magic 0x%016llx (want 0x%016llx): not a ring, or not "
+        errbuf_set(err, errlen, "ring_attach: bad magic 0x%016llx (want 0x%016llx): not a ring, or not "
                "initialized yet", (unsigned long long)magic, (unsigned long long)RING_MAGIC);
         return -EBADMSG;
     }
     if (version != RING_VERSION) {
-        seterr(err, errlen, "ring_attach: ring version %u, this build speaks %u: upgrade both sides "
+        errbuf_set(err, errlen, "ring_attach: ring version %u, this build speaks %u: upgrade both sides "
                "together", version, RING_VERSION);
         return -EBADMSG;
     }
     if (!is_pow2(cap) || cap > RING_MAX_CAPACITY) {
-        seterr(err, errlen, "ring_attach: capacity %u is not a power of two in [1, %u]", cap,
+        errbuf_set(err, errlen, "ring_attach: capacity %u is not a power of two in [1, %u]", cap,
                RING_MAX_CAPACITY);
         return -EBADMSG;
     }
     if (esz < 8 || esz > RING_MAX_ENTRY || esz % 8) {
-        seterr(err, errlen, "ring_attach: entry size %u is not a multiple of 8 in [8, %u]", esz,
+        errbuf_set(err, errlen, "ring_attach: entry size %u is not a multiple of 8 in [8, %u]", esz,
                RING_MAX_ENTRY);
         return -EBADMSG;
     }
     if (expect_entry_size && esz != expect_entry_size) {
-        seterr(err, errlen, "ring_attach: entry size %u, expected %u: the peer speaks another "
+        errbuf_set(err, errlen, "ring_attach: entry size %u, expected %u: the peer speaks another "
                "protocol version", esz, expect_entry_size);
         return -EBADMSG;
     }
     if (off != RING_HDR_BYTES) {
-        seterr(err, errlen, "ring_attach: entries at offset %u, expected %u", off, RING_HDR_BYTES);
+        errbuf_set(err, errlen, "ring_attach: entries at offset %u, expected %u", off, RING_HDR_BYTES);
         return -EBADMSG;
     }
     size_t need = ring_bytes(cap, esz);
     if (need > bytes) {
-        seterr(err, errlen, "ring_attach: header claims %u x %u-byte entries (%zu bytes) but the "
+        errbuf_set(err, errlen, "ring_attach: header claims %u x %u-byte entries (%zu bytes) but the "
                "mapping is %zu bytes", cap, esz, need, bytes);
         return -EBADMSG;
     }
     uint32_t head = atomic_load_explicit(&h->head, memory_order_acquire);
     uint32_t tail = atomic_load_explicit(&h->tail, memory_order_acquire);
     if (tail - head > cap) {
-        seterr(err, errlen, "ring_attach: tail %u - head %u = %u exceeds capacity %u: corrupt ring",
+        errbuf_set(err, errlen, "ring_attach: tail %u - head %u = %u exceeds capacity %u: corrupt ring",
                tail, head, tail - head, cap);
         return -EBADMSG;
     }
@@ -177,7 +169,7 @@ int ring_doorbell_create(int *fd_out, char *err, size_t errlen) {
     int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (fd < 0) {
         int e = errno;
-        seterr(err, errlen, "eventfd: %s (raise the open file limit: ulimit -n)", strerror(e));
+        errbuf_set(err, errlen, "eventfd: %s (raise the open file limit: ulimit -n)", strerror(e));
         return -e;
     }
     *fd_out = fd;

@@ -21,6 +21,7 @@
  * after the last call is gone, because starting a batch on a shut-down queue
  * is fatal in gRPC. */
 #include "rpc.h"
+#include "errbuf.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -47,15 +48,6 @@
 
 /* ---- small helpers ---- */
 
-static void errf(char *err, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t len, const char *fmt, ...) {
-    if (!err || len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 const char *rpc_status_name(grpc_status_code code) {
     static const char *names[] = {
@@ -362,13 +354,13 @@ static grpc_status_code run_handler(srv_call_t *sc, char *msg, size_t msglen) {
     grpc_status_code code;
 
     if (!sc->payload) {
-        errf(msg, msglen, "%s: the call carried no request message; send one %s", m->path,
+        errbuf_set(msg, msglen, "%s: the call carried no request message; send one %s", m->path,
              m->req_desc->name);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
     grpc_slice in;
     if (!bb_flatten(sc->payload, &in)) {
-        errf(msg, msglen, "%s: cannot read the request (unsupported compression?)", m->path);
+        errbuf_set(msg, msglen, "%s: cannot read the request (unsupported compression?)", m->path);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
     ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, GRPC_SLICE_LENGTH(in),
@@ -376,7 +368,7 @@ static grpc_status_code run_handler(srv_call_t *sc, char *msg, size_t msglen) {
     size_t inlen = GRPC_SLICE_LENGTH(in);
     grpc_slice_unref(in);
     if (!req) {
-        errf(msg, msglen, "%s: the request (%zu bytes) does not parse as %s; send a serialized %s",
+        errbuf_set(msg, msglen, "%s: the request (%zu bytes) does not parse as %s; send a serialized %s",
              m->path, inlen, m->req_desc->name, m->req_desc->name);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
@@ -384,7 +376,7 @@ static grpc_status_code run_handler(srv_call_t *sc, char *msg, size_t msglen) {
     ProtobufCMessage *resp = calloc(1, m->resp_desc->sizeof_message);
     if (!resp) {
         protobuf_c_message_free_unpacked(req, NULL);
-        errf(msg, msglen, "%s: server out of memory", m->path);
+        errbuf_set(msg, msglen, "%s: server out of memory", m->path);
         return GRPC_STATUS_RESOURCE_EXHAUSTED;
     }
     protobuf_c_message_init(m->resp_desc, resp);
@@ -396,23 +388,23 @@ static grpc_status_code run_handler(srv_call_t *sc, char *msg, size_t msglen) {
 
     if (rpc_ctx_time_left_ms(&ctx) <= 0) {
         code = GRPC_STATUS_DEADLINE_EXCEEDED;
-        errf(msg, msglen, "%s: deadline passed before the handler ran", m->path);
+        errbuf_set(msg, msglen, "%s: deadline passed before the handler ran", m->path);
     } else {
         code = m->handler(&ctx, req, resp);
         if (code != GRPC_STATUS_OK) {
-            errf(msg, msglen, "%s", ctx.err[0] ? ctx.err : rpc_status_name(code));
+            errbuf_set(msg, msglen, "%s", ctx.err[0] ? ctx.err : rpc_status_name(code));
         } else if (!protobuf_c_message_check(resp)) {
             code = GRPC_STATUS_INTERNAL;
-            errf(msg, msglen, "%s: handler produced an invalid %s", m->path, m->resp_desc->name);
+            errbuf_set(msg, msglen, "%s: handler produced an invalid %s", m->path, m->resp_desc->name);
         } else {
             size_t outlen = protobuf_c_message_get_packed_size(resp);
             if (outlen > s->max_msg) {
                 code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-                errf(msg, msglen, "%s: response of %zu bytes exceeds the server's limit of %zu",
+                errbuf_set(msg, msglen, "%s: response of %zu bytes exceeds the server's limit of %zu",
                      m->path, outlen, s->max_msg);
             } else if (!(sc->resp = pack_msg(resp, NULL))) {
                 code = GRPC_STATUS_INTERNAL;
-                errf(msg, msglen, "%s: packing the response failed", m->path);
+                errbuf_set(msg, msglen, "%s: packing the response failed", m->path);
             }
         }
     }
@@ -485,18 +477,18 @@ static void *server_thread(void *arg) {
 rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t errlen) {
     rpc_server_opts_t o = opts ? *opts : (rpc_server_opts_t){0};
     if (o.threads < 0 || o.threads > 256) {
-        errf(err, errlen, "rpc server: %d threads is out of range; use 1..256 (0 = %d)", o.threads,
+        errbuf_set(err, errlen, "rpc server: %d threads is out of range; use 1..256 (0 = %d)", o.threads,
              RPC_DEFAULT_THREADS);
         return NULL;
     }
     if (o.max_msg_bytes > (size_t)INT32_MAX) {
-        errf(err, errlen, "rpc server: max message size %zu bytes is over gRPC's limit of %d",
+        errbuf_set(err, errlen, "rpc server: max message size %zu bytes is over gRPC's limit of %d",
              o.max_msg_bytes, INT32_MAX);
         return NULL;
     }
     rpc_server_t *s = calloc(1, sizeof *s);
     if (!s) {
-        errf(err, errlen, "rpc server: out of memory");
+        errbuf_set(err, errlen, "rpc server: out of memory");
         return NULL;
     }
     s->nthreads = o.threads ? o.threads : RPC_DEFAULT_THREADS;
@@ -504,7 +496,7 @@ rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t er
     s->threads = calloc((size_t)s->nthreads, sizeof *s->threads);
     if (!s->threads) {
         free(s);
-        errf(err, errlen, "rpc server: out of memory");
+        errbuf_set(err, errlen, "rpc server: out of memory");
         return NULL;
     }
     pthread_mutex_init(&s->mu, NULL);
@@ -539,24 +531,24 @@ rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t er
 
 int rpc_server_add_method(rpc_server_t *s, const rpc_method_t *m, char *err, size_t errlen) {
     if (s->started) {
-        errf(err, errlen, "rpc server: add method %s before rpc_server_start", m->path);
+        errbuf_set(err, errlen, "rpc server: add method %s before rpc_server_start", m->path);
         return -1;
     }
     if (!path_ok(m->path)) {
-        errf(err, errlen, "rpc server: method path \"%s\" is malformed; write \"/pkg.Service/Method\"",
+        errbuf_set(err, errlen, "rpc server: method path \"%s\" is malformed; write \"/pkg.Service/Method\"",
              m->path ? m->path : "(null)");
         return -1;
     }
     if (!m->req_desc || !m->resp_desc || !m->handler ||
         m->req_desc->magic != PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC ||
         m->resp_desc->magic != PROTOBUF_C__MESSAGE_DESCRIPTOR_MAGIC) {
-        errf(err, errlen, "rpc server: method %s needs a handler and request/response message "
+        errbuf_set(err, errlen, "rpc server: method %s needs a handler and request/response message "
              "descriptors", m->path);
         return -1;
     }
     for (size_t i = 0; i < s->nmethods; i++) {
         if (strcmp(s->methods[i].path, m->path) == 0) {
-            errf(err, errlen, "rpc server: method %s registered twice", m->path);
+            errbuf_set(err, errlen, "rpc server: method %s registered twice", m->path);
             return -1;
         }
     }
@@ -573,14 +565,14 @@ int rpc_server_add_method(rpc_server_t *s, const rpc_method_t *m, char *err, siz
     e.handle = grpc_server_register_method(s->gs, e.path, NULL,
                                            GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
     if (!e.handle) {
-        errf(err, errlen, "rpc server: gRPC refused to register method %s", m->path);
+        errbuf_set(err, errlen, "rpc server: gRPC refused to register method %s", m->path);
         free(e.path);
         return -1;
     }
     s->methods[s->nmethods++] = e;
     return 0;
 oom:
-    errf(err, errlen, "rpc server: out of memory adding method %s", m->path);
+    errbuf_set(err, errlen, "rpc server: out of memory adding method %s", m->path);
     return -1;
 }
 
@@ -595,31 +587,31 @@ int rpc_server_add_methods(rpc_server_t *s, const rpc_method_t *m, size_t n, cha
  * "unix-abstract:name", or "host:port" / "[v6]:port" with port 0..65535. */
 static bool addr_ok(const char *addr, char *why, size_t whylen) {
     if (!addr || !*addr) {
-        errf(why, whylen, "empty address");
+        errbuf_set(why, whylen, "empty address");
         return false;
     }
     if (strncmp(addr, "unix:", 5) == 0 || strncmp(addr, "unix-abstract:", 14) == 0) {
         const char *p = strchr(addr, ':') + 1;
         if (!*p) {
-            errf(why, whylen, "no socket path after \"unix:\"");
+            errbuf_set(why, whylen, "no socket path after \"unix:\"");
             return false;
         }
         if (strncmp(addr, "unix:", 5) == 0 && strlen(p) >= 108) {
-            errf(why, whylen, "socket path is %zu bytes; Unix sockets allow 107", strlen(p));
+            errbuf_set(why, whylen, "socket path is %zu bytes; Unix sockets allow 107", strlen(p));
             return false;
         }
         return true;
     }
     const char *colon = strrchr(addr, ':');
     if (!colon || colon == addr || !colon[1]) {
-        errf(why, whylen, "expected \"host:port\" or \"unix:/path\"");
+        errbuf_set(why, whylen, "expected \"host:port\" or \"unix:/path\"");
         return false;
     }
     char *end;
     errno = 0;
     long port = strtol(colon + 1, &end, 10);
     if (*end || errno || port < 0 || port > 65535) {
-        errf(why, whylen, "port \"%s\" is not a number in 0..65535", colon + 1);
+        errbuf_set(why, whylen, "port \"%s\" is not a number in 0..65535", colon + 1);
         return false;
     }
     return true;
@@ -629,18 +621,18 @@ int rpc_server_listen(rpc_server_t *s, const char *addr, int *bound_port, char *
                       size_t errlen) {
     char why[160];
     if (s->started) {
-        errf(err, errlen, "rpc server: listen on %s before rpc_server_start", addr);
+        errbuf_set(err, errlen, "rpc server: listen on %s before rpc_server_start", addr);
         return -1;
     }
     if (!addr_ok(addr, why, sizeof why)) {
-        errf(err, errlen, "rpc server: bad listen address \"%s\": %s", addr ? addr : "(null)", why);
+        errbuf_set(err, errlen, "rpc server: bad listen address \"%s\": %s", addr ? addr : "(null)", why);
         return -1;
     }
     grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
     int port = grpc_server_add_http2_port(s->gs, addr, cr);
     grpc_server_credentials_release(cr);
     if (port == 0) {
-        errf(err, errlen, "rpc server: cannot listen on %s (address in use, no permission, or "
+        errbuf_set(err, errlen, "rpc server: cannot listen on %s (address in use, no permission, or "
              "missing directory?); pick another address", addr);
         return -1;
     }
@@ -651,11 +643,11 @@ int rpc_server_listen(rpc_server_t *s, const char *addr, int *bound_port, char *
 
 int rpc_server_start(rpc_server_t *s, char *err, size_t errlen) {
     if (s->started) {
-        errf(err, errlen, "rpc server: already started");
+        errbuf_set(err, errlen, "rpc server: already started");
         return -1;
     }
     if (s->nlisteners == 0) {
-        errf(err, errlen, "rpc server: no address to listen on; call rpc_server_listen first");
+        errbuf_set(err, errlen, "rpc server: no address to listen on; call rpc_server_listen first");
         return -1;
     }
     grpc_server_start(s->gs);
@@ -670,7 +662,7 @@ int rpc_server_start(rpc_server_t *s, char *err, size_t errlen) {
         srv_thread_t *th = &s->threads[i];
         int rc = pthread_create(&th->tid, NULL, server_thread, th);
         if (rc != 0) {
-            errf(err, errlen, "rpc server: cannot start thread %d: %s", i, strerror(rc));
+            errbuf_set(err, errlen, "rpc server: cannot start thread %d: %s", i, strerror(rc));
             rpc_server_stop(s, 0);
             return -1;
         }
@@ -794,19 +786,19 @@ rpc_client_t *rpc_client_open(const char *addr, const rpc_client_opts_t *opts, c
                               size_t errlen) {
     char why[160];
     if (!addr_ok(addr, why, sizeof why)) {
-        errf(err, errlen, "rpc client: bad address \"%s\": %s", addr ? addr : "(null)", why);
+        errbuf_set(err, errlen, "rpc client: bad address \"%s\": %s", addr ? addr : "(null)", why);
         return NULL;
     }
     size_t max = opts && opts->max_msg_bytes ? opts->max_msg_bytes : CLIENT_DEFAULT_MAX_MSG;
     if (max > (size_t)INT32_MAX) {
-        errf(err, errlen, "rpc client: max message size %zu bytes is over gRPC's limit of %d", max,
+        errbuf_set(err, errlen, "rpc client: max message size %zu bytes is over gRPC's limit of %d", max,
              INT32_MAX);
         return NULL;
     }
     rpc_client_t *c = calloc(1, sizeof *c);
     if (!c || !(c->addr = strdup(addr))) {
         free(c);
-        errf(err, errlen, "rpc client: out of memory");
+        errbuf_set(err, errlen, "rpc client: out of memory");
         return NULL;
     }
     grpc_init();
@@ -826,7 +818,7 @@ rpc_client_t *rpc_client_open(const char *addr, const rpc_client_opts_t *opts, c
     c->ch = grpc_channel_create(addr, cr, &ca);
     grpc_channel_credentials_release(cr);
     if (!c->ch) {
-        errf(err, errlen, "rpc client: cannot create a channel to %s", addr);
+        errbuf_set(err, errlen, "rpc client: cannot create a channel to %s", addr);
         free(c->addr);
         free(c);
         grpc_shutdown();
@@ -852,7 +844,7 @@ static grpc_status_code call_bb(rpc_client_t *c, const char *method, grpc_byte_b
                                 char *msg, size_t msglen) {
     *out = grpc_empty_slice();
     if (!path_ok(method)) {
-        errf(msg, msglen, "rpc %s to %s: malformed method path; write \"/pkg.Service/Method\"",
+        errbuf_set(msg, msglen, "rpc %s to %s: malformed method path; write \"/pkg.Service/Method\"",
              method ? method : "(null)", c->addr);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
@@ -896,26 +888,26 @@ static grpc_status_code call_bb(rpc_client_t *c, const char *method, grpc_byte_b
     grpc_call_error e = grpc_call_start_batch(call, ops, 6, &tag, NULL);
     if (e != GRPC_CALL_OK) {
         status = GRPC_STATUS_INTERNAL;
-        errf(msg, msglen, "rpc %s to %s: cannot start the call (grpc_call_error %d)", method,
+        errbuf_set(msg, msglen, "rpc %s to %s: cannot start the call (grpc_call_error %d)", method,
              c->addr, (int)e);
     } else {
         grpc_event ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME),
                                                     NULL);
         if (ev.type != GRPC_OP_COMPLETE || !ev.success) {
             status = GRPC_STATUS_INTERNAL;
-            errf(msg, msglen, "rpc %s to %s: the call's batch failed", method, c->addr);
+            errbuf_set(msg, msglen, "rpc %s to %s: the call's batch failed", method, c->addr);
         } else if (status != GRPC_STATUS_OK) {
-            errf(msg, msglen, "rpc %s to %s: %s: %.*s", method, c->addr, rpc_status_name(status),
+            errbuf_set(msg, msglen, "rpc %s to %s: %s: %.*s", method, c->addr, rpc_status_name(status),
                  (int)GRPC_SLICE_LENGTH(details), (const char *)GRPC_SLICE_START_PTR(details));
         } else if (resp_bb && !bb_flatten(resp_bb, out)) {
             status = GRPC_STATUS_INTERNAL;
-            errf(msg, msglen, "rpc %s to %s: cannot read the response", method, c->addr);
+            errbuf_set(msg, msglen, "rpc %s to %s: cannot read the response", method, c->addr);
         } else if (!resp_bb) {
             status = GRPC_STATUS_INTERNAL;
-            errf(msg, msglen, "rpc %s to %s: server answered OK without a message", method,
+            errbuf_set(msg, msglen, "rpc %s to %s: server answered OK without a message", method,
                  c->addr);
         } else {
-            errf(msg, msglen, "%s", "");
+            errbuf_set(msg, msglen, "%s", "");
         }
     }
 
@@ -946,7 +938,7 @@ grpc_status_code rpc_call_raw(rpc_client_t *c, const char *method, const void *r
         void *p = malloc(n ? n : 1);
         if (!p) {
             st = GRPC_STATUS_RESOURCE_EXHAUSTED;
-            errf(msg, msglen, "rpc %s to %s: out of memory for a %zu-byte response", method,
+            errbuf_set(msg, msglen, "rpc %s to %s: out of memory for a %zu-byte response", method,
                  c->addr, n);
         } else {
             memcpy(p, GRPC_SLICE_START_PTR(out), n);
@@ -964,7 +956,7 @@ grpc_status_code rpc_call(rpc_client_t *c, const char *method, const ProtobufCMe
     *resp = NULL;
     grpc_byte_buffer *bb = pack_msg(req, NULL);
     if (!bb) {
-        errf(msg, msglen, "rpc %s to %s: cannot pack the %s request", method, c->addr,
+        errbuf_set(msg, msglen, "rpc %s to %s: cannot pack the %s request", method, c->addr,
              req->descriptor->name);
         return GRPC_STATUS_INTERNAL;
     }
@@ -976,7 +968,7 @@ grpc_status_code rpc_call(rpc_client_t *c, const char *method, const ProtobufCMe
                                           GRPC_SLICE_START_PTR(out));
         if (!*resp) {
             st = GRPC_STATUS_INTERNAL;
-            errf(msg, msglen, "rpc %s to %s: the %zu-byte response does not parse as %s", method,
+            errbuf_set(msg, msglen, "rpc %s to %s: the %zu-byte response does not parse as %s", method,
                  c->addr, (size_t)GRPC_SLICE_LENGTH(out), resp_desc->name);
         }
     }

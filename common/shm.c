@@ -2,6 +2,7 @@
  * file, SO_PEERCRED checks and SCM_RIGHTS fd passing. Linux only (memfd,
  * file sealing, SOCK_SEQPACKET, SO_PEERCRED). */
 #include "shm.h"
+#include "errbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,15 +24,6 @@
 #define MFD_HUGE_2MB (21u << 26) /* log2(2 MiB) << MFD_HUGE_SHIFT */
 #endif
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- sealed memfd segments ---- */
 
@@ -41,7 +33,7 @@ static int create_once(shm_seg_t *seg, const char *name, size_t bytes, bool huge
                        char *err, size_t errlen) {
     size_t unit = huge ? SHM_HUGE_2M : (size_t)sysconf(_SC_PAGESIZE);
     if (bytes > SIZE_MAX - unit || bytes > (size_t)INT64_MAX - unit) {
-        seterr(err, errlen, "shm_create: %zu bytes is too large", bytes);
+        errbuf_set(err, errlen, "shm_create: %zu bytes is too large", bytes);
         return -EINVAL;
     }
     size_t size = (bytes + unit - 1) / unit * unit;
@@ -49,28 +41,28 @@ static int create_once(shm_seg_t *seg, const char *name, size_t bytes, bool huge
     int fd = memfd_create(name, mfd);
     if (fd < 0) {
         int e = errno;
-        seterr(err, errlen, "memfd_create(%s%s): %s%s", name, huge ? ", 2M huge pages" : "",
+        errbuf_set(err, errlen, "memfd_create(%s%s): %s%s", name, huge ? ", 2M huge pages" : "",
                strerror(e), huge && e == EINVAL ? " (kernel without sealable hugetlb memfds, "
                ">= 4.16 needed; run without huge pages)" : "");
         return -e;
     }
     if (ftruncate(fd, (off_t)size) < 0) {
         int e = errno;
-        seterr(err, errlen, "shm_create: sizing %s to %zu bytes: %s%s", name, size, strerror(e),
+        errbuf_set(err, errlen, "shm_create: sizing %s to %zu bytes: %s%s", name, size, strerror(e),
                huge ? " (are 2M huge pages reserved? sysctl vm.nr_hugepages)" : "");
         close(fd);
         return -e;
     }
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
         int e = errno;
-        seterr(err, errlen, "shm_create: sealing %s: %s", name, strerror(e));
+        errbuf_set(err, errlen, "shm_create: sealing %s: %s", name, strerror(e));
         close(fd);
         return -e;
     }
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         int e = errno;
-        seterr(err, errlen, "shm_create: mapping %zu bytes of %s: %s%s", size, name, strerror(e),
+        errbuf_set(err, errlen, "shm_create: mapping %zu bytes of %s: %s%s", size, name, strerror(e),
                huge && e == ENOMEM ? " (not enough free 2M huge pages: raise vm.nr_hugepages "
                "or run without huge pages)" : "");
         close(fd);
@@ -92,7 +84,7 @@ int shm_create(shm_seg_t *seg, const char *name, size_t bytes, unsigned flags,
     seg->huge = seg->locked = false;
     if (!name || !*name) name = "ballast";
     if (bytes == 0) {
-        seterr(err, errlen, "shm_create(%s): size 0; ask for at least one byte", name);
+        errbuf_set(err, errlen, "shm_create(%s): size 0; ask for at least one byte", name);
         return -EINVAL;
     }
     if (flags & (SHM_HUGE | SHM_HUGE_TRY)) {
@@ -109,25 +101,25 @@ int shm_map_fd(shm_seg_t *seg, int fd, size_t expect_bytes, char *err, size_t er
     seg->huge = seg->locked = false;
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0) {
-        seterr(err, errlen, "shm_map_fd: fd %d is not open", fd);
+        errbuf_set(err, errlen, "shm_map_fd: fd %d is not open", fd);
         if (fd >= 0) close(fd);
         return -EBADF;
     }
     if (!S_ISREG(st.st_mode) || st.st_size <= 0) {
-        seterr(err, errlen, "shm_map_fd: fd %d is not a non-empty memfd (mode 0%o, %lld bytes)",
+        errbuf_set(err, errlen, "shm_map_fd: fd %d is not a non-empty memfd (mode 0%o, %lld bytes)",
                fd, (unsigned)st.st_mode, (long long)st.st_size);
         close(fd);
         return -EINVAL;
     }
     int seals = fcntl(fd, F_GET_SEALS);
     if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-        seterr(err, errlen, "shm_map_fd: segment is not sealed against shrinking (seals 0x%x): "
+        errbuf_set(err, errlen, "shm_map_fd: segment is not sealed against shrinking (seals 0x%x): "
                "the peer could truncate it under us; refusing it", seals < 0 ? 0 : seals);
         close(fd);
         return -EPERM;
     }
     if (expect_bytes && (uint64_t)st.st_size != expect_bytes) {
-        seterr(err, errlen, "shm_map_fd: segment is %lld bytes, the handshake said %zu",
+        errbuf_set(err, errlen, "shm_map_fd: segment is %lld bytes, the handshake said %zu",
                (long long)st.st_size, expect_bytes);
         close(fd);
         return -EINVAL;
@@ -135,7 +127,7 @@ int shm_map_fd(shm_seg_t *seg, int fd, size_t expect_bytes, char *err, size_t er
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         int e = errno;
-        seterr(err, errlen, "shm_map_fd: mapping %lld bytes: %s", (long long)st.st_size, strerror(e));
+        errbuf_set(err, errlen, "shm_map_fd: mapping %lld bytes: %s", (long long)st.st_size, strerror(e));
         close(fd);
         return -e;
     }
@@ -158,7 +150,7 @@ int shm_lock(shm_seg_t *seg, char *err, size_t errlen) {
     char lim[32];
     if (rl.rlim_cur == RLIM_INFINITY) snprintf(lim, sizeof lim, "unlimited");
     else snprintf(lim, sizeof lim, "%llu bytes", (unsigned long long)rl.rlim_cur);
-    seterr(err, errlen, "mlock of %zu bytes failed: %s; RLIMIT_MEMLOCK is %s. Raise it (ulimit -l "
+    errbuf_set(err, errlen, "mlock of %zu bytes failed: %s; RLIMIT_MEMLOCK is %s. Raise it (ulimit -l "
            "unlimited, systemd LimitMEMLOCK=infinity, docker --ulimit memlock=-1) or grant "
            "CAP_IPC_LOCK; the memory stays usable but may be swapped", seg->bytes, strerror(e), lim);
     return -e;
@@ -180,7 +172,7 @@ void shm_destroy(shm_seg_t *seg) {
 
 static int lock_name(const char *sock_path, char *out, size_t cap, char *err, size_t errlen) {
     if (!sock_path || !*sock_path || (size_t)snprintf(out, cap, "%s.lock", sock_path) >= cap) {
-        seterr(err, errlen, "socket path '%s' is empty or too long", sock_path ? sock_path : "");
+        errbuf_set(err, errlen, "socket path '%s' is empty or too long", sock_path ? sock_path : "");
         return -ENAMETOOLONG;
     }
     return 0;
@@ -196,7 +188,7 @@ int shm_lock_path(const char *sock_path, int *lock_fd, char *err, size_t errlen)
         int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
         if (fd < 0) {
             int e = errno;
-            seterr(err, errlen, "cannot open lock file %s: %s (is the directory writable?)", lp,
+            errbuf_set(err, errlen, "cannot open lock file %s: %s (is the directory writable?)", lp,
                    strerror(e));
             return -e;
         }
@@ -204,7 +196,7 @@ int shm_lock_path(const char *sock_path, int *lock_fd, char *err, size_t errlen)
             int e = errno;
             if (e != EWOULDBLOCK) {
                 close(fd);
-                seterr(err, errlen, "flock %s: %s", lp, strerror(e));
+                errbuf_set(err, errlen, "flock %s: %s", lp, strerror(e));
                 return -e;
             }
             char buf[32] = { 0 };
@@ -212,10 +204,10 @@ int shm_lock_path(const char *sock_path, int *lock_fd, char *err, size_t errlen)
             close(fd);
             long pid = n > 0 ? strtol(buf, NULL, 10) : 0;
             if (pid > 0)
-                seterr(err, errlen, "%s is in use: another instance (pid %ld) holds %s; stop it or "
+                errbuf_set(err, errlen, "%s is in use: another instance (pid %ld) holds %s; stop it or "
                        "choose another socket path", sock_path, pid, lp);
             else
-                seterr(err, errlen, "%s is in use: another instance (pid unknown) holds %s; stop "
+                errbuf_set(err, errlen, "%s is in use: another instance (pid unknown) holds %s; stop "
                        "it or choose another socket path", sock_path, lp);
             return -EADDRINUSE;
         }
@@ -228,7 +220,7 @@ int shm_lock_path(const char *sock_path, int *lock_fd, char *err, size_t errlen)
         int len = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
         if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, (size_t)len, 0) != len) {
             int e = errno ? errno : EIO;
-            seterr(err, errlen, "writing our pid to %s: %s", lp, strerror(e));
+            errbuf_set(err, errlen, "writing our pid to %s: %s", lp, strerror(e));
             unlink(lp);
             close(fd);
             return -e;
@@ -236,7 +228,7 @@ int shm_lock_path(const char *sock_path, int *lock_fd, char *err, size_t errlen)
         *lock_fd = fd;
         return 0;
     }
-    seterr(err, errlen, "lock file %s keeps changing under us; another instance is starting and "
+    errbuf_set(err, errlen, "lock file %s keeps changing under us; another instance is starting and "
            "stopping in a loop", lp);
     return -EAGAIN;
 }
@@ -252,7 +244,7 @@ static int fill_addr(struct sockaddr_un *a, const char *path, char *err, size_t 
     memset(a, 0, sizeof *a);
     a->sun_family = AF_UNIX;
     if (!path || !*path || strlen(path) >= sizeof a->sun_path) {
-        seterr(err, errlen, "socket path '%s' is empty or longer than %zu bytes; choose a shorter "
+        errbuf_set(err, errlen, "socket path '%s' is empty or longer than %zu bytes; choose a shorter "
                "one", path ? path : "", sizeof a->sun_path - 1);
         return -ENAMETOOLONG;
     }
@@ -272,31 +264,31 @@ int shm_listen(shm_listener_t *l, const char *path, int backlog, char *err, size
     struct stat st;
     if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode)) {
-            seterr(err, errlen, "%s exists and is not a socket; remove it or choose another path",
+            errbuf_set(err, errlen, "%s exists and is not a socket; remove it or choose another path",
                    path);
             rc = -EEXIST;
             goto fail;
         }
         if (unlink(path) < 0 && errno != ENOENT) {
             rc = -errno;
-            seterr(err, errlen, "removing stale socket %s: %s", path, strerror(-rc));
+            errbuf_set(err, errlen, "removing stale socket %s: %s", path, strerror(-rc));
             goto fail;
         }
     }
     l->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (l->fd < 0) {
         rc = -errno;
-        seterr(err, errlen, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(-rc));
+        errbuf_set(err, errlen, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(-rc));
         goto fail;
     }
     if (bind(l->fd, (struct sockaddr *)&a, sizeof a) < 0) {
         rc = -errno;
-        seterr(err, errlen, "bind %s: %s", path, strerror(-rc));
+        errbuf_set(err, errlen, "bind %s: %s", path, strerror(-rc));
         goto fail;
     }
     if (chmod(path, 0666) < 0 || listen(l->fd, backlog > 0 ? backlog : SOMAXCONN) < 0) {
         rc = -errno;
-        seterr(err, errlen, "listen on %s: %s", path, strerror(-rc));
+        errbuf_set(err, errlen, "listen on %s: %s", path, strerror(-rc));
         unlink(path);
         goto fail;
     }
@@ -328,20 +320,20 @@ int shm_connect(const char *path, int *fd_out, char *err, size_t errlen) {
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         rc = -errno;
-        seterr(err, errlen, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(-rc));
+        errbuf_set(err, errlen, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(-rc));
         return rc;
     }
     while (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
         if (errno == EINTR) continue;
         rc = -errno;
         if (rc == -ENOENT || rc == -ECONNREFUSED)
-            seterr(err, errlen, "connect %s: %s: is ballastd running, and is this its socket "
+            errbuf_set(err, errlen, "connect %s: %s: is ballastd running, and is this its socket "
                    "path?", path, strerror(-rc));
         else if (rc == -EACCES)
-            seterr(err, errlen, "connect %s: permission denied on the socket or its directory",
+            errbuf_set(err, errlen, "connect %s: permission denied on the socket or its directory",
                    path);
         else
-            seterr(err, errlen, "connect %s: %s", path, strerror(-rc));
+            errbuf_set(err, errlen, "connect %s: %s", path, strerror(-rc));
         close(fd);
         return rc;
     }
@@ -352,7 +344,7 @@ int shm_connect(const char *path, int *fd_out, char *err, size_t errlen) {
 int shm_socketpair(int sv[2], char *err, size_t errlen) {
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
         int e = errno;
-        seterr(err, errlen, "socketpair(AF_UNIX, SOCK_SEQPACKET): %s", strerror(e));
+        errbuf_set(err, errlen, "socketpair(AF_UNIX, SOCK_SEQPACKET): %s", strerror(e));
         return -e;
     }
     return 0;
@@ -365,7 +357,7 @@ int shm_peer_cred(int fd, shm_peer_t *peer, char *err, size_t errlen) {
     socklen_t len = sizeof uc;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0 || len != sizeof uc) {
         int e = errno ? errno : EPROTO;
-        seterr(err, errlen, "SO_PEERCRED on fd %d: %s (not a connected Unix socket?)", fd,
+        errbuf_set(err, errlen, "SO_PEERCRED on fd %d: %s (not a connected Unix socket?)", fd,
                strerror(e));
         return -e;
     }
@@ -411,7 +403,7 @@ int shm_check_peer(int fd, const shm_uidset_t *allowed, shm_peer_t *peer,
         for (int i = 0; i < allowed->n && off < sizeof list; i++)
             off += (size_t)snprintf(list + off, sizeof list - off, "%s%u", i ? "," : "",
                                     (unsigned)allowed->uid[i]);
-        seterr(err, errlen, "refused peer pid %ld: uid %u is not allowed (allowed uids: %s); run "
+        errbuf_set(err, errlen, "refused peer pid %ld: uid %u is not allowed (allowed uids: %s); run "
                "the client as one of them or add its uid to the service's allowed set",
                (long)p.pid, (unsigned)p.uid, list);
         return -EACCES;
@@ -425,8 +417,8 @@ int shm_accept(int listen_fd, const shm_uidset_t *allowed, int *fd_out, shm_peer
     while ((fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
         int e = errno;
         if (e == EINTR || e == ECONNABORTED) continue;
-        if (e != EAGAIN && e != EWOULDBLOCK) seterr(err, errlen, "accept: %s", strerror(e));
-        else seterr(err, errlen, "accept: no pending connection");
+        if (e != EAGAIN && e != EWOULDBLOCK) errbuf_set(err, errlen, "accept: %s", strerror(e));
+        else errbuf_set(err, errlen, "accept: no pending connection");
         return -e;
     }
     int rc = shm_check_peer(fd, allowed, peer, err, errlen);
@@ -449,7 +441,7 @@ int shm_send_fds(int sock, const void *msg, size_t msg_len, const int *fds, int 
                  char *err, size_t errlen) {
     if (!msg || msg_len == 0 || msg_len > SHM_MAX_MSG || nfds < 0 || nfds > SHM_MAX_FDS ||
         (nfds > 0 && !fds)) {
-        seterr(err, errlen, "shm_send_fds: message of %zu bytes (want 1..%d) with %d fds "
+        errbuf_set(err, errlen, "shm_send_fds: message of %zu bytes (want 1..%d) with %d fds "
                "(want 0..%d)", msg_len, SHM_MAX_MSG, nfds, SHM_MAX_FDS);
         return -EINVAL;
     }
@@ -470,12 +462,12 @@ int shm_send_fds(int sock, const void *msg, size_t msg_len, const int *fds, int 
     while ((n = sendmsg(sock, &mh, MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
     if (n < 0) {
         int e = errno;
-        seterr(err, errlen, "sending %zu bytes and %d fds: %s%s", msg_len, nfds, strerror(e),
+        errbuf_set(err, errlen, "sending %zu bytes and %d fds: %s%s", msg_len, nfds, strerror(e),
                e == EPIPE || e == ECONNRESET ? " (the peer went away)" : "");
         return -e;
     }
     if ((size_t)n != msg_len) {
-        seterr(err, errlen, "sending %zu bytes: only %zd went out; use a SOCK_SEQPACKET socket",
+        errbuf_set(err, errlen, "sending %zu bytes: only %zd went out; use a SOCK_SEQPACKET socket",
                msg_len, n);
         return -EIO;
     }
@@ -485,7 +477,7 @@ int shm_send_fds(int sock, const void *msg, size_t msg_len, const int *fds, int 
 int shm_recv_fds(int sock, void *msg, size_t msg_cap, size_t *msg_len, int *fds, int nfds,
                  int timeout_ms, char *err, size_t errlen) {
     if (!msg || msg_cap == 0 || nfds < 0 || nfds > SHM_MAX_FDS || (nfds > 0 && !fds)) {
-        seterr(err, errlen, "shm_recv_fds: buffer of %zu bytes for %d fds (want 0..%d)", msg_cap,
+        errbuf_set(err, errlen, "shm_recv_fds: buffer of %zu bytes for %d fds (want 0..%d)", msg_cap,
                nfds, SHM_MAX_FDS);
         return -EINVAL;
     }
@@ -495,11 +487,11 @@ int shm_recv_fds(int sock, void *msg, size_t msg_cap, size_t *msg_len, int *fds,
         while ((r = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {}
         if (r < 0) {
             int e = errno;
-            seterr(err, errlen, "poll: %s", strerror(e));
+            errbuf_set(err, errlen, "poll: %s", strerror(e));
             return -e;
         }
         if (r == 0) {
-            seterr(err, errlen, "no message from the peer within %d ms", timeout_ms);
+            errbuf_set(err, errlen, "no message from the peer within %d ms", timeout_ms);
             return -ETIMEDOUT;
         }
     }
@@ -512,7 +504,7 @@ int shm_recv_fds(int sock, void *msg, size_t msg_cap, size_t *msg_len, int *fds,
     while ((n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {}
     if (n < 0) {
         int e = errno;
-        seterr(err, errlen, "receiving from the peer: %s", strerror(e));
+        errbuf_set(err, errlen, "receiving from the peer: %s", strerror(e));
         return -e;
     }
     /* Collect every fd that arrived, whatever happens next. */
@@ -534,21 +526,21 @@ int shm_recv_fds(int sock, void *msg, size_t msg_cap, size_t *msg_len, int *fds,
     }
     int rc = 0;
     if (n == 0 && ngot == 0) {
-        seterr(err, errlen, "the peer closed the connection");
+        errbuf_set(err, errlen, "the peer closed the connection");
         rc = -ECONNRESET;
     } else if (mh.msg_flags & MSG_TRUNC) {
-        seterr(err, errlen, "message from the peer exceeds %zu bytes; protocol mismatch", msg_cap);
+        errbuf_set(err, errlen, "message from the peer exceeds %zu bytes; protocol mismatch", msg_cap);
         rc = -EMSGSIZE;
     } else if (mh.msg_flags & MSG_CTRUNC) {
-        seterr(err, errlen, "control data from the peer was truncated (more than %d fds sent, "
+        errbuf_set(err, errlen, "control data from the peer was truncated (more than %d fds sent, "
                "%d expected); protocol mismatch", SHM_MAX_FDS, nfds);
         rc = -EBADMSG;
     } else if (foreign) {
-        seterr(err, errlen, "unexpected control message from the peer (only SCM_RIGHTS is "
+        errbuf_set(err, errlen, "unexpected control message from the peer (only SCM_RIGHTS is "
                "accepted)");
         rc = -EBADMSG;
     } else if (ngot != nfds) {
-        seterr(err, errlen, "the peer sent %d fds, %d expected; protocol mismatch", ngot, nfds);
+        errbuf_set(err, errlen, "the peer sent %d fds, %d expected; protocol mismatch", ngot, nfds);
         rc = -EBADMSG;
     }
     if (rc) {

@@ -9,6 +9,7 @@
  * data parallelism exact.
  */
 #include "workers/data.h"
+#include "errbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -37,16 +38,6 @@ struct data {
     int64_t n_tokens;      /* sum over shards */
 };
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static inline uint32_t rd32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -64,51 +55,51 @@ static inline uint32_t shard_tok(const shard_t *s, int64_t i) {
 static int shard_open(shard_t *s, const char *path, int vocab, char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
     s->path = strdup(path);
-    if (!s->path) return fail(err, errlen, "%s: out of memory", path);
+    if (!s->path) return errbuf_set(err, errlen, "%s: out of memory", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, errlen, "%s: cannot open token shard: %s", path, strerror(errno));
+    if (fd < 0) return errbuf_set(err, errlen, "%s: cannot open token shard: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0) { int e = errno; close(fd); return fail(err, errlen, "%s: stat: %s", path, strerror(e)); }
-    if (!S_ISREG(st.st_mode)) { close(fd); return fail(err, errlen, "%s: not a regular file; pass a shard file or a glob of them", path); }
+    if (fstat(fd, &st) != 0) { int e = errno; close(fd); return errbuf_set(err, errlen, "%s: stat: %s", path, strerror(e)); }
+    if (!S_ISREG(st.st_mode)) { close(fd); return errbuf_set(err, errlen, "%s: not a regular file; pass a shard file or a glob of them", path); }
     s->size = (size_t)st.st_size;
     if (s->size < DATA_HEADER_BYTES) {
         close(fd);
-        return fail(err, errlen, "%s: file is %zu bytes, shorter than the %d-byte shard header; "
+        return errbuf_set(err, errlen, "%s: file is %zu bytes, shorter than the %d-byte shard header; "
                     "the file is truncated or not a token shard (write one with `ballast data pack`)",
                     path, s->size, DATA_HEADER_BYTES);
     }
     void *m = mmap(NULL, s->size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (m == MAP_FAILED) return fail(err, errlen, "%s: mmap: %s", path, strerror(e));
+    if (m == MAP_FAILED) return errbuf_set(err, errlen, "%s: mmap: %s", path, strerror(e));
     s->map = m;
     int32_t magic = (int32_t)rd32(s->map), version = (int32_t)rd32(s->map + 4), count = (int32_t)rd32(s->map + 8);
     if (magic != DATA_MAGIC)
-        return fail(err, errlen, "%s: wrong magic %d in header[0] (expected %d): not an llm.c token shard; "
+        return errbuf_set(err, errlen, "%s: wrong magic %d in header[0] (expected %d): not an llm.c token shard; "
                     "wrap raw tokens with `ballast data pack`", path, magic, DATA_MAGIC);
     if (version != 1 && version != 2)
-        return fail(err, errlen, "%s: unknown shard version %d in header[1] (expected 1 = uint16 tokens or "
+        return errbuf_set(err, errlen, "%s: unknown shard version %d in header[1] (expected 1 = uint16 tokens or "
                     "2 = uint32 tokens); rewrite it with `ballast data pack`", path, version);
     s->version = version;
     if (count <= 0)
-        return fail(err, errlen, "%s: header[2] says %d tokens; a shard needs at least one token "
+        return errbuf_set(err, errlen, "%s: header[2] says %d tokens; a shard needs at least one token "
                     "(remove the file or regenerate it)", path, count);
     s->n_tokens = count;
     size_t tsz = version == 1 ? 2 : 4;
     size_t want = DATA_HEADER_BYTES + (size_t)count * tsz;
     if (s->size < want)
-        return fail(err, errlen, "%s: truncated: header says %d tokens (%zu bytes of %s) but only %zu bytes "
+        return errbuf_set(err, errlen, "%s: truncated: header says %d tokens (%zu bytes of %s) but only %zu bytes "
                     "follow the header; re-copy or regenerate the shard", path, count, (size_t)count * tsz,
                     version == 1 ? "uint16" : "uint32", s->size - DATA_HEADER_BYTES);
     if (s->size > want)
-        return fail(err, errlen, "%s: %zu trailing bytes after the %d tokens the header announces "
+        return errbuf_set(err, errlen, "%s: %zu trailing bytes after the %d tokens the header announces "
                     "(file %zu bytes, expected %zu); the token count in header[2] is wrong or the file was "
                     "appended to; regenerate the shard", path, s->size - want, count, s->size, want);
     if (vocab > 0) {
         for (int64_t i = 0; i < s->n_tokens; i++) {
             uint32_t t = shard_tok(s, i);
             if (t >= (uint32_t)vocab)
-                return fail(err, errlen, "%s: token %lld has id %u >= vocab size %d; the shard was made "
+                return errbuf_set(err, errlen, "%s: token %lld has id %u >= vocab size %d; the shard was made "
                             "for a larger vocabulary (use a model with vocab > %u or re-tokenize)",
                             path, (long long)i, t, vocab, t);
         }
@@ -116,7 +107,7 @@ static int shard_open(shard_t *s, const char *path, int vocab, char *err, size_t
         for (int64_t i = 0; i < s->n_tokens; i++) {
             uint32_t t = shard_tok(s, i);
             if (t > INT32_MAX)
-                return fail(err, errlen, "%s: token %lld has id %u, beyond the int32 range token ids "
+                return errbuf_set(err, errlen, "%s: token %lld has id %u, beyond the int32 range token ids "
                             "must fit; re-tokenize", path, (long long)i, t);
         }
     }
@@ -128,7 +119,7 @@ static bool has_glob_chars(const char *s) { return strpbrk(s, "*?[") != NULL; }
 int data_open(const char *file_or_glob, int vocab, data_t **out, char *err, size_t errlen) {
     *out = NULL;
     if (!file_or_glob || !*file_or_glob)
-        return fail(err, errlen, "no token data given: pass --data FILE or a quoted glob like 'dir/*.bin'");
+        return errbuf_set(err, errlen, "no token data given: pass --data FILE or a quoted glob like 'dir/*.bin'");
     glob_t g;
     memset(&g, 0, sizeof g);
     int gr = glob(file_or_glob, GLOB_ERR, NULL, &g);
@@ -139,18 +130,18 @@ int data_open(const char *file_or_glob, int vocab, data_t **out, char *err, size
     if (gr == GLOB_NOMATCH || (gr == 0 && g.gl_pathc == 0)) {
         globfree(&g);
         if (has_glob_chars(file_or_glob))
-            return fail(err, errlen, "%s: no file matches this glob; check the path and quote the glob "
+            return errbuf_set(err, errlen, "%s: no file matches this glob; check the path and quote the glob "
                         "so the shell does not expand it", file_or_glob);
-        return fail(err, errlen, "%s: cannot open token shard: %s", file_or_glob, strerror(ENOENT));
+        return errbuf_set(err, errlen, "%s: cannot open token shard: %s", file_or_glob, strerror(ENOENT));
     }
     if (gr != 0) {
         globfree(&g);
-        return fail(err, errlen, "%s: glob failed (%s); check the directory permissions", file_or_glob,
+        return errbuf_set(err, errlen, "%s: glob failed (%s); check the directory permissions", file_or_glob,
                     gr == GLOB_NOSPACE ? "out of memory" : "read error");
     }
     data_t *d = calloc(1, sizeof *d);
     if (d) d->shards = calloc(g.gl_pathc, sizeof *d->shards);
-    if (!d || !d->shards) { free(d); globfree(&g); return fail(err, errlen, "out of memory opening %s", file_or_glob); }
+    if (!d || !d->shards) { free(d); globfree(&g); return errbuf_set(err, errlen, "out of memory opening %s", file_or_glob); }
     for (size_t i = 0; i < g.gl_pathc; i++) {
         d->n_shards++;
         if (shard_open(&d->shards[i], g.gl_pathv[i], vocab, err, errlen) != 0) {
@@ -262,13 +253,13 @@ int data_batch(const data_t *d, data_order_t order, uint64_t seed,
                int B, int T, int32_t *inputs, int32_t *targets,
                char *err, size_t errlen) {
     if (B <= 0 || T <= 0 || accum <= 0 || dp <= 0 || step < 0 || micro < 0 || micro >= accum || rank < 0 || rank >= dp)
-        return fail(err, errlen, "data_batch: bad coordinates (step %lld, micro %d of %d, rank %d of %d, B %d, T %d)",
+        return errbuf_set(err, errlen, "data_batch: bad coordinates (step %lld, micro %d of %d, rank %d of %d, B %d, T %d)",
                     (long long)step, micro, accum, rank, dp, B, T);
     if (d->n_tokens < (int64_t)T + 1)
-        return fail(err, errlen, "%s: the data has %lld tokens, fewer than seq-len + 1 = %d; use a larger "
+        return errbuf_set(err, errlen, "%s: the data has %lld tokens, fewer than seq-len + 1 = %d; use a larger "
                     "corpus or a shorter --seq-len", d->shards[0].path, (long long)d->n_tokens, T + 1);
     int32_t *row = malloc(((size_t)T + 1) * sizeof *row);
-    if (!row) return fail(err, errlen, "data_batch: out of memory");
+    if (!row) return errbuf_set(err, errlen, "data_batch: out of memory");
     int64_t n_windows = (d->n_tokens - 1) / T;
     int64_t first = ((step * accum + micro) * dp + rank) * (int64_t)B;  /* sample index of row 0 */
     for (int b = 0; b < B; b++) {
@@ -292,10 +283,10 @@ static int write_atomic(const char *path, const void *hdr, size_t hlen, const vo
                         char *err, size_t errlen) {
     size_t plen = strlen(path) + 8;
     char *tmp = malloc(plen);
-    if (!tmp) return fail(err, errlen, "%s: out of memory", path);
+    if (!tmp) return errbuf_set(err, errlen, "%s: out of memory", path);
     snprintf(tmp, plen, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) { int e = errno; free(tmp); return fail(err, errlen, "%s: cannot create: %s", path, strerror(e)); }
+    if (fd < 0) { int e = errno; free(tmp); return errbuf_set(err, errlen, "%s: cannot create: %s", path, strerror(e)); }
     const void *parts[2] = { hdr, body };
     size_t lens[2] = { hlen, blen };
     for (int p = 0; p < 2; p++) {
@@ -307,7 +298,7 @@ static int write_atomic(const char *path, const void *hdr, size_t hlen, const vo
             if (w <= 0) {
                 int e = errno;
                 close(fd); unlink(tmp); free(tmp);
-                return fail(err, errlen, "%s: write failed: %s (disk full?)", path, strerror(e));
+                return errbuf_set(err, errlen, "%s: write failed: %s (disk full?)", path, strerror(e));
             }
             q += w; left -= (size_t)w;
         }
@@ -315,25 +306,25 @@ static int write_atomic(const char *path, const void *hdr, size_t hlen, const vo
     if (fsync(fd) != 0 || close(fd) != 0) {
         int e = errno;
         unlink(tmp); free(tmp);
-        return fail(err, errlen, "%s: fsync/close failed: %s", path, strerror(e));
+        return errbuf_set(err, errlen, "%s: fsync/close failed: %s", path, strerror(e));
     }
     if (rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp); free(tmp);
-        return fail(err, errlen, "%s: rename from %s.tmp failed: %s", path, path, strerror(e));
+        return errbuf_set(err, errlen, "%s: rename from %s.tmp failed: %s", path, path, strerror(e));
     }
     free(tmp);
     return 0;
 }
 
 int data_write_shard(const char *path, const uint32_t *tokens, int64_t n, bool force_u32, char *err, size_t errlen) {
-    if (n <= 0) return fail(err, errlen, "%s: refusing to write a shard with %lld tokens (need at least one)", path, (long long)n);
+    if (n <= 0) return errbuf_set(err, errlen, "%s: refusing to write a shard with %lld tokens (need at least one)", path, (long long)n);
     if (n > INT32_MAX)
-        return fail(err, errlen, "%s: %lld tokens do not fit one shard (header[2] is int32, max %d); "
+        return errbuf_set(err, errlen, "%s: %lld tokens do not fit one shard (header[2] is int32, max %d); "
                     "split the data into several shards", path, (long long)n, INT32_MAX);
     uint32_t mx = 0;
     for (int64_t i = 0; i < n; i++) if (tokens[i] > mx) mx = tokens[i];
-    if (mx > INT32_MAX) return fail(err, errlen, "%s: token id %u does not fit int32", path, mx);
+    if (mx > INT32_MAX) return errbuf_set(err, errlen, "%s: token id %u does not fit int32", path, mx);
     int version = (!force_u32 && mx < 65536) ? 1 : 2;
     size_t tsz = version == 1 ? 2 : 4;
     uint8_t hdr[DATA_HEADER_BYTES];
@@ -342,7 +333,7 @@ int data_write_shard(const char *path, const uint32_t *tokens, int64_t n, bool f
     for (int k = 0; k < 3; k++)
         for (int j = 0; j < 4; j++) hdr[4 * k + j] = (uint8_t)(h3[k] >> (8 * j));
     uint8_t *body = malloc((size_t)n * tsz);
-    if (!body) return fail(err, errlen, "%s: out of memory for %lld tokens", path, (long long)n);
+    if (!body) return errbuf_set(err, errlen, "%s: out of memory for %lld tokens", path, (long long)n);
     for (int64_t i = 0; i < n; i++)
         for (size_t j = 0; j < tsz; j++) body[(size_t)i * tsz + j] = (uint8_t)(tokens[i] >> (8 * j));
     int rc = write_atomic(path, hdr, sizeof hdr, body, (size_t)n * tsz, err, errlen);
@@ -415,14 +406,14 @@ static void chain_free(chain_t *c) { free(c->succ); free(c->prob); free(c->pi); 
 static int chain_build(chain_t *c, int vocab, uint64_t seed, int branching, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     if (vocab < 3 || vocab > (1 << 24))
-        return fail(err, errlen, "synthetic vocab %d out of range [3, %d]", vocab, 1 << 24);
+        return errbuf_set(err, errlen, "synthetic vocab %d out of range [3, %d]", vocab, 1 << 24);
     if (branching < 2 || branching > vocab)
-        return fail(err, errlen, "branching %d out of range [2, vocab = %d]", branching, vocab);
+        return errbuf_set(err, errlen, "branching %d out of range [2, vocab = %d]", branching, vocab);
     int V = c->V = vocab, K = c->K = branching;
     c->succ = malloc((size_t)V * K * sizeof *c->succ);
     c->prob = malloc((size_t)V * K * sizeof *c->prob);
     c->pi = malloc((size_t)V * sizeof *c->pi);
-    if (!c->succ || !c->prob || !c->pi) { chain_free(c); return fail(err, errlen, "out of memory"); }
+    if (!c->succ || !c->prob || !c->pi) { chain_free(c); return errbuf_set(err, errlen, "out of memory"); }
     synth_chain(V, K, seed, c->succ, c->prob);
     synth_stationary(V, K, c->succ, c->prob, c->pi);
     for (int x = 0; x < V; x++) {
@@ -447,14 +438,14 @@ int data_synth_entropy(int vocab, uint64_t seed, int branching, double *entropy_
 int data_synth_k(const char *path, int64_t n_tokens, int vocab, uint64_t seed, int branching,
                  double *entropy_nats, char *err, size_t errlen) {
     if (n_tokens <= 0 || n_tokens > INT32_MAX)
-        return fail(err, errlen, "synthetic corpus size %lld out of range [1, %d] tokens", (long long)n_tokens, INT32_MAX);
+        return errbuf_set(err, errlen, "synthetic corpus size %lld out of range [1, %d] tokens", (long long)n_tokens, INT32_MAX);
     chain_t ch;
     if (chain_build(&ch, vocab, seed, branching, err, errlen) != 0) return -1;
     int V = ch.V, K = ch.K;
     uint32_t *tok = malloc((size_t)n_tokens * sizeof *tok);
     if (!tok) {
         chain_free(&ch);
-        return fail(err, errlen, "out of memory generating %lld tokens", (long long)n_tokens);
+        return errbuf_set(err, errlen, "out of memory generating %lld tokens", (long long)n_tokens);
     }
     /* x0 ~ pi, then x_{t+1} ~ P(.|x_t), each by inverse CDF on one uniform
      * (the last successor takes the remainder), from a second stream seeded

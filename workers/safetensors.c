@@ -8,6 +8,7 @@
  * later read cannot run past a mapping. JSON goes through jansson.
  */
 #include "workers/safetensors.h"
+#include "errbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -48,16 +49,6 @@ struct st {
     json_t *index_meta;     /* index.json "metadata" or NULL (owned) */
 };
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ---- dtypes ---- */
 
@@ -145,39 +136,39 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t buf
                        char *err, size_t errlen) {
     memset(t, 0, sizeof *t);
     if (!json_is_object(v))
-        return fail(err, errlen, "%s: header entry '%s' is not an object with dtype, shape and data_offsets", path, name);
+        return errbuf_set(err, errlen, "%s: header entry '%s' is not an object with dtype, shape and data_offsets", path, name);
     json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"), *jo = json_object_get(v, "data_offsets");
     if (!json_is_string(jd) || !json_is_array(js) || !json_is_array(jo))
-        return fail(err, errlen, "%s: tensor '%s' lacks a string \"dtype\", an array \"shape\" or an array "
+        return errbuf_set(err, errlen, "%s: tensor '%s' lacks a string \"dtype\", an array \"shape\" or an array "
                     "\"data_offsets\"; the file is not valid safetensors", path, name);
     const char *ds = json_string_value(jd);
     int found = -1;
     for (size_t i = 0; i < N_DTYPES; i++) if (strcmp(DTYPES[i].name, ds) == 0) found = (int)i;
     if (found < 0)
-        return fail(err, errlen, "%s: tensor '%s' has unknown dtype \"%s\" (known: F32 F16 BF16 F64 I8 I16 I32 "
+        return errbuf_set(err, errlen, "%s: tensor '%s' has unknown dtype \"%s\" (known: F32 F16 BF16 F64 I8 I16 I32 "
                     "I64 U8 U16 U32 U64 BOOL F8_E4M3 F8_E5M2)", path, name, ds);
     t->info.dtype = DTYPES[found].t;
     size_t nd = json_array_size(js);
-    if (nd > 8) return fail(err, errlen, "%s: tensor '%s' has %zu dimensions; at most 8 are supported", path, name, nd);
+    if (nd > 8) return errbuf_set(err, errlen, "%s: tensor '%s' has %zu dimensions; at most 8 are supported", path, name, nd);
     t->info.ndim = (int)nd;
     unsigned __int128 count = 1;
     for (size_t i = 0; i < nd; i++) {
         json_t *x = json_array_get(js, i);
         if (!json_is_integer(x) || json_integer_value(x) < 0)
-            return fail(err, errlen, "%s: tensor '%s' shape[%zu] is not a non-negative integer", path, name, i);
+            return errbuf_set(err, errlen, "%s: tensor '%s' shape[%zu] is not a non-negative integer", path, name, i);
         t->info.shape[i] = json_integer_value(x);
         count *= (unsigned __int128)t->info.shape[i];
         if (count > ((unsigned __int128)1 << 62))
-            return fail(err, errlen, "%s: tensor '%s' shape is absurdly large", path, name);
+            return errbuf_set(err, errlen, "%s: tensor '%s' shape is absurdly large", path, name);
     }
     if (json_array_size(jo) != 2 || !json_is_integer(json_array_get(jo, 0)) || !json_is_integer(json_array_get(jo, 1)))
-        return fail(err, errlen, "%s: tensor '%s' data_offsets must be [begin, end] integers", path, name);
+        return errbuf_set(err, errlen, "%s: tensor '%s' data_offsets must be [begin, end] integers", path, name);
     json_int_t b = json_integer_value(json_array_get(jo, 0)), e = json_integer_value(json_array_get(jo, 1));
     if (b < 0 || e < b)
-        return fail(err, errlen, "%s: tensor '%s' data_offsets [%lld, %lld] are not 0 <= begin <= end",
+        return errbuf_set(err, errlen, "%s: tensor '%s' data_offsets [%lld, %lld] are not 0 <= begin <= end",
                     path, name, (long long)b, (long long)e);
     if ((unsigned long long)e > buf_size)
-        return fail(err, errlen, "%s: tensor '%s' data_offsets [%lld, %lld] run past the end of the %zu-byte "
+        return errbuf_set(err, errlen, "%s: tensor '%s' data_offsets [%lld, %lld] run past the end of the %zu-byte "
                     "data buffer; the file is truncated or its header lies", path, name, (long long)b, (long long)e, buf_size);
     unsigned __int128 want = count * (unsigned __int128)DTYPES[found].size;
     if (want != (unsigned __int128)(e - b)) {
@@ -185,7 +176,7 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t buf
         size_t o = 0;
         for (int i = 0; i < t->info.ndim && o < sizeof sh - 24; i++)
             o += (size_t)snprintf(sh + o, sizeof sh - o, "%s%lld", i ? ", " : "", (long long)t->info.shape[i]);
-        return fail(err, errlen, "%s: tensor '%s' shape [%s] of %s needs %llu bytes but data_offsets [%lld, %lld] "
+        return errbuf_set(err, errlen, "%s: tensor '%s' shape [%s] of %s needs %llu bytes but data_offsets [%lld, %lld] "
                     "span %lld bytes; the header is inconsistent", path, name, sh, ds,
                     (unsigned long long)want, (long long)b, (long long)e, (long long)(e - b));
     }
@@ -193,7 +184,7 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t buf
     t->end = (size_t)e;
     t->info.nbytes = (int64_t)(e - b);
     t->info.name = strdup(name);
-    if (!t->info.name) return fail(err, errlen, "out of memory");
+    if (!t->info.name) return errbuf_set(err, errlen, "out of memory");
     return 0;
 }
 
@@ -202,49 +193,49 @@ static int parse_entry(const char *path, const char *name, json_t *v, size_t buf
  * frees it. */
 static int open_file(st_t *st, const char *path, char *err, size_t errlen) {
     st_file_t *nf = realloc(st->files, (size_t)(st->n_files + 1) * sizeof *nf);
-    if (!nf) return fail(err, errlen, "out of memory");
+    if (!nf) return errbuf_set(err, errlen, "out of memory");
     st->files = nf;
     int fi = st->n_files++;
     st_file_t *f = &st->files[fi];
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
-    if (!f->path) return fail(err, errlen, "out of memory");
+    if (!f->path) return errbuf_set(err, errlen, "out of memory");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, errlen, "%s: cannot open safetensors file: %s", path, strerror(errno));
+    if (fd < 0) return errbuf_set(err, errlen, "%s: cannot open safetensors file: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
-        return fail(err, errlen, "%s: not a regular file", path);
+        return errbuf_set(err, errlen, "%s: not a regular file", path);
     }
     f->size = (size_t)sb.st_size;
     if (f->size < 8) {
         close(fd);
-        return fail(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header size; not a safetensors file",
+        return errbuf_set(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header size; not a safetensors file",
                     path, f->size);
     }
     void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
-    if (m == MAP_FAILED) return fail(err, errlen, "%s: mmap: %s", path, strerror(e));
+    if (m == MAP_FAILED) return errbuf_set(err, errlen, "%s: mmap: %s", path, strerror(e));
     f->map = m;
     uint64_t n = 0;
     for (int i = 0; i < 8; i++) n |= (uint64_t)f->map[i] << (8 * i);
     if (n > f->size - 8)
-        return fail(err, errlen, "%s: header size %llu is larger than the %zu bytes after it; the file is truncated "
+        return errbuf_set(err, errlen, "%s: header size %llu is larger than the %zu bytes after it; the file is truncated "
                     "or not safetensors", path, (unsigned long long)n, f->size - 8);
     if (n > ST_MAX_HEADER)
-        return fail(err, errlen, "%s: header size %llu exceeds the %u-byte limit", path, (unsigned long long)n, ST_MAX_HEADER);
-    if (n < 2) return fail(err, errlen, "%s: header of %llu bytes cannot hold a JSON object", path, (unsigned long long)n);
+        return errbuf_set(err, errlen, "%s: header size %llu exceeds the %u-byte limit", path, (unsigned long long)n, ST_MAX_HEADER);
+    if (n < 2) return errbuf_set(err, errlen, "%s: header of %llu bytes cannot hold a JSON object", path, (unsigned long long)n);
     f->buf = f->map + 8 + n;
     f->buf_size = f->size - 8 - n;
     json_error_t je;
     json_t *root = json_loadb((const char *)f->map + 8, (size_t)n, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, errlen, "%s: header is not valid JSON (%s at byte %d); not a safetensors file", path, je.text,
+        return errbuf_set(err, errlen, "%s: header is not valid JSON (%s at byte %d); not a safetensors file", path, je.text,
                     je.position);
     if (!json_is_object(root)) {
         json_decref(root);
-        return fail(err, errlen, "%s: header JSON is not an object", path);
+        return errbuf_set(err, errlen, "%s: header JSON is not an object", path);
     }
     int first = st->n_tensors;
     const char *key;
@@ -254,9 +245,9 @@ static int open_file(st_t *st, const char *path, char *err, size_t errlen) {
         if (strcmp(key, "__metadata__") == 0) {
             const char *mk;
             json_t *mv;
-            if (!json_is_object(v)) { rc = fail(err, errlen, "%s: __metadata__ is not an object", path); break; }
+            if (!json_is_object(v)) { rc = errbuf_set(err, errlen, "%s: __metadata__ is not an object", path); break; }
             json_object_foreach(v, mk, mv) {
-                if (!json_is_string(mv)) { rc = fail(err, errlen, "%s: __metadata__ value for '%s' is not a string", path, mk); break; }
+                if (!json_is_string(mv)) { rc = errbuf_set(err, errlen, "%s: __metadata__ value for '%s' is not a string", path, mk); break; }
             }
             if (rc) break;
             f->meta = json_incref(v);
@@ -265,28 +256,28 @@ static int open_file(st_t *st, const char *path, char *err, size_t errlen) {
         st_tensor_t t;
         if (parse_entry(path, key, v, f->buf_size, &t, err, errlen) != 0) { rc = -1; break; }
         t.file = fi;
-        if (add_tensor(st, &t) != 0) { free((char *)t.info.name); rc = fail(err, errlen, "out of memory"); break; }
+        if (add_tensor(st, &t) != 0) { free((char *)t.info.name); rc = errbuf_set(err, errlen, "out of memory"); break; }
     }
     json_decref(root);
     if (rc) return rc;
     /* Ranges must tile the buffer exactly: no overlap, no hole. */
     int cnt = st->n_tensors - first;
     st_tensor_t **by = malloc((size_t)(cnt ? cnt : 1) * sizeof *by);
-    if (!by) return fail(err, errlen, "out of memory");
+    if (!by) return errbuf_set(err, errlen, "out of memory");
     for (int i = 0; i < cnt; i++) by[i] = &st->tensors[first + i];
     qsort(by, (size_t)cnt, sizeof *by, cmp_tensor_range);
     size_t pos = 0;
     for (int i = 0; i < cnt && rc == 0; i++) {
         if (by[i]->begin < pos)
-            rc = fail(err, errlen, "%s: tensor '%s' bytes [%zu, %zu) overlap tensor '%s' [%zu, %zu); the header lies",
+            rc = errbuf_set(err, errlen, "%s: tensor '%s' bytes [%zu, %zu) overlap tensor '%s' [%zu, %zu); the header lies",
                       path, by[i]->info.name, by[i]->begin, by[i]->end, by[i - 1]->info.name, by[i - 1]->begin, by[i - 1]->end);
         else if (by[i]->begin > pos)
-            rc = fail(err, errlen, "%s: bytes [%zu, %zu) of the data buffer belong to no tensor (before '%s'); "
+            rc = errbuf_set(err, errlen, "%s: bytes [%zu, %zu) of the data buffer belong to no tensor (before '%s'); "
                       "safetensors buffers have no holes", path, pos, by[i]->begin, by[i]->info.name);
         else pos = by[i]->end;
     }
     if (rc == 0 && pos != f->buf_size)
-        rc = fail(err, errlen, "%s: the tensors cover %zu bytes but the data buffer has %zu; the file has trailing "
+        rc = errbuf_set(err, errlen, "%s: the tensors cover %zu bytes but the data buffer has %zu; the file has trailing "
                   "bytes or is truncated", path, pos, f->buf_size);
     free(by);
     return rc;
@@ -300,11 +291,11 @@ static bool exists(const char *p) { struct stat sb; return stat(p, &sb) == 0; }
 static int open_index(st_t *st, const char *dir, const char *index, char *err, size_t errlen) {
     json_error_t je;
     json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return fail(err, errlen, "%s: not valid JSON (%s, line %d)", index, je.text, je.line);
+    if (!root) return errbuf_set(err, errlen, "%s: not valid JSON (%s, line %d)", index, je.text, je.line);
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(root) || !json_is_object(wm) || json_object_size(wm) == 0) {
         json_decref(root);
-        return fail(err, errlen, "%s: needs a non-empty \"weight_map\" object {tensor name: file}", index);
+        return errbuf_set(err, errlen, "%s: needs a non-empty \"weight_map\" object {tensor name: file}", index);
     }
     json_t *meta = json_object_get(root, "metadata");
     if (meta && json_is_object(meta)) st->index_meta = json_incref(meta);
@@ -317,7 +308,7 @@ static int open_index(st_t *st, const char *dir, const char *index, char *err, s
     json_object_foreach(wm, name, v) {
         const char *fn = json_string_value(v);
         if (!fn || !*fn || fn[0] == '/' || strstr(fn, "..")) {
-            rc = fail(err, errlen, "%s: weight_map entry for '%s' is not a file name inside the directory", index, name);
+            rc = errbuf_set(err, errlen, "%s: weight_map entry for '%s' is not a file name inside the directory", index, name);
             break;
         }
         snprintf(path, sizeof path, "%s/%s", dir, fn);
@@ -325,7 +316,7 @@ static int open_index(st_t *st, const char *dir, const char *index, char *err, s
         for (int i = 0; i < tmp.n_files; i++) if (strcmp(tmp.files[i].path, path) == 0) seen = true;
         if (seen) continue;
         if (!exists(path)) {
-            rc = fail(err, errlen, "%s: weight_map names '%s' for tensor '%s' but %s does not exist; the checkpoint "
+            rc = errbuf_set(err, errlen, "%s: weight_map names '%s' for tensor '%s' but %s does not exist; the checkpoint "
                       "is incomplete", index, fn, name, path);
             break;
         }
@@ -339,11 +330,11 @@ static int open_index(st_t *st, const char *dir, const char *index, char *err, s
                 if (tmp.tensors[i].info.name && strcmp(tmp.tensors[i].info.name, name) == 0 && strcmp(tmp.files[tmp.tensors[i].file].path, path) == 0)
                     hit = i;
             if (hit < 0) {
-                rc = fail(err, errlen, "%s: weight_map puts tensor '%s' in %s but that file has no such tensor",
+                rc = errbuf_set(err, errlen, "%s: weight_map puts tensor '%s' in %s but that file has no such tensor",
                           index, name, path);
                 break;
             }
-            if (add_tensor(st, &tmp.tensors[hit]) != 0) { rc = fail(err, errlen, "out of memory"); break; }
+            if (add_tensor(st, &tmp.tensors[hit]) != 0) { rc = errbuf_set(err, errlen, "out of memory"); break; }
             tmp.tensors[hit].info.name = NULL;   /* moved to st */
         }
     }
@@ -359,7 +350,7 @@ static int open_index(st_t *st, const char *dir, const char *index, char *err, s
 int st_open(const char *path, st_t **out, char *err, size_t errlen) {
     *out = NULL;
     st_t *st = calloc(1, sizeof *st);
-    if (!st) return fail(err, errlen, "out of memory");
+    if (!st) return errbuf_set(err, errlen, "out of memory");
     int rc;
     if (is_dir(path)) {
         char p[PATH_MAX];
@@ -368,7 +359,7 @@ int st_open(const char *path, st_t **out, char *err, size_t errlen) {
         else {
             snprintf(p, sizeof p, "%s/model.safetensors", path);
             if (exists(p)) rc = open_file(st, p, err, errlen);
-            else rc = fail(err, errlen, "%s: directory has neither model.safetensors nor model.safetensors.index.json; "
+            else rc = errbuf_set(err, errlen, "%s: directory has neither model.safetensors nor model.safetensors.index.json; "
                            "point at a Hugging Face model directory or a .safetensors file", path);
         }
     } else {
@@ -378,7 +369,7 @@ int st_open(const char *path, st_t **out, char *err, size_t errlen) {
         qsort(st->tensors, (size_t)st->n_tensors, sizeof *st->tensors, cmp_tensor_name);
         for (int i = 1; i < st->n_tensors; i++)
             if (strcmp(st->tensors[i].info.name, st->tensors[i - 1].info.name) == 0) {
-                rc = fail(err, errlen, "%s: tensor '%s' appears twice (in %s and %s)", path, st->tensors[i].info.name,
+                rc = errbuf_set(err, errlen, "%s: tensor '%s' appears twice (in %s and %s)", path, st->tensors[i].info.name,
                           st->files[st->tensors[i - 1].file].path, st->files[st->tensors[i].file].path);
                 break;
             }
@@ -445,7 +436,7 @@ static void fmt_shape(char *buf, size_t len, const int64_t *shape, int ndim) {
 
 int st_read_f32(st_t *st, const char *name, const int64_t *shape, int ndim, float *dst, char *err, size_t errlen) {
     const st_tensor_t *t = find(st, name);
-    if (!t) return fail(err, errlen, "tensor '%s' is not in %s", name, st->n_files ? st->files[0].path : "(empty)");
+    if (!t) return errbuf_set(err, errlen, "tensor '%s' is not in %s", name, st->n_files ? st->files[0].path : "(empty)");
     const char *path = st->files[t->file].path;
     bool same = t->info.ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = t->info.shape[i] == shape[i];
@@ -453,7 +444,7 @@ int st_read_f32(st_t *st, const char *name, const int64_t *shape, int ndim, floa
         char a[200], b[200];
         fmt_shape(a, sizeof a, t->info.shape, t->info.ndim);
         fmt_shape(b, sizeof b, shape, ndim);
-        return fail(err, errlen, "%s: tensor '%s' has shape %s but the model expects %s; the checkpoint does not "
+        return errbuf_set(err, errlen, "%s: tensor '%s' has shape %s but the model expects %s; the checkpoint does not "
                     "match the model config", path, name, a, b);
     }
     const uint8_t *p = st->files[t->file].buf + t->begin;
@@ -469,7 +460,7 @@ int st_read_f32(st_t *st, const char *name, const int64_t *shape, int ndim, floa
         for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
         break;
     default:
-        return fail(err, errlen, "%s: tensor '%s' has dtype %s, which cannot be read as fp32 (F32, BF16, F16 only)",
+        return errbuf_set(err, errlen, "%s: tensor '%s' has dtype %s, which cannot be read as fp32 (F32, BF16, F16 only)",
                     path, name, st_dtype_name(t->info.dtype));
     }
     return 0;
@@ -550,7 +541,7 @@ int st_writer_set_metadata(st_writer_t *w, const char *key, const char *value) {
 
 int st_writer_save(st_writer_t *w, const char *path, char *err, size_t errlen) {
     json_t *root = json_object();
-    if (!root) return fail(err, errlen, "out of memory");
+    if (!root) return errbuf_set(err, errlen, "out of memory");
     if (json_object_size(w->meta) > 0) json_object_set(root, "__metadata__", w->meta);
     size_t off = 0;
     for (int i = 0; i < w->n; i++) {
@@ -567,14 +558,14 @@ int st_writer_save(st_writer_t *w, const char *path, char *err, size_t errlen) {
     }
     char *js = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
-    if (!js) return fail(err, errlen, "%s: cannot serialize the header", path);
+    if (!js) return errbuf_set(err, errlen, "%s: cannot serialize the header", path);
     size_t jl = strlen(js), hl = (jl + 7) & ~(size_t)7;   /* pad with spaces so the buffer is 8-aligned */
     char tmp[PATH_MAX];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) { free(js); return fail(err, errlen, "%s: path too long", path); }
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) { free(js); return errbuf_set(err, errlen, "%s: path too long", path); }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) { int e = errno; free(js); return fail(err, errlen, "%s: cannot create %s: %s", path, tmp, strerror(e)); }
+    if (fd < 0) { int e = errno; free(js); return errbuf_set(err, errlen, "%s: cannot create %s: %s", path, tmp, strerror(e)); }
     FILE *fp = fdopen(fd, "wb");
-    if (!fp) { int e = errno; close(fd); unlink(tmp); free(js); return fail(err, errlen, "%s: %s", path, strerror(e)); }
+    if (!fp) { int e = errno; close(fd); unlink(tmp); free(js); return errbuf_set(err, errlen, "%s: %s", path, strerror(e)); }
     uint8_t n8[8];
     for (int i = 0; i < 8; i++) n8[i] = (uint8_t)((uint64_t)hl >> (8 * i));
     bool ok = fwrite(n8, 1, 8, fp) == 8 && fwrite(js, 1, jl, fp) == jl;
@@ -584,8 +575,8 @@ int st_writer_save(st_writer_t *w, const char *path, char *err, size_t errlen) {
     ok = ok && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
     int e = errno;
     if (fclose(fp) != 0) ok = false;
-    if (!ok) { unlink(tmp); return fail(err, errlen, "%s: write failed: %s (disk full?)", path, strerror(e)); }
-    if (rename(tmp, path) != 0) { e = errno; unlink(tmp); return fail(err, errlen, "%s: rename failed: %s", path, strerror(e)); }
+    if (!ok) { unlink(tmp); return errbuf_set(err, errlen, "%s: write failed: %s (disk full?)", path, strerror(e)); }
+    if (rename(tmp, path) != 0) { e = errno; unlink(tmp); return errbuf_set(err, errlen, "%s: rename failed: %s", path, strerror(e)); }
     /* Make the rename durable. */
     char dcopy[PATH_MAX];
     snprintf(dcopy, sizeof dcopy, "%s", path);
