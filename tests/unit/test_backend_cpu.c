@@ -417,4 +417,6 @@ Test(backend_cpu, adamw_matches_the_formula, .init = setup) {
     for (size_t i = 0; i < n; i++) { rp[i] -= p[i]; fp[i] -= (float)p[i]; }
     double e = rel_err_fd(fp, rp, n);
     cr_assert(e <= 1e-3, "adamw update relative error %.3e", e);
+    free(p); free(g); free(m); free(v); free(fp); free(fg); free(fm); free(fv);
+    free(rp); free(rm); free(rv);
 }
