@@ -13,3 +13,5 @@ $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(LIBS)
 
 $(BUILD)/tests/bench/%: $(BUILD)/obj/tests/bench/%.o $(LIBS)
 	$(LINK)
+
+-include tests/gpu/module.mk

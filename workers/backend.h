@@ -16,7 +16,14 @@
  *     else overwrites its output;
  *   - ops are deterministic: the same inputs give bit-identical outputs
  *     whatever the thread count (checkpoint resume and activation
- *     checkpointing rely on it). */
+ *     checkpointing rely on it);
+ *   - storage precision: pointers typed act_t hold activations, the working
+ *     copy of the parameters, logits and activation gradients, in elements of
+ *     act_bytes bytes (4: fp32 on the CPU; 2: bf16 on CUDA). Pointers typed
+ *     float are fp32 on every backend: norm statistics, losses, parameter
+ *     gradients, optimizer moments, the fp32 master parameters and the
+ *     attention state. Callers never index act_t memory directly: offsets go
+ *     through be_act_at(), sizes through act_bytes. */
 #ifndef BALLAST_BACKEND_H
 #define BALLAST_BACKEND_H
 
@@ -24,8 +31,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* An element of activation storage as callers see it: fp32 on the CPU
+ * backend; the CUDA backend keeps bf16 behind the same pointers. The alias
+ * says which buffers follow act_bytes; it is never dereferenced by callers. */
+typedef float act_t;
+
 typedef struct backend {
     const char *name;
+    int act_bytes;                                /* bytes per act_t element: 4 (fp32) or 2 (bf16) */
 
     /* ---- memory ---- */
     void *(*alloc)(size_t bytes);                 /* zeroed; NULL when out of memory */
@@ -34,10 +47,14 @@ typedef struct backend {
     void (*copy)(void *dst, const void *src, size_t bytes);          /* backend -> backend */
     void (*to_host)(void *host_dst, const void *src, size_t bytes);  /* backend -> host */
     void (*from_host)(void *dst, const void *host_src, size_t bytes);/* host -> backend */
+    /* act dst (n) = fp32 src (n), both backend memory (rounded to bf16 on CUDA) */
+    void (*to_act)(act_t *dst, const float *src, size_t n);
+    /* host fp32 (n) = act src (n) */
+    void (*act_to_host)(float *host_dst, const act_t *src, size_t n);
 
     /* ---- elementwise ---- */
     /* out[n] = a[n] + b[n]; out may alias a or b */
-    void (*add)(float *out, const float *a, const float *b, size_t n);
+    void (*add)(act_t *out, const act_t *a, const act_t *b, size_t n);
     /* x[n] *= s */
     void (*scale)(float *x, float s, size_t n);
     /* sum of x[i]^2 over n elements, accumulated in double; result on the host */
@@ -45,54 +62,57 @@ typedef struct backend {
 
     /* ---- embedding ---- */
     /* out (N, D) = wte[tokens[i]] ; tokens (N) int32, already checked < V */
-    void (*embedding_fwd)(float *out, const int32_t *tokens, const float *wte, int N, int D);
+    void (*embedding_fwd)(act_t *out, const int32_t *tokens, const act_t *wte, int N, int D);
     /* dwte (V, D) accumulates dout (N, D) rows at tokens */
-    void (*embedding_bwd)(float *dwte, const float *dout, const int32_t *tokens, int N, int D);
+    void (*embedding_bwd)(float *dwte, const act_t *dout, const int32_t *tokens, int N, int D);
 
     /* ---- RMSNorm (Hugging Face LlamaRMSNorm) ---- */
     /* out (N, D) = w (D) * x / sqrt(mean(x^2) + eps); rstd (N) keeps 1/sqrt(...) */
-    void (*rmsnorm_fwd)(float *out, float *rstd, const float *x, const float *w, int N, int D, float eps);
+    void (*rmsnorm_fwd)(act_t *out, float *rstd, const act_t *x, const act_t *w, int N, int D, float eps);
     /* dx (N, D) accumulates, dw (D) accumulates */
-    void (*rmsnorm_bwd)(float *dx, float *dw, const float *dout, const float *x, const float *w,
+    void (*rmsnorm_bwd)(act_t *dx, float *dw, const act_t *dout, const act_t *x, const act_t *w,
                         const float *rstd, int N, int D);
 
     /* ---- matmul with (out, in) weights: y = x W^T ---- */
     /* out (N, O) = x (N, I) @ w (O, I)^T */
-    void (*matmul_fwd)(float *out, const float *x, const float *w, int N, int I, int O);
+    void (*matmul_fwd)(act_t *out, const act_t *x, const act_t *w, int N, int I, int O);
     /* dx (N, I) = dout (N, O) @ w (overwritten, or accumulated when dx_acc);
      * dw (O, I) accumulates dout^T @ x. Either output may be NULL. */
-    void (*matmul_bwd)(float *dx, float *dw, const float *dout, const float *x, const float *w,
+    void (*matmul_bwd)(act_t *dx, float *dw, const act_t *dout, const act_t *x, const act_t *w,
                        int N, int I, int O, bool dx_acc);
 
     /* ---- rotary position embedding, rotate-half form, in place ---- */
     /* x (B, T, nh, Dh): position of row t is t; pair (i, i + Dh/2) turns by
      * t * theta^(-2i/Dh). */
-    void (*rope_fwd)(float *x, int B, int T, int nh, int Dh, float theta);
+    void (*rope_fwd)(act_t *x, int B, int T, int nh, int Dh, float theta);
     /* the inverse rotation applied to a gradient (B, T, nh, Dh) in place */
-    void (*rope_bwd)(float *dx, int B, int T, int nh, int Dh, float theta);
+    void (*rope_bwd)(act_t *dx, int B, int T, int nh, int Dh, float theta);
 
     /* ---- causal attention with grouped-query heads ---- */
     /* q (B, T, H, Dh), k, v (B, T, Hkv, Dh), out (B, T, H, Dh);
      * query head h reads key/value head h / (H / Hkv); scale 1/sqrt(Dh).
      * att (B, H, T, T) keeps the softmax probabilities for backward (a
-     * backend may keep less, e.g. log-sum-exp rows, in the same buffer). */
-    void (*attention_fwd)(float *out, float *att, const float *q, const float *k, const float *v,
+     * backend may keep less, e.g. log-sum-exp rows, in the same buffer:
+     * attention_state_numel says how many floats it needs). */
+    void (*attention_fwd)(act_t *out, float *att, const act_t *q, const act_t *k, const act_t *v,
                           int B, int T, int H, int Hkv, int Dh);
-    /* dq overwritten; dk, dv (B, T, Hkv, Dh) overwritten */
-    void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                          const float *k, const float *v, const float *att,
+    size_t (*attention_state_numel)(int B, int T, int H);
+    /* dq overwritten; dk, dv (B, T, Hkv, Dh) overwritten; out is the
+     * forward's output (a flash backward needs rowsum(dout * out)) */
+    void (*attention_bwd)(act_t *dq, act_t *dk, act_t *dv, const act_t *dout, const act_t *out,
+                          const act_t *q, const act_t *k, const act_t *v, const float *att,
                           int B, int T, int H, int Hkv, int Dh);
 
     /* ---- SwiGLU: h = silu(gate) * up, n elements ---- */
-    void (*swiglu_fwd)(float *h, const float *gate, const float *up, size_t n);
-    void (*swiglu_bwd)(float *dgate, float *dup, const float *dh, const float *gate, const float *up, size_t n);
+    void (*swiglu_fwd)(act_t *h, const act_t *gate, const act_t *up, size_t n);
+    void (*swiglu_bwd)(act_t *dgate, act_t *dup, const act_t *dh, const act_t *gate, const act_t *up, size_t n);
 
     /* ---- softmax cross-entropy over V classes ---- */
     /* losses (N) = logsumexp(logits[i]) - logits[i][targets[i]] */
-    void (*xent_fwd)(float *losses, const float *logits, const int32_t *targets, int N, int V);
+    void (*xent_fwd)(float *losses, const act_t *logits, const int32_t *targets, int N, int V);
     /* dlogits (N, V) = (softmax(logits) - onehot(targets)) * scale;
      * dlogits may alias logits */
-    void (*xent_bwd)(float *dlogits, const float *logits, const int32_t *targets, float scale, int N, int V);
+    void (*xent_bwd)(act_t *dlogits, const act_t *logits, const int32_t *targets, float scale, int N, int V);
 
     /* ---- optimizer ---- */
     /* torch.optim.AdamW on n elements, one step:
@@ -100,10 +120,18 @@ typedef struct backend {
      *   g' = g * grad_scale
      *   m = beta1 m + (1 - beta1) g' ;  v = beta2 v + (1 - beta2) g'^2
      *   p -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
-     * with step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t) from the caller. */
+     * with step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t) from the caller.
+     * p is the fp32 master; p_act (n), when not NULL, receives the updated
+     * p in act storage (the bf16 working copy on CUDA). */
     void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float wd, float step_size, float bc2_sqrt, float grad_scale);
+                  float beta2, float eps, float wd, float step_size, float bc2_sqrt, float grad_scale,
+                  act_t *p_act);
 } backend_t;
+
+/* Element n of act storage p: offsets into act_t buffers go through here. */
+static inline act_t *be_act_at(const backend_t *be, const act_t *p, size_t n) {
+    return (act_t *)(void *)((char *)(uintptr_t)p + n * (size_t)be->act_bytes);
+}
 
 /* The fp32 CPU backend. threads <= 0 uses every core. */
 const backend_t *backend_cpu(int threads);

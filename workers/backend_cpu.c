@@ -308,7 +308,7 @@ static void cpu_attention_fwd(float *out, float *att, const float *q, const floa
 
 /* Parallel over (batch, kv head): the query heads sharing a kv head run in
  * one thread, so dk and dv are summed without races in a fixed order. */
-static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *q,
                               const float *k, const float *v, const float *att,
                               int B, int T, int H, int Hkv, int Dh) {
     int rep = H / Hkv;
@@ -411,7 +411,8 @@ static void cpu_xent_bwd(float *dl, const float *logits, const int32_t *tgt, flo
 /* ---- AdamW ---- */
 
 static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
-                      float beta2, float eps, float wd, float step_size, float bc2_sqrt, float grad_scale) {
+                      float beta2, float eps, float wd, float step_size, float bc2_sqrt, float grad_scale,
+                      act_t *p_act) {
     float decay = 1.f - lr * wd;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) {
@@ -424,12 +425,21 @@ static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
         v[i] = vi;
         p[i] = pi - step_size * (mi / denom);
     }
+    if (p_act && p_act != p) memcpy(p_act, p, n * sizeof(float)); /* fp32: the working copy is the master */
 }
 
 /* ---- table ---- */
 
+/* fp32 everywhere: act storage is the backend's own float memory */
+static void cpu_to_act(act_t *dst, const float *src, size_t n) { cpu_copy(dst, src, n * sizeof(float)); }
+static void cpu_act_to_host(float *dst, const act_t *src, size_t n) { cpu_copy(dst, src, n * sizeof(float)); }
+static size_t cpu_attention_state_numel(int B, int T, int H) { return (size_t)B * H * T * T; }
+
 static const backend_t cpu_backend = {
     .name = "cpu",
+    .act_bytes = sizeof(float),
+    .to_act = cpu_to_act, .act_to_host = cpu_act_to_host,
+    .attention_state_numel = cpu_attention_state_numel,
     .alloc = cpu_alloc, .free = cpu_free, .memset0 = cpu_memset0,
     .copy = cpu_copy, .to_host = cpu_copy, .from_host = cpu_copy,
     .add = cpu_add, .scale = cpu_scale, .sumsq = cpu_sumsq,

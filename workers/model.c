@@ -70,16 +70,23 @@ static float *falloc(alloc_ctx_t *ac, size_t n) {
     return p;
 }
 
+/* n elements of act storage (act_bytes each: bf16 on CUDA) */
+static act_t *aalloc(alloc_ctx_t *ac, size_t n) {
+    act_t *p = ac->be->alloc(n * (size_t)ac->be->act_bytes);
+    if (!p) ac->failed = true;
+    return p;
+}
+
 static void acts_alloc(alloc_ctx_t *ac, block_acts_t *a, const llama_config_t *c, int B, int T) {
     size_t N = (size_t)B * T, D = c->dim, F = c->ffn_dim, qd = (size_t)c->n_heads * c->head_dim,
            kvd = (size_t)c->n_kv_heads * c->head_dim;
-    a->xn1 = falloc(ac, N * D); a->rstd1 = falloc(ac, N);
-    a->q = falloc(ac, N * qd); a->k = falloc(ac, N * kvd); a->v = falloc(ac, N * kvd);
-    a->att = falloc(ac, (size_t)B * c->n_heads * T * T);
-    a->ao = falloc(ac, N * qd);
-    a->xmid = falloc(ac, N * D);
-    a->xn2 = falloc(ac, N * D); a->rstd2 = falloc(ac, N);
-    a->gate = falloc(ac, N * F); a->up = falloc(ac, N * F); a->h = falloc(ac, N * F);
+    a->xn1 = aalloc(ac, N * D); a->rstd1 = falloc(ac, N);
+    a->q = aalloc(ac, N * qd); a->k = aalloc(ac, N * kvd); a->v = aalloc(ac, N * kvd);
+    a->att = falloc(ac, ac->be->attention_state_numel(B, T, c->n_heads));
+    a->ao = aalloc(ac, N * qd);
+    a->xmid = aalloc(ac, N * D);
+    a->xn2 = aalloc(ac, N * D); a->rstd2 = falloc(ac, N);
+    a->gate = aalloc(ac, N * F); a->up = aalloc(ac, N * F); a->h = aalloc(ac, N * F);
 }
 
 static void acts_free(const backend_t *be, block_acts_t *a) {
@@ -133,7 +140,9 @@ int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int
     size_t N = (size_t)B * T, D = c->dim, F = c->ffn_dim, V = c->vocab,
            qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     alloc_ctx_t ac = { be, false };
-    m->params = falloc(&ac, m->n_params);
+    m->params = aalloc(&ac, m->n_params);
+    /* fp32 master weights apart from the working copy when act storage is narrower */
+    m->master = be->act_bytes == (int)sizeof(float) ? m->params : falloc(&ac, m->n_params);
     m->grads = falloc(&ac, m->n_params);
     m->tokens = be->alloc(N * sizeof(int32_t));
     m->targets = be->alloc(N * sizeof(int32_t));
@@ -143,15 +152,15 @@ int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int
     m->acts = calloc((size_t)nacts, sizeof *m->acts);
     CHECK_ALLOC(m->xs);
     CHECK_ALLOC(m->acts);
-    for (int l = 0; l <= c->n_layers; l++) m->xs[l] = falloc(&ac, N * D);
+    for (int l = 0; l <= c->n_layers; l++) m->xs[l] = aalloc(&ac, N * D);
     for (int l = 0; l < nacts; l++) acts_alloc(&ac, &m->acts[l], c, B, T);
-    m->xf = falloc(&ac, N * D); m->rstdf = falloc(&ac, N);
-    m->logits = falloc(&ac, N * V);
+    m->xf = aalloc(&ac, N * D); m->rstdf = falloc(&ac, N);
+    m->logits = aalloc(&ac, N * V);
     m->losses = falloc(&ac, N);
-    m->dx = falloc(&ac, N * D); m->dtmp = falloc(&ac, N * D); m->ftmp = falloc(&ac, N * D);
-    m->dq = falloc(&ac, N * qd); m->dk = falloc(&ac, N * kvd); m->dv = falloc(&ac, N * kvd);
-    m->dao = falloc(&ac, N * qd);
-    m->dgate = falloc(&ac, N * F); m->dup = falloc(&ac, N * F); m->dh = falloc(&ac, N * F);
+    m->dx = aalloc(&ac, N * D); m->dtmp = aalloc(&ac, N * D); m->ftmp = aalloc(&ac, N * D);
+    m->dq = aalloc(&ac, N * qd); m->dk = aalloc(&ac, N * kvd); m->dv = aalloc(&ac, N * kvd);
+    m->dao = aalloc(&ac, N * qd);
+    m->dgate = aalloc(&ac, N * F); m->dup = aalloc(&ac, N * F); m->dh = aalloc(&ac, N * F);
     m->loss_host = malloc(N * sizeof(float));
     if (ac.failed || !m->loss_host) {
         snprintf(err, errlen, "out of memory allocating the model (%zu parameters, micro-batch %d x %d)",
@@ -168,6 +177,7 @@ void model_destroy(model_t *m) {
     float *ps[] = { m->params, m->grads, m->xf, m->rstdf, m->logits, m->losses, m->dx, m->dtmp, m->ftmp,
                     m->dq, m->dk, m->dv, m->dao, m->dgate, m->dup, m->dh };
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) if (ps[i]) be->free(ps[i]);
+    if (m->master && m->master != m->params) be->free(m->master);
     if (m->tokens) be->free(m->tokens);
     if (m->targets) be->free(m->targets);
     if (m->xs) for (int l = 0; l <= m->cfg.n_layers; l++) if (m->xs[l]) be->free(m->xs[l]);
@@ -214,24 +224,27 @@ const model_tensor_t *model_find(const model_t *m, const char *name) {
     return NULL;
 }
 
-float *model_block_params(model_t *m, int l) { return m->params + m->blocks_off + (size_t)l * m->block_numel; }
+act_t *model_block_params(model_t *m, int l) { return be_act_at(m->be, m->params, m->blocks_off + (size_t)l * m->block_numel); }
 float *model_block_grads(model_t *m, int l) { return m->grads + m->blocks_off + (size_t)l * m->block_numel; }
 
-void model_get_params(const model_t *m, float *host) { m->be->to_host(host, m->params, m->n_params * sizeof(float)); }
-void model_set_params(model_t *m, const float *host) { m->be->from_host(m->params, host, m->n_params * sizeof(float)); }
+void model_get_params(const model_t *m, float *host) { m->be->to_host(host, m->master, m->n_params * sizeof(float)); }
+void model_set_params(model_t *m, const float *host) {
+    m->be->from_host(m->master, host, m->n_params * sizeof(float));
+    if (m->master != m->params) m->be->to_act(m->params, m->master, m->n_params);
+}
 void model_zero_grads(model_t *m) { m->be->memset0(m->grads, m->n_params * sizeof(float)); }
 
 /* ---- blocks ---- */
 
-void model_block_forward(model_t *m, const float *bp, const float *x_in, float *x_out, block_acts_t *a) {
+void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *x_out, block_acts_t *a) {
     const backend_t *be = m->be;
     const llama_config_t *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, D = c->dim, F = c->ffn_dim, H = c->n_heads, Hkv = c->n_kv_heads,
         Dh = c->head_dim, qd = H * Dh, kvd = Hkv * Dh;
-    const float *wq = bp + m->blk_off[BLK_WQ], *wk = bp + m->blk_off[BLK_WK], *wv = bp + m->blk_off[BLK_WV],
-                *wo = bp + m->blk_off[BLK_WO], *wg = bp + m->blk_off[BLK_WGATE], *wu = bp + m->blk_off[BLK_WUP],
-                *wd = bp + m->blk_off[BLK_WDOWN], *n1 = bp + m->blk_off[BLK_ATTN_NORM],
-                *n2 = bp + m->blk_off[BLK_FFN_NORM];
+#define P(i) be_act_at(be, bp, m->blk_off[i])
+    const act_t *wq = P(BLK_WQ), *wk = P(BLK_WK), *wv = P(BLK_WV), *wo = P(BLK_WO), *wg = P(BLK_WGATE),
+                *wu = P(BLK_WUP), *wd = P(BLK_WDOWN), *n1 = P(BLK_ATTN_NORM), *n2 = P(BLK_FFN_NORM);
+#undef P
     /* attention */
     be->rmsnorm_fwd(a->xn1, a->rstd1, x_in, n1, N, D, c->rms_eps);
     be->matmul_fwd(a->q, a->xn1, wq, N, D, qd);
@@ -251,12 +264,12 @@ void model_block_forward(model_t *m, const float *bp, const float *x_in, float *
     be->add(x_out, a->xmid, m->ftmp, (size_t)N * D);
 }
 
-void model_block_backward(model_t *m, const float *bp, float *bg, const float *x_in, block_acts_t *a, float *dx) {
+void model_block_backward(model_t *m, const act_t *bp, float *bg, const act_t *x_in, block_acts_t *a, act_t *dx) {
     const backend_t *be = m->be;
     const llama_config_t *c = &m->cfg;
     int B = m->B, T = m->T, N = B * T, D = c->dim, F = c->ffn_dim, H = c->n_heads, Hkv = c->n_kv_heads,
         Dh = c->head_dim, qd = H * Dh, kvd = Hkv * Dh;
-#define P(i) (bp + m->blk_off[i])
+#define P(i) be_act_at(be, bp, m->blk_off[i])
 #define G(i) (bg + m->blk_off[i])
     /* MLP: dx is dL/d x_out and also, through the residual, part of dL/d xmid */
     be->matmul_bwd(m->dh, G(BLK_WDOWN), dx, a->h, P(BLK_WDOWN), N, F, D, false);
@@ -266,7 +279,7 @@ void model_block_backward(model_t *m, const float *bp, float *bg, const float *x
     be->rmsnorm_bwd(dx, G(BLK_FFN_NORM), m->dtmp, a->xmid, P(BLK_FFN_NORM), a->rstd2, N, D);
     /* attention: dx is now dL/d xmid */
     be->matmul_bwd(m->dao, G(BLK_WO), dx, a->ao, P(BLK_WO), N, qd, D, false);
-    be->attention_bwd(m->dq, m->dk, m->dv, m->dao, a->q, a->k, a->v, a->att, B, T, H, Hkv, Dh);
+    be->attention_bwd(m->dq, m->dk, m->dv, m->dao, a->ao, a->q, a->k, a->v, a->att, B, T, H, Hkv, Dh);
     be->rope_bwd(m->dq, B, T, H, Dh, c->rope_theta);
     be->rope_bwd(m->dk, B, T, Hkv, Dh, c->rope_theta);
     be->matmul_bwd(m->dtmp, G(BLK_WQ), m->dq, a->xn1, P(BLK_WQ), N, D, qd, false);
@@ -279,7 +292,7 @@ void model_block_backward(model_t *m, const float *bp, float *bg, const float *x
 
 /* ---- embedding and head ---- */
 
-void model_embed_forward(model_t *m, const float *embed, const int32_t *tokens, const int32_t *targets) {
+void model_embed_forward(model_t *m, const act_t *embed, const int32_t *tokens, const int32_t *targets) {
     const backend_t *be = m->be;
     int N = m->B * m->T;
     be->from_host(m->tokens, tokens, (size_t)N * sizeof(int32_t));
@@ -287,7 +300,7 @@ void model_embed_forward(model_t *m, const float *embed, const int32_t *tokens, 
     be->embedding_fwd(m->xs[0], m->tokens, embed, N, m->cfg.dim);
 }
 
-double model_head_forward(model_t *m, const float *norm, const float *lm_head) {
+double model_head_forward(model_t *m, const act_t *norm, const act_t *lm_head) {
     const backend_t *be = m->be;
     const llama_config_t *c = &m->cfg;
     int N = m->B * m->T, D = c->dim, V = c->vocab;
@@ -300,14 +313,14 @@ double model_head_forward(model_t *m, const float *norm, const float *lm_head) {
     return s;
 }
 
-void model_head_backward(model_t *m, const float *norm, const float *lm_head, float *dnorm, float *dlm_head,
+void model_head_backward(model_t *m, const act_t *norm, const act_t *lm_head, float *dnorm, float *dlm_head,
                          float loss_scale) {
     const backend_t *be = m->be;
     const llama_config_t *c = &m->cfg;
     int N = m->B * m->T, D = c->dim, V = c->vocab;
     be->xent_bwd(m->logits, m->logits, m->targets, loss_scale, N, V);
     be->matmul_bwd(m->dtmp, dlm_head, m->logits, m->xf, lm_head, N, D, V, false);
-    be->memset0(m->dx, (size_t)N * D * sizeof(float));
+    be->memset0(m->dx, (size_t)N * D * (size_t)be->act_bytes);
     be->rmsnorm_bwd(m->dx, dnorm, m->dtmp, m->xs[c->n_layers], norm, m->rstdf, N, D);
 }
 
@@ -319,15 +332,16 @@ void model_embed_backward(model_t *m, float *dembed) {
 
 double model_forward(model_t *m, const int32_t *tokens, const int32_t *targets) {
     int L = m->cfg.n_layers;
-    model_embed_forward(m, m->params + m->embed_off, tokens, targets);
+    model_embed_forward(m, be_act_at(m->be, m->params, m->embed_off), tokens, targets);
     for (int l = 0; l < L; l++)
         model_block_forward(m, model_block_params(m, l), m->xs[l], m->xs[l + 1], &m->acts[m->act_ckpt ? 0 : l]);
-    return model_head_forward(m, m->params + m->norm_off, m->params + m->lm_head_off);
+    return model_head_forward(m, be_act_at(m->be, m->params, m->norm_off), be_act_at(m->be, m->params, m->lm_head_off));
 }
 
 void model_backward(model_t *m, float loss_scale) {
     int L = m->cfg.n_layers;
-    model_head_backward(m, m->params + m->norm_off, m->params + m->lm_head_off, m->grads + m->norm_off,
+    model_head_backward(m, be_act_at(m->be, m->params, m->norm_off), be_act_at(m->be, m->params, m->lm_head_off),
+                        m->grads + m->norm_off,
                         m->grads + m->lm_head_off, loss_scale);
     for (int l = L - 1; l >= 0; l--) {
         block_acts_t *a = &m->acts[m->act_ckpt ? 0 : l];

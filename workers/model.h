@@ -44,15 +44,16 @@ typedef struct {
     bool decay;                /* weight decay applies (2-D tensors) */
 } model_tensor_t;
 
-/* Activations of one block for its backward. */
+/* Activations of one block for its backward. Buffers named act_t hold
+ * backend act storage (bf16 on CUDA); float ones fp32 (backend.h). */
 typedef struct {
-    float *xn1, *rstd1;        /* (N, D), (N): attention RMSNorm output and 1/rms */
-    float *q, *k, *v;          /* (N, H*Dh), (N, Hkv*Dh) x2, after RoPE */
-    float *att;                /* (B, H, T, T) softmax probabilities */
-    float *ao;                 /* (N, H*Dh) attention output before wo */
-    float *xmid;               /* (N, D) residual after attention */
-    float *xn2, *rstd2;        /* (N, D), (N): MLP RMSNorm */
-    float *gate, *up, *h;      /* (N, F) each */
+    act_t *xn1; float *rstd1;  /* (N, D), (N): attention RMSNorm output and 1/rms */
+    act_t *q, *k, *v;          /* (N, H*Dh), (N, Hkv*Dh) x2, after RoPE */
+    float *att;                /* attention_state_numel(B, T, H): probabilities (CPU) or log-sum-exp rows */
+    act_t *ao;                 /* (N, H*Dh) attention output before wo */
+    act_t *xmid;               /* (N, D) residual after attention */
+    act_t *xn2; float *rstd2;  /* (N, D), (N): MLP RMSNorm */
+    act_t *gate, *up, *h;      /* (N, F) each */
 } block_acts_t;
 
 typedef struct model {
@@ -70,19 +71,20 @@ typedef struct model {
     int n_tensors;
 
     /* backend memory */
-    float *params;             /* (n_params) */
+    act_t *params;             /* (n_params) working copy the ops read (bf16 on CUDA) */
+    float *master;             /* (n_params) fp32 master weights; == params when act_bytes == 4 */
     float *grads;              /* (n_params), accumulated over micro-steps */
     int32_t *tokens, *targets; /* (N) current micro-batch */
-    float **xs;                /* L+1 block inputs (N, D); xs[L] is the last block's output */
+    act_t **xs;                /* L+1 block inputs (N, D); xs[L] is the last block's output */
     block_acts_t *acts;        /* L sets, or 1 scratch set with act_ckpt */
-    float *xf, *rstdf;         /* (N, D), (N): final RMSNorm */
-    float *logits;             /* (N, V); becomes dlogits in backward */
+    act_t *xf; float *rstdf;   /* (N, D), (N): final RMSNorm */
+    act_t *logits;             /* (N, V); becomes dlogits in backward */
     float *losses;             /* (N) per-token loss */
     /* backward scratch */
-    float *dx, *dtmp;          /* (N, D) */
-    float *dq, *dk, *dv, *dao; /* (N, H*Dh), (N, Hkv*Dh) x2, (N, H*Dh) */
-    float *dgate, *dup, *dh;   /* (N, F) */
-    float *ftmp;               /* (N, D) forward scratch */
+    act_t *dx, *dtmp;          /* (N, D) */
+    act_t *dq, *dk, *dv, *dao; /* (N, H*Dh), (N, Hkv*Dh) x2, (N, H*Dh) */
+    act_t *dgate, *dup, *dh;   /* (N, F) */
+    act_t *ftmp;               /* (N, D) forward scratch */
     float *loss_host;          /* host (N) */
 } model_t;
 
@@ -109,11 +111,12 @@ void model_init_random(model_t *m, uint64_t seed);
 /* Find a tensor by Hugging Face name; NULL if absent. */
 const model_tensor_t *model_find(const model_t *m, const char *name);
 
-/* Pointer to block l's flat parameter buffer (block_numel floats). */
-float *model_block_params(model_t *m, int l);
+/* Pointer to block l's flat parameter buffer (block_numel act elements). */
+act_t *model_block_params(model_t *m, int l);
 float *model_block_grads(model_t *m, int l);
 
-/* Copy parameters to/from host memory in layout order (n_params floats). */
+/* Copy the fp32 master parameters to/from host memory in layout order
+ * (n_params floats); setting also refreshes the working copy. */
 void model_get_params(const model_t *m, float *host);
 void model_set_params(model_t *m, const float *host);
 
@@ -140,9 +143,9 @@ void model_zero_grads(model_t *m);
  *   model_block_backward  for l = L-1..0 (after recomputing block l when
  *                         activations were not kept): m->dx -> dL/d xs[l]
  *   model_embed_backward  m->dx -> dembed (accumulates) */
-void model_embed_forward(model_t *m, const float *embed, const int32_t *tokens, const int32_t *targets);
-double model_head_forward(model_t *m, const float *norm, const float *lm_head);
-void model_head_backward(model_t *m, const float *norm, const float *lm_head, float *dnorm, float *dlm_head,
+void model_embed_forward(model_t *m, const act_t *embed, const int32_t *tokens, const int32_t *targets);
+double model_head_forward(model_t *m, const act_t *norm, const act_t *lm_head);
+void model_head_backward(model_t *m, const act_t *norm, const act_t *lm_head, float *dnorm, float *dlm_head,
                          float loss_scale);
 void model_embed_backward(model_t *m, float *dembed);
 
@@ -150,7 +153,7 @@ void model_embed_backward(model_t *m, float *dembed);
  * forward of block l from x_in (N, D) into x_out (N, D) keeping activations
  * in a; backward from dx (N, D) = dL/dx_out, replaced by dL/dx_in, with the
  * block's parameter gradients accumulated into grads (block_numel floats). */
-void model_block_forward(model_t *m, const float *bp, const float *x_in, float *x_out, block_acts_t *a);
-void model_block_backward(model_t *m, const float *bp, float *bg, const float *x_in, block_acts_t *a, float *dx);
+void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *x_out, block_acts_t *a);
+void model_block_backward(model_t *m, const act_t *bp, float *bg, const act_t *x_in, block_acts_t *a, act_t *dx);
 
 #endif

@@ -47,7 +47,7 @@ float optim_clip_coef(double norm, double max_norm) {
     return c < 1.0 ? (float)c : 1.f;
 }
 
-void optim_step(optim_t *o, float *params, const float *grads, const model_tensor_t *t, int nt,
+void optim_step(optim_t *o, float *params, act_t *params_act, const float *grads, const model_tensor_t *t, int nt,
                 double lr, float grad_scale) {
     const optim_config_t *c = &o->cfg;
     o->step++;
@@ -59,6 +59,6 @@ void optim_step(optim_t *o, float *params, const float *grads, const model_tenso
         size_t off = t[i].offset;
         o->be->adamw(params + off, grads + off, o->m + off, o->v + off, t[i].numel, (float)lr, (float)c->beta1,
                      (float)c->beta2, (float)c->eps, t[i].decay ? (float)c->weight_decay : 0.f, step_size,
-                     bc2_sqrt, grad_scale);
+                     bc2_sqrt, grad_scale, params_act ? be_act_at(o->be, params_act, off) : NULL);
     }
 }

@@ -54,9 +54,11 @@ double optim_grad_norm(const backend_t *be, const float *grads, size_t n);
 float optim_clip_coef(double norm, double max_norm);
 
 /* One AdamW update of every tensor in the table with learning rate lr;
- * gradients are multiplied by grad_scale first (the clip factor). Advances
- * o->step. */
-void optim_step(optim_t *o, float *params, const float *grads, const model_tensor_t *tensors, int n_tensors,
-                double lr, float grad_scale);
+ * gradients are multiplied by grad_scale first (the clip factor). params is
+ * the fp32 master (model.master); params_act, when not NULL, is the working
+ * copy in act storage (model.params when it is a separate bf16 buffer),
+ * refreshed in the same pass. Advances o->step. */
+void optim_step(optim_t *o, float *params, act_t *params_act, const float *grads, const model_tensor_t *tensors,
+                int n_tensors, double lr, float grad_scale);
 
 #endif

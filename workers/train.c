@@ -16,11 +16,16 @@
 #include "log.h"
 #include "options.h"
 #include "workers/backend.h"
+#include "workers/backend_cuda/backend_cuda.h"
 #include "workers/ckpt.h"
 #include "workers/data.h"
 #include "workers/model.h"
 #include "workers/optim.h"
 #include "workers/safetensors.h"
+
+/* backend_cuda() comes from libballast_cuda.a, linked into ballast-worker
+ * only when the build found nvcc; elsewhere the weak reference is NULL. */
+#pragma weak backend_cuda
 
 /* ---- options ---- */
 
@@ -54,6 +59,8 @@ static const opt_t train_options[] = {
     { "log-every", OPT_INT, "1", 1, 9.2e18, NULL, "print a progress line every N steps", &g_opts.log_every },
     { "activation-checkpointing", OPT_BOOL, "false", 0, 0, NULL, "keep only block inputs; recompute blocks in backward", &g_opts.act_ckpt },
     { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads (0: all cores)", &g_opts.threads },
+    { "backend", OPT_ENUM, "cpu", 0, 0, "cpu|cuda", "compute backend: cpu (fp32) or cuda (bf16 on GPU --device)", &g_opts.backend },
+    { "device", OPT_INT, "0", 0, 1024, NULL, "GPU index for --backend cuda", &g_opts.device },
     { "dump-grads", OPT_STRING, NULL, 0, 0, NULL, "test hook: write step 1's logits, loss and gradients (before clipping) as safetensors", &g_opts.dump_grads },
 };
 #define N_OPTS (sizeof train_options / sizeof train_options[0])
@@ -140,7 +147,17 @@ int train_run(const train_opts_t *o) {
     float *logits_host = NULL;
     bool have_model = false, have_opt = false;
 
-    const backend_t *be = backend_cpu((int)o->threads);
+    const backend_t *be = NULL;
+    if (o->backend == 1) {
+        if (!backend_cuda) {
+            log_error("--backend cuda: this ballast-worker was built without CUDA (no nvcc at build time, or CUDA=0); "
+                      "rebuild with nvcc on PATH, or use --backend cpu");
+            return 1;
+        }
+        if (!(be = backend_cuda((int)o->device, err, sizeof err))) { log_error("--backend cuda: %s", err); return 1; }
+    } else {
+        be = backend_cpu((int)o->threads);
+    }
     llama_config_t cfg;
     if (resolve_config(o, &cfg, err, sizeof err)) { log_error("%s", err); return 1; }
     if (!o->data) {
@@ -171,7 +188,7 @@ int train_run(const train_opts_t *o) {
     }
     uint64_t need = model_memory_bytes(&cfg, B, T, o->act_ckpt);
     uint64_t have = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE);
-    if (have && need > have / 10 * 9) {
+    if (o->backend == 0 && have && need > have / 10 * 9) {
         char a[32], b[32];
         format_size(need, a, sizeof a);
         format_size(have, b, sizeof b);
@@ -265,7 +282,7 @@ int train_run(const train_opts_t *o) {
             }
             loss_sum += model_forward(&model, inputs, targets);
             if (logits_host && s == start + 1 && a == 0)
-                be->to_host(logits_host, model.logits, N * cfg.vocab * sizeof(float));
+                be->act_to_host(logits_host, model.logits, N * cfg.vocab);
             model_backward(&model, (float)inv_tokens);
         }
         double loss = loss_sum * inv_tokens;
@@ -279,7 +296,8 @@ int train_run(const train_opts_t *o) {
         }
         float coef = optim_clip_coef(norm, o->grad_clip);
         double lr = optim_lr(&ocfg, k);
-        optim_step(&opt, model.params, model.grads, model.tensors, model.n_tensors, lr, coef);
+        optim_step(&opt, model.master, model.master == model.params ? NULL : model.params, model.grads, model.tensors,
+                   model.n_tensors, lr, coef);
 
         double te = now_s();
         double tok_s = (double)A * B * T / (te - ts);

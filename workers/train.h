@@ -1,4 +1,4 @@
-/* train.h: the training loop of ballast-worker (one process, CPU backend).
+/* train.h: the training loop of ballast-worker (one process, CPU or CUDA backend).
  *
  * train_parse() fills the options from defaults, BALLAST_* environment
  * variables and flags (common/options.h); train_run() builds the model, the
@@ -33,6 +33,8 @@ typedef struct {
     int64_t log_every;        /* console line every N steps */
     bool act_ckpt;            /* --activation-checkpointing */
     int64_t threads;          /* OpenMP threads; 0 = all cores */
+    int backend;              /* 0 = cpu, 1 = cuda */
+    int64_t device;           /* GPU index for the cuda backend */
     const char *dump_grads;   /* test hook: step 1's logits, loss and gradients */
 } train_opts_t;
 

@@ -294,13 +294,14 @@ static void check_attention(int B, int T, int H, int Hkv, int Dh) {
                   malloc(nq * sizeof(double)), B, T, H, Hkv, Dh };
     round_f(c.q, nq); round_f(c.k, nk); round_f(c.v, nk); round_f(c.wo, nq);
     float *q = to_f(c.q, nq), *k = to_f(c.k, nk), *v = to_f(c.v, nk), *out = malloc(nq * sizeof(float));
-    float *att = malloc((size_t)B * H * T * T * sizeof(float));
+    cr_assert_eq(be->attention_state_numel(B, T, H), (size_t)B * H * T * T, "the CPU keeps the probabilities");
+    float *att = malloc(be->attention_state_numel(B, T, H) * sizeof(float));
     be->attention_fwd(out, att, q, k, v, B, T, H, Hkv, Dh);
     ref_attention(c.tmp, c.q, c.k, c.v, B, T, H, Hkv, Dh);
     CHECK_REL(out, c.tmp, nq, "attention forward");
     float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
     float *dout = to_f(c.wo, nq);
-    be->attention_bwd(dq, dk, dv, dout, q, k, v, att, B, T, H, Hkv, Dh);
+    be->attention_bwd(dq, dk, dv, dout, out, q, k, v, att, B, T, H, Hkv, Dh);
     double *gq = malloc(nq * sizeof(double)), *gk = malloc(nk * sizeof(double)), *gv = malloc(nk * sizeof(double));
     fd_grad(c.q, nq, att_loss, &c, gq);
     fd_grad(c.k, nk, att_loss, &c, gk);
@@ -402,7 +403,7 @@ Test(backend_cpu, adamw_matches_the_formula, .init = setup) {
     int t = 3;
     double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
     be->adamw(fp, fg, fm, fv, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, (float)(lr / bc1),
-              (float)sqrt(bc2), (float)gs);
+              (float)sqrt(bc2), (float)gs, NULL);
     double *rp = malloc(n * sizeof(double)), *rm = malloc(n * sizeof(double)), *rv = malloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) {
         double gi = g[i] * gs;
@@ -419,4 +420,24 @@ Test(backend_cpu, adamw_matches_the_formula, .init = setup) {
     cr_assert(e <= 1e-3, "adamw update relative error %.3e", e);
     free(p); free(g); free(m); free(v); free(fp); free(fg); free(fm); free(fv);
     free(rp); free(rm); free(rv);
+}
+
+/* fp32 act storage: the CPU's act_t buffers are plain floats, conversions
+ * are copies, and AdamW's working-copy output equals the master. */
+Test(backend_cpu, act_storage_is_fp32, .init = setup) {
+    cr_assert_eq(be->act_bytes, (int)sizeof(float));
+    size_t n = 257;
+    double *d = drand_vec(n, 3);
+    float *src = to_f(d, n), *dst = malloc(n * sizeof(float)), *host = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) dst[i] = NAN;
+    be->to_act(dst, src, n);
+    cr_assert(memcmp(dst, src, n * sizeof(float)) == 0, "to_act must copy fp32 exactly");
+    be->act_to_host(host, dst, n);
+    cr_assert(memcmp(host, src, n * sizeof(float)) == 0, "act_to_host must copy fp32 exactly");
+    cr_assert_eq(be_act_at(be, dst, 5), dst + 5);
+    float *g = to_f(d, n), *m = calloc(n, sizeof(float)), *v = calloc(n, sizeof(float)), *pa = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) pa[i] = NAN;
+    be->adamw(src, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1e-2f, 0.2f, 1.f, pa);
+    cr_assert(memcmp(pa, src, n * sizeof(float)) == 0, "the working copy must equal the updated master");
+    free(d); free(src); free(dst); free(host); free(g); free(m); free(v); free(pa);
 }

@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh: every GPU check and the GPU benchmark, in one go, on a
+# machine with an NVIDIA GPU (made for one H200; under 8 minutes there).
+#
+#   tests/gpu/run.sh            build, checks, end to end, benchmark, table
+#   tests/gpu/run.sh --quick    build, checks and end to end only
+#
+# It needs no Makefile and none of the project's Debian packages: it finds
+# nvcc and the CUDA libraries on the machine (the toolkit under
+# $CUDA_HOME or /usr/local/cuda, else the pip nvidia-* wheels of python3),
+# builds into build/gpu/ with nvcc and gcc, and links jansson statically
+# from a system install or from the Debian packages carried in .deb/
+# (see docs/cuda.md, "Running on a GPU machine"). Steps:
+#   1. build the CUDA backend, the CPU oracle and the programs
+#   2. tests/gpu/check_* : every op family against the CPU oracle
+#   3. gpu_train check    : 20 training steps, GPU losses vs CPU losses
+#                           (then again with activation checkpointing)
+#   4. benchmark          : ballast vs PyTorch (tests/gpu/torch_baseline.py)
+#                           on llama3.2-1b and llama2-7b (activation
+#                           checkpointing) at seq 4096, and per-op times
+#   5. a short table, last
+# Results: build/gpu/results.jsonl, logs in build/gpu/log/; all of it is
+# copied to $OUT when that is set. Exit status 0 only when every check and
+# the end-to-end run passed (the benchmark never fails the run).
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+QUICK=0
+[ "${1:-}" = "--quick" ] && QUICK=1
+B=${GPU_BUILD:-build/gpu}
+LOG=$B/log
+RES=$B/results.jsonl
+SUM=$B/checks.txt
+BUDGET=${GPU_RUN_BUDGET:-450}   # seconds; later phases are skipped past it
+rm -rf "$LOG" "$B/obj" "$B/bin"
+mkdir -p "$LOG" "$B/obj" "$B/bin"
+: > "$RES"; : > "$SUM"
+T0=$(date +%s)
+say() { echo "[gpu +$(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+FAILED=0
+
+# ---- 1. toolchain ----
+NVCC_BIN=""
+for c in "${NVCC:-}" "${CUDA_HOME:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc "$(command -v nvcc 2>/dev/null)"; do
+    [ -n "$c" ] && [ -x "$c" ] && { NVCC_BIN=$c; break; }
+done
+[ -n "$NVCC_BIN" ] || { echo "run.sh: no nvcc found (set NVCC or CUDA_HOME)"; exit 1; }
+CUDA_ROOT=$(dirname "$(dirname "$(readlink -f "$NVCC_BIN")")")
+CC_BIN=${CC:-gcc}
+command -v "$CC_BIN" >/dev/null || CC_BIN=cc
+command -v "$CC_BIN" >/dev/null || { echo "run.sh: no C compiler (gcc or cc)"; exit 1; }
+PY=${PYTHON:-python3}
+say "nvcc $NVCC_BIN ($("$NVCC_BIN" --version | grep -o 'release [0-9.]*')), C compiler $CC_BIN"
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 | sed 's/^/[gpu] /'
+else
+    say "nvidia-smi not found: no GPU driver here, every check will report SKIP"
+fi
+
+# One library file by name: the toolkit first, then the pip wheels.
+PIP_LIBDIRS=$("$PY" - <<'EOF' 2>/dev/null
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for r in roots:
+    for d in sorted(glob.glob(os.path.join(r, "nvidia", "**", "lib"), recursive=True)):
+        print(d)
+EOF
+)
+find_lib() {   # find_lib libcublasLt -> path of libcublasLt.so[.N]
+    local d f
+    for d in "$CUDA_ROOT/lib64" "$CUDA_ROOT/targets/x86_64-linux/lib" "$CUDA_ROOT/lib" $PIP_LIBDIRS /usr/lib/x86_64-linux-gnu; do
+        for f in "$d/$1.so" $(ls "$d/$1".so.* 2>/dev/null | sort -V | tail -1); do
+            [ -f "$f" ] && { echo "$f"; return 0; }
+        done
+    done
+    return 1
+}
+CUDART=$(find_lib libcudart) || { echo "run.sh: libcudart not found"; exit 1; }
+CUBLASLT=$(find_lib libcublasLt) || { echo "run.sh: libcublasLt not found"; exit 1; }
+say "libcudart $CUDART"
+say "libcublasLt $CUBLASLT"
+CUDA_LINK="$CUDART $CUBLASLT -Wl,-rpath,$(dirname "$CUDART") -Wl,-rpath,$(dirname "$CUBLASLT") -lstdc++"
+# libcublasLt needs libcublas' neighbours at run time in the wheel layout
+export LD_LIBRARY_PATH="$(dirname "$CUBLASLT"):$(dirname "$CUDART")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# jansson (config.json and safetensors headers): system, carried root, or carried .debs
+JANSSON_CFLAGS="" JANSSON_LIB=""
+if [ -f /usr/include/jansson.h ] && ls /usr/lib/x86_64-linux-gnu/libjansson.* >/dev/null 2>&1; then
+    JANSSON_LIB="-ljansson"
+else
+    if [ ! -f .deb/root/usr/include/jansson.h ] && ls .deb/libjansson*.deb >/dev/null 2>&1 && command -v dpkg >/dev/null; then
+        mkdir -p .deb/root && for d in .deb/libjansson*.deb; do dpkg -x "$d" .deb/root; done
+    fi
+    if [ -f .deb/root/usr/include/jansson.h ] && [ -f .deb/root/usr/lib/x86_64-linux-gnu/libjansson.a ]; then
+        JANSSON_CFLAGS="-I$ROOT/.deb/root/usr/include"
+        JANSSON_LIB="$ROOT/.deb/root/usr/lib/x86_64-linux-gnu/libjansson.a"
+    fi
+fi
+[ -n "$JANSSON_LIB" ] && say "jansson: ${JANSSON_LIB}" || say "jansson: MISSING (carry .deb/ as docs/cuda.md says): end-to-end and benchmark of ours will be skipped"
+
+# ---- build ----
+ARCH=${CUDA_ARCHS:-}
+if [ -z "$ARCH" ]; then
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    case "$cc" in
+    90) ARCH="-gencode arch=compute_90a,code=sm_90a" ;;
+    80) ARCH="-gencode arch=compute_80,code=sm_80" ;;
+    "") ARCH="-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80" ;;
+    *) ARCH="-gencode arch=compute_$cc,code=sm_$cc" ;;
+    esac
+fi
+# cublasLt.h: the toolkit's, else the one of the pip wheel that holds the library
+CUBLAS_INC=""
+if [ ! -f "$CUDA_ROOT/include/cublasLt.h" ] && [ ! -f "$CUDA_ROOT/targets/x86_64-linux/include/cublasLt.h" ]; then
+    h=$(dirname "$(dirname "$CUBLASLT")")/include
+    [ -f "$h/cublasLt.h" ] && CUBLAS_INC="-I$h" || say "cublasLt.h not found next to $CUBLASLT; the build may fail"
+fi
+NVFLAGS="-O2 -std=c++17 $ARCH -Xcompiler -fPIC,-Wall -I. -Icommon $CUBLAS_INC"
+CFLAGS="-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wno-unused-parameter -Wno-missing-field-initializers -fopenmp -pthread -I. -Icommon $JANSSON_CFLAGS"
+JOBS=$(nproc 2>/dev/null || echo 4)
+say "building ($ARCH, $JOBS jobs)"
+export NVCC_BIN NVFLAGS CC_BIN CFLAGS B
+ls workers/backend_cuda/*.cu | xargs -P "$JOBS" -I{} sh -c \
+    'o=$B/obj/$(basename {} .cu).cu.o; $NVCC_BIN $NVFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
+    || { say "CUDA build failed"; exit 1; }
+C_ORACLE="common/log.c workers/backend_cpu.c"
+C_TRAIN="common/options.c workers/model.c workers/optim.c workers/llama_config.c workers/safetensors.c"
+CSRC="$C_ORACLE"
+[ -n "$JANSSON_LIB" ] && CSRC="$CSRC $C_TRAIN"
+for f in $CSRC tests/gpu/*.c; do echo "$f"; done | { [ -n "$JANSSON_LIB" ] && cat || grep -v gpu_train; } | xargs -P "$JOBS" -I{} sh -c \
+    'o=$B/obj/$(echo {} | tr / _).o; $CC_BIN $CFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
+    || { say "C build failed"; exit 1; }
+CUOBJ=$(ls $B/obj/*.cu.o)
+ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/workers_backend_cpu.c.o"
+for src in tests/gpu/check_*.c; do
+    n=$(basename "$src" .c)
+    $CC_BIN -fopenmp -pthread -o "$B/bin/$n" "$B/obj/tests_gpu_$n.c.o" $ORACLE_OBJ $CUOBJ $CUDA_LINK -lm \
+        || { say "link of $n failed"; exit 1; }
+done
+if [ -n "$JANSSON_LIB" ]; then
+    TRAIN_OBJ=$(for f in $C_TRAIN; do echo "$B/obj/$(echo $f | tr / _).o"; done)
+    $CC_BIN -fopenmp -pthread -o "$B/bin/gpu_train" "$B/obj/tests_gpu_gpu_train.c.o" $TRAIN_OBJ $ORACLE_OBJ $CUOBJ \
+        $JANSSON_LIB $CUDA_LINK -lm || { say "link of gpu_train failed"; exit 1; }
+fi
+say "built: $(ls $B/bin | tr '\n' ' ')"
+
+# ---- 2. kernel checks ----
+for p in $B/bin/check_*; do
+    n=$(basename "$p")
+    timeout 300 "$p" > "$LOG/$n.tap" 2>&1
+    rc=$?
+    ok=$(grep -E '^ok ' "$LOG/$n.tap" | grep -vc '# SKIP')
+    sk=$(grep -c '# SKIP' "$LOG/$n.tap")
+    bad=$(grep -c '^not ok' "$LOG/$n.tap")
+    [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
+    [ "$bad" -gt 0 ] && FAILED=1
+    printf '%s %d %d %d %d\n' "${n#check_}" "$ok" "$bad" "$sk" "$rc" >> "$SUM"
+    say "$n: $ok passed, $bad failed, $sk skipped (exit $rc)"
+    grep -E -A3 '^not ok' "$LOG/$n.tap" | head -20 | sed 's/^/    /'
+done
+
+# ---- 3. end to end ----
+if [ -x "$B/bin/gpu_train" ]; then
+    say "end to end: demo model, 20 steps, CPU vs GPU"
+    timeout 300 "$B/bin/gpu_train" check --model demo --seq-len 128 --micro-batch 4 --steps 20 --json "$RES" \
+        --dir "$B" > "$LOG/e2e.tap" 2>&1
+    rc=$?
+    grep -E '^(ok|not ok)|^# ' "$LOG/e2e.tap" | sed 's/^/    /'
+    ok=$(grep -E '^ok ' "$LOG/e2e.tap" | grep -vc '# SKIP'); bad=$(grep -c '^not ok' "$LOG/e2e.tap")
+    sk=$(grep -c '# SKIP' "$LOG/e2e.tap")
+    [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
+    [ "$bad" -gt 0 ] && FAILED=1
+    printf '%s %d %d %d %d\n' "e2e" "$ok" "$bad" "$sk" "$rc" >> "$SUM"
+    say "end to end with activation checkpointing on the GPU"
+    timeout 300 "$B/bin/gpu_train" check --model demo --seq-len 128 --micro-batch 4 --steps 20 --activation-checkpointing \
+        --dir "$B" > "$LOG/e2e_ckpt.tap" 2>&1
+    rc=$?
+    grep -E '^(ok|not ok)' "$LOG/e2e_ckpt.tap" | sed 's/^/    /'
+    ok=$(grep -E '^ok ' "$LOG/e2e_ckpt.tap" | grep -vc '# SKIP'); bad=$(grep -c '^not ok' "$LOG/e2e_ckpt.tap")
+    sk=$(grep -c '# SKIP' "$LOG/e2e_ckpt.tap")
+    [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
+    [ "$bad" -gt 0 ] && FAILED=1
+    printf '%s %d %d %d %d\n' "e2e_ckpt" "$ok" "$bad" "$sk" "$rc" >> "$SUM"
+else
+    printf '%s %d %d %d %d\n' "e2e" 0 0 1 0 >> "$SUM"
+fi
+
+# ---- 4. benchmark ----
+bench() {   # bench NAME SECONDS CMD...
+    local name=$1 t=$2; shift 2
+    if [ "$(left)" -lt 30 ]; then say "$name: skipped (time budget of ${BUDGET}s spent)"; echo "{\"kind\":\"skip\",\"what\":\"$name\",\"why\":\"time budget\"}" >> "$RES"; return; fi
+    [ "$t" -gt "$(left)" ] && t=$(left)
+    say "$name (limit ${t}s)"
+    timeout "$t" "$@" > "$LOG/$name.log" 2>&1
+    local rc=$?
+    grep -E '^(bench|torch_baseline)|^[a-z_/]+ +[0-9.]+ +[0-9]+ +[0-9.]+%|^total|^op ' "$LOG/$name.log" | sed 's/^/    /'
+    if [ $rc -ne 0 ]; then
+        say "$name: exit $rc$([ $rc -eq 124 ] && echo ' (timed out)')"; tail -5 "$LOG/$name.log" | sed 's/^/    /'
+        echo "{\"kind\":\"skip\",\"what\":\"$name\",\"why\":\"exit $rc\"}" >> "$RES"
+    fi
+}
+if [ $QUICK = 0 ]; then
+    if [ -x "$B/bin/gpu_train" ]; then
+        bench ours-1b 150 "$B/bin/gpu_train" bench --model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2 --json "$RES"
+        bench ours-7b 180 "$B/bin/gpu_train" bench --model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 \
+            --activation-checkpointing --json "$RES"
+    fi
+    bench torch-1b 170 "$PY" tests/gpu/torch_baseline.py --model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2 --json "$RES"
+    bench torch-7b 170 "$PY" tests/gpu/torch_baseline.py --model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 \
+        --activation-checkpointing --json "$RES"
+fi
+
+# ---- 5. table ----
+say "done"
+"$PY" - "$SUM" "$RES" <<'EOF'
+import json, sys
+print("\n== checks (tests/gpu/check_*, gpu_train check) ==")
+print(f"{'family':<12} {'passed':>6} {'failed':>6} {'skipped':>7}")
+for line in open(sys.argv[1]):
+    f = line.split()
+    print(f"{f[0]:<12} {f[1]:>6} {f[2]:>6} {f[3]:>7}")
+rows = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+for r in rows:
+    if r.get("kind") == "e2e":
+        print(f"e2e {r['model']}: {r['steps']} steps, worst relative loss difference {r['worst_rel']:.2e}, {'ok' if r['ok'] else 'FAILED'}")
+b = [r for r in rows if r.get("kind") == "bench"]
+if b:
+    print("\n== benchmark: seq 4096, one GPU, MFU against 989 TFLOP/s (6 N + 12 L H Dh T FLOPs per token) ==")
+    print(f"{'model':<12} {'impl':<15} {'ckpt':<5} {'s/step':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
+    for r in sorted(b, key=lambda r: (r["model"], r["impl"])):
+        print(f"{r['model']:<12} {r['impl']:<15} {'yes' if r['act_ckpt'] else 'no':<5} {r['s_per_step']:>8.3f} "
+              f"{r['tokens_per_s']:>10.0f} {r['tflops']:>8.1f} {100 * r['mfu']:>5.1f}%")
+for r in rows:
+    if r.get("kind") == "skip":
+        print(f"skipped: {r['what']} ({r['why']})")
+EOF
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp -r "$LOG" "$RES" "$SUM" "$OUT"/ 2>/dev/null; fi
+exit $FAILED
