@@ -99,6 +99,10 @@ include $(wildcard services/*/module.mk)
 include workers/module.mk
 include tests/module.mk
 
+# Every program links every library of the tree (LINK), so each depends on
+# all of them, whichever fragment defined it.
+$(BINS) $(UNIT_TESTS): $(LIBS)
+
 build: report $(BINS) $(UNIT_TESTS) $(BUILD)/.cuda-stamp
 
 report:
