@@ -15,5 +15,7 @@ ifneq ($(wildcard services/rendezvous/main.c),)
 BINS += $(BUILD)/bin/ballast-rdzv
 endif
 
-$(BUILD)/bin/ballast-rdzv: $(BUILD)/obj/services/rendezvous/main.o $(LIBS)
+# LINK names every library of the tree, including those of fragments read
+# after this one (workers/): depend on all of them, not only on LIBS so far.
+$(BUILD)/bin/ballast-rdzv: $(BUILD)/obj/services/rendezvous/main.o $(LIBS) $(BUILD)/lib/libballast_worker.a
 	$(LINK)
