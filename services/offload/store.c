@@ -1,0 +1,1689 @@
+/* store.c: the key -> blob index of ballastd, with eviction to the NVMe
+ * tier, read-back with crc32c checks, prefetch, sessions and quotas, and
+ * persistence through the manifest (see store.h for the contract).
+ *
+ * Locking: one mutex (mu) guards the index, the LRU, sessions, jobs and the
+ * counters; cv is broadcast whenever a blob leaves SPILLING/LOADING or a pin
+ * or pool region is released. No I/O and no checksum runs under mu: a
+ * thread that spills, loads or commits a blob marks it (state, refs), drops
+ * mu, does the work and retakes mu. The manifest has its own mutex (mmu),
+ * taken after mu when both are held, never before. Persistent commits share
+ * manifest syncs (group commit): each appends its record under mmu, and one
+ * of them runs fdatasync for all records appended so far while the others
+ * wait on mcv (see manifest_append_durable).
+ *
+ * A blob struct lives while it is in the index (linked), pinned, or
+ * referenced by a thread doing I/O on it (refs). store_free unlinks at once;
+ * a blob unlinked while pinned is a "zombie" on its own list until the last
+ * pin drops, so get_done can still find it.
+ *
+ * Invariant: a blob is on the LRU list iff it is linked, READY, in the pool,
+ * unpinned and no thread holds it (refs == 0). Only LRU blobs are evicted. */
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "log.h"
+#include "manifest.h"
+#include "tier_nvme.h"
+
+#define PREFETCH_QUEUE 1024   /* pending prefetch hints; more are dropped */
+#define MAX_JOBS 4096         /* distinct job names */
+
+typedef struct holder {
+    uint64_t sid;             /* session holding pins */
+    uint32_t count;           /* pins it holds */
+    struct holder *next;
+} holder_t;
+
+typedef struct blob {
+    store_key_t key;
+    uint64_t length;          /* bytes asked for */
+    uint64_t alen;            /* length rounded up to 4 KiB: pool region and NVMe extent size */
+    uint32_t crc;             /* of [0, length), valid once READY */
+    uint32_t flags;           /* STORE_F_PERSISTENT */
+    store_state_t state;
+    bool in_pool;             /* region valid */
+    bool on_nvme;             /* nvme_off valid and the bytes there are current */
+    bool durable;             /* committed persistent: its PUT record is in the manifest */
+    bool in_manifest;         /* its PUT record was appended (set under mmu, possibly before
+                                 the commit finishes: compaction must keep it) */
+    bool linked;              /* in the index (false: freed, waiting for pins/refs) */
+    bool committing;          /* put_commit running */
+    bool on_lru;
+    pool_region_t region;
+    uint64_t nvme_off;
+    uint64_t owner;           /* session charged, 0 = nobody */
+    uint64_t writer;          /* session writing into the region (ALLOCATED); 0 = none. The
+                                 region is not reused while it is set, even after a free. */
+    uint32_t pins;            /* sum of holder counts */
+    uint32_t refs;            /* threads using the struct with mu dropped */
+    holder_t *holders;
+    struct blob *lprev, *lnext; /* LRU (head = least recently used) or zombie list */
+    struct blob *hnext;       /* hash chain */
+} blob_t;
+
+typedef struct {
+    uint64_t sid;
+    uint64_t quota;           /* bytes, 0 = unlimited */
+    uint64_t used;            /* bytes charged */
+    uint64_t blobs;           /* blobs charged */
+    uint64_t pins;            /* pins held */
+} session_t;
+
+typedef struct {
+    uint64_t id;
+    char name[STORE_JOB_NAME_MAX + 1];
+} job_t;
+
+struct store {
+    store_config_t cfg;
+    char spill_dir[4096];
+    pool_t *pool;
+    tier_t *tier;             /* NULL without a spill dir */
+    manifest_t *man;          /* NULL without a spill dir */
+    int lock_fd;              /* flock on <dir>/ballastd.lock */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_mutex_t mmu;      /* manifest */
+    pthread_cond_t mcv;       /* a manifest sync finished */
+    bool m_syncing;           /* a thread runs fdatasync on the manifest outside mmu */
+    uint64_t m_synced;        /* records up to this seq are durable (guarded by mmu) */
+
+    blob_t **hash;
+    uint64_t nhash, nblobs;
+    blob_t *lru_head, *lru_tail;
+    blob_t *zombies;          /* unlinked but pinned or referenced */
+
+    session_t *sessions;
+    size_t nsessions, cap_sessions;
+    job_t *jobs;
+    size_t njobs;
+
+    uint64_t busy_ops;        /* commits, spills and loads in progress */
+    bool draining;
+
+    /* prefetch worker */
+    pthread_t pf_thread;
+    bool pf_started, pf_stop;
+    pthread_cond_t pf_cv;
+    store_key_t pf_q[PREFETCH_QUEUE];
+    size_t pf_head, pf_n;
+
+    /* counters */
+    uint64_t spill_writes, spill_reads, spill_wbytes, spill_rbytes;
+    uint64_t evictions, prefetches, crc_errors, persistent_live;
+};
+
+static void seterr(char *err, size_t len, const char *fmt, ...) {
+    if (!err || !len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- status names ---- */
+
+const char *store_status_name(store_status_t st) {
+    switch (st) {
+    case STORE_OK: return "ok";
+    case STORE_NOT_FOUND: return "not_found";
+    case STORE_EXISTS: return "exists";
+    case STORE_INVALID: return "invalid";
+    case STORE_QUOTA: return "quota_exceeded";
+    case STORE_NO_SPACE: return "no_space";
+    case STORE_BUSY: return "busy";
+    case STORE_DATA_LOSS: return "data_loss";
+    case STORE_IO_ERROR: return "io_error";
+    case STORE_UNAVAILABLE: return "unavailable";
+    case STORE_NO_SESSION: return "no_session";
+    case STORE_NOT_HELD: return "not_held";
+    }
+    return "unknown";
+}
+
+int store_status_grpc(store_status_t st) {
+    switch (st) {
+    case STORE_OK: return 0;                /* OK */
+    case STORE_NOT_FOUND: return 5;         /* NOT_FOUND */
+    case STORE_EXISTS: return 6;            /* ALREADY_EXISTS */
+    case STORE_INVALID: return 3;           /* INVALID_ARGUMENT */
+    case STORE_QUOTA: return 8;             /* RESOURCE_EXHAUSTED */
+    case STORE_NO_SPACE: return 8;          /* RESOURCE_EXHAUSTED */
+    case STORE_BUSY: return 9;              /* FAILED_PRECONDITION */
+    case STORE_DATA_LOSS: return 15;        /* DATA_LOSS */
+    case STORE_IO_ERROR: return 13;         /* INTERNAL */
+    case STORE_UNAVAILABLE: return 14;      /* UNAVAILABLE */
+    case STORE_NO_SESSION: return 9;        /* FAILED_PRECONDITION */
+    case STORE_NOT_HELD: return 9;          /* FAILED_PRECONDITION */
+    }
+    return 2; /* UNKNOWN */
+}
+
+/* ---- keys and the index ---- */
+
+static bool key_eq(const store_key_t *a, const store_key_t *b) {
+    return a->job_id == b->job_id && a->rank == b->rank && a->kind == b->kind &&
+           a->index == b->index && a->step == b->step;
+}
+
+static int key_cmp(const store_key_t *a, const store_key_t *b) {
+#define CMP(f) if (a->f != b->f) return a->f < b->f ? -1 : 1
+    CMP(job_id); CMP(rank); CMP(kind); CMP(index); CMP(step);
+#undef CMP
+    return 0;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0xBF58476D1CE4E5B9ull;
+    return h ^ (h >> 31);
+}
+
+static uint64_t key_hash(const store_key_t *k) {
+    uint64_t h = mix(0, k->job_id);
+    h = mix(h, (uint64_t)k->rank << 32 | k->kind);
+    h = mix(h, k->index);
+    return mix(h, k->step);
+}
+
+static blob_t *lookup(store_t *s, const store_key_t *k) {
+    for (blob_t *b = s->hash[key_hash(k) & (s->nhash - 1)]; b; b = b->hnext)
+        if (key_eq(&b->key, k)) return b;
+    return NULL;
+}
+
+static void index_grow(store_t *s) {
+    uint64_t nn = s->nhash * 2;
+    blob_t **h = calloc(nn, sizeof *h);
+    if (!h) return; /* keep the old table: longer chains, still correct */
+    for (uint64_t i = 0; i < s->nhash; i++) {
+        for (blob_t *b = s->hash[i], *next; b; b = next) {
+            next = b->hnext;
+            uint64_t j = key_hash(&b->key) & (nn - 1);
+            b->hnext = h[j];
+            h[j] = b;
+        }
+    }
+    free(s->hash);
+    s->hash = h;
+    s->nhash = nn;
+}
+
+static void index_add(store_t *s, blob_t *b) {
+    if (s->nblobs + 1 > s->nhash) index_grow(s);
+    uint64_t i = key_hash(&b->key) & (s->nhash - 1);
+    b->hnext = s->hash[i];
+    s->hash[i] = b;
+    b->linked = true;
+    s->nblobs++;
+}
+
+static void index_del(store_t *s, blob_t *b) {
+    blob_t **pp = &s->hash[key_hash(&b->key) & (s->nhash - 1)];
+    for (; *pp; pp = &(*pp)->hnext) {
+        if (*pp == b) {
+            *pp = b->hnext;
+            b->hnext = NULL;
+            b->linked = false;
+            s->nblobs--;
+            return;
+        }
+    }
+}
+
+/* ---- LRU and zombies ---- */
+
+static void lru_del(store_t *s, blob_t *b) {
+    if (!b->on_lru) return;
+    if (b->lprev) b->lprev->lnext = b->lnext;
+    else s->lru_head = b->lnext;
+    if (b->lnext) b->lnext->lprev = b->lprev;
+    else s->lru_tail = b->lprev;
+    b->lprev = b->lnext = NULL;
+    b->on_lru = false;
+}
+
+/* Put b on the LRU (as most recent) when it qualifies, off it otherwise. */
+static void lru_update(store_t *s, blob_t *b) {
+    lru_del(s, b);
+    if (!(b->linked && b->state == STORE_READY && b->in_pool && b->pins == 0 && b->refs == 0)) return;
+    b->lprev = s->lru_tail;
+    b->lnext = NULL;
+    if (s->lru_tail) s->lru_tail->lnext = b;
+    else s->lru_head = b;
+    s->lru_tail = b;
+    b->on_lru = true;
+}
+
+static void zombie_add(store_t *s, blob_t *b) {
+    b->lprev = NULL;
+    b->lnext = s->zombies;
+    if (s->zombies) s->zombies->lprev = b;
+    s->zombies = b;
+}
+
+static void zombie_del(store_t *s, blob_t *b) {
+    if (b->lprev) b->lprev->lnext = b->lnext;
+    else s->zombies = b->lnext;
+    if (b->lnext) b->lnext->lprev = b->lprev;
+    b->lprev = b->lnext = NULL;
+}
+
+/* ---- sessions and jobs ---- */
+
+static session_t *session_find(store_t *s, uint64_t sid) {
+    for (size_t i = 0; i < s->nsessions; i++)
+        if (s->sessions[i].sid == sid) return &s->sessions[i];
+    return NULL;
+}
+
+static void uncharge(store_t *s, blob_t *b) {
+    if (!b->owner) return;
+    session_t *se = session_find(s, b->owner);
+    if (se) {
+        se->used -= b->alen;
+        se->blobs--;
+    }
+    b->owner = 0;
+}
+
+static job_t *job_by_id(store_t *s, uint64_t id) {
+    for (size_t i = 0; i < s->njobs; i++)
+        if (s->jobs[i].id == id) return &s->jobs[i];
+    return NULL;
+}
+
+static job_t *job_by_name(store_t *s, const char *name) {
+    for (size_t i = 0; i < s->njobs; i++)
+        if (strcmp(s->jobs[i].name, name) == 0) return &s->jobs[i];
+    return NULL;
+}
+
+static bool job_name_ok(const char *n) {
+    size_t len = strlen(n);
+    if (len == 0 || len > STORE_JOB_NAME_MAX) return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = n[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static uint64_t fnv1a(const char *p, uint64_t salt) {
+    uint64_t h = 0xcbf29ce484222325ull ^ salt;
+    for (; *p; p++) { h ^= (unsigned char)*p; h *= 0x100000001b3ull; }
+    return h ? h : 1;
+}
+
+/* Add (id, name) to the table; with mu held. -1 when full. */
+static int job_add(store_t *s, uint64_t id, const char *name) {
+    if (job_by_id(s, id)) return 0;
+    if (s->njobs == MAX_JOBS) return -1;
+    s->jobs[s->njobs].id = id;
+    snprintf(s->jobs[s->njobs].name, sizeof s->jobs[s->njobs].name, "%s", name);
+    s->njobs++;
+    return 0;
+}
+
+/* ---- blob lifetime ---- */
+
+/* Return b's space and memory when nothing refers to it any more: unlinked,
+ * no pins, no thread using it. With mu held. */
+static void blob_maybe_destroy(store_t *s, blob_t *b) {
+    if (b->linked || b->pins || b->refs || b->committing || b->writer) return;
+    zombie_del(s, b);
+    if (b->in_pool) pool_free(s->pool, &b->region);
+    if (b->on_nvme) tier_free(s->tier, b->nvme_off);
+    for (holder_t *h = b->holders, *n; h; h = n) { n = h->next; free(h); }
+    free(b);
+    pthread_cond_broadcast(&s->cv);
+}
+
+/* Take b out of the index (store_free, release, drop_session). Its quota is
+ * returned now; space when the last pin/ref goes. With mu held. */
+static void blob_unlink(store_t *s, blob_t *b) {
+    lru_del(s, b);
+    index_del(s, b);
+    uncharge(s, b);
+    if (b->durable) s->persistent_live--;
+    zombie_add(s, b);
+    blob_maybe_destroy(s, b);
+}
+
+static holder_t *holder_of(blob_t *b, uint64_t sid) {
+    for (holder_t *h = b->holders; h; h = h->next)
+        if (h->sid == sid) return h;
+    return NULL;
+}
+
+static int pin_add(store_t *s, blob_t *b, uint64_t sid) {
+    holder_t *h = holder_of(b, sid);
+    if (!h) {
+        h = calloc(1, sizeof *h);
+        if (!h) return -1;
+        h->sid = sid;
+        h->next = b->holders;
+        b->holders = h;
+    }
+    h->count++;
+    b->pins++;
+    session_t *se = session_find(s, sid);
+    if (se) se->pins++;
+    lru_del(s, b);
+    return 0;
+}
+
+/* Drop n pins of sid on b (n = 0: all of them). With mu held; b may be
+ * destroyed. Returns the number dropped. */
+static uint32_t pin_drop(store_t *s, blob_t *b, uint64_t sid, uint32_t n) {
+    holder_t **pp = &b->holders;
+    while (*pp && (*pp)->sid != sid) pp = &(*pp)->next;
+    if (!*pp) return 0;
+    holder_t *h = *pp;
+    uint32_t d = (n == 0 || n > h->count) ? h->count : n;
+    h->count -= d;
+    b->pins -= d;
+    if (h->count == 0) { *pp = h->next; free(h); }
+    session_t *se = session_find(s, sid);
+    if (se) se->pins -= d;
+    if (b->linked) lru_update(s, b);
+    else blob_maybe_destroy(s, b);
+    pthread_cond_broadcast(&s->cv);
+    return d;
+}
+
+/* ---- manifest helpers ---- */
+
+static void rec_from_blob(store_t *s, const blob_t *b, manifest_rec_t *r, uint8_t type) {
+    memset(r, 0, sizeof *r);
+    r->type = type;
+    r->job_id = b->key.job_id;
+    r->rank = b->key.rank;
+    r->kind = b->key.kind;
+    r->index = b->key.index;
+    r->step = b->key.step;
+    r->length = b->length;
+    r->nvme_off = b->nvme_off;
+    r->crc = b->crc;
+    r->flags = b->flags;
+    job_t *j = job_by_id(s, b->key.job_id);
+    if (j) snprintf(r->job, sizeof r->job, "%s", j->name);
+}
+
+/* fdatasync the manifest with mmu held; everything appended so far is then
+ * durable. 0 or -errno. */
+static int msync_locked(store_t *s) {
+    while (s->m_syncing) pthread_cond_wait(&s->mcv, &s->mmu);
+    int rc = manifest_sync(s->man);
+    if (rc == 0) s->m_synced = manifest_last_seq(s->man);
+    return rc;
+}
+
+/* Append r and return once it is durable, sharing the fdatasync with
+ * concurrent callers (group commit). Called without mu or mmu; marks b (may
+ * be NULL) in_manifest as soon as the record is in the log. 0 or -errno. */
+static int manifest_append_durable(store_t *s, manifest_rec_t *r, blob_t *b) {
+    pthread_mutex_lock(&s->mmu);
+    int rc = manifest_append(s->man, r, false);
+    if (rc == 0 && b) b->in_manifest = true;
+    uint64_t mine = r->seq;
+    while (rc == 0 && s->m_synced < mine) {
+        if (s->m_syncing) { pthread_cond_wait(&s->mcv, &s->mmu); continue; }
+        s->m_syncing = true;
+        uint64_t upto = manifest_last_seq(s->man);
+        pthread_mutex_unlock(&s->mmu);
+        int r2 = manifest_sync(s->man); /* the fd stays: compaction waits for !m_syncing */
+        pthread_mutex_lock(&s->mmu);
+        s->m_syncing = false;
+        if (r2 == 0 && upto > s->m_synced) s->m_synced = upto;
+        pthread_cond_broadcast(&s->mcv);
+        if (r2) rc = r2;
+    }
+    pthread_mutex_unlock(&s->mmu);
+    return rc;
+}
+
+/* Rewrite the manifest with only live records when it has grown well past
+ * them. With mu held (takes mmu). */
+static void maybe_compact(store_t *s) {
+    if (!s->man) return;
+    pthread_mutex_lock(&s->mmu);
+    while (s->m_syncing) pthread_cond_wait(&s->mcv, &s->mmu);
+    uint64_t nrec = manifest_records(s->man);
+    if (nrec < 1024 || nrec < 4 * (s->persistent_live + s->njobs)) {
+        pthread_mutex_unlock(&s->mmu);
+        return;
+    }
+    size_t n = 0, cap = s->njobs + 1;
+    for (uint64_t i = 0; i < s->nhash; i++)
+        for (blob_t *b = s->hash[i]; b; b = b->hnext)
+            if (b->in_manifest) cap++;
+    manifest_rec_t *live = calloc(cap, sizeof *live);
+    if (!live) { pthread_mutex_unlock(&s->mmu); return; }
+    for (size_t i = 0; i < s->njobs; i++) {
+        live[n].type = MREC_JOB;
+        live[n].job_id = s->jobs[i].id;
+        snprintf(live[n].job, sizeof live[n].job, "%s", s->jobs[i].name);
+        n++;
+    }
+    for (uint64_t i = 0; i < s->nhash; i++)
+        for (blob_t *b = s->hash[i]; b; b = b->hnext)
+            if (b->in_manifest && n < cap) rec_from_blob(s, b, &live[n++], MREC_PUT);
+    char err[256];
+    if (manifest_compact(s->man, live, n, err, sizeof err) != 0)
+        log_warn("store: manifest compaction failed (%s); the log keeps growing", err);
+    else
+        s->m_synced = manifest_last_seq(s->man); /* the new log was fsynced whole */
+    pthread_mutex_unlock(&s->mmu);
+    free(live);
+}
+
+/* ---- space: allocation with eviction ---- */
+
+static uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Drop the NVMe copies of non-persistent blobs that are also in the pool
+ * until need bytes of tier space could be found. With mu held. */
+static bool reclaim_nvme_copies(store_t *s, uint64_t need, uint64_t *off) {
+    for (blob_t *b = s->lru_head; b; b = b->lnext) {
+        if (b->on_nvme && b->in_pool && !(b->flags & STORE_F_PERSISTENT)) {
+            tier_free(s->tier, b->nvme_off);
+            b->on_nvme = false;
+            if (tier_alloc(s->tier, need, off) == 0) return true;
+        }
+    }
+    return false;
+}
+
+#define EVICT_BATCH 64  /* most blobs spilled by one eviction round */
+
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending;          /* writes not completed yet */
+} batch_t;
+
+typedef struct {
+    batch_t *bt;
+    int64_t res;          /* bytes written or -errno */
+} victim_io_t;
+
+static void victim_done(void *arg, int64_t res) {
+    victim_io_t *v = arg;
+    v->res = res;
+    pthread_mutex_lock(&v->bt->mu);
+    if (--v->bt->pending == 0) pthread_cond_signal(&v->bt->cv);
+    pthread_mutex_unlock(&v->bt->mu);
+}
+
+/* Evict least recently used blobs until about need bytes of pool are freed
+ * (at most EVICT_BATCH blobs): those with a current NVMe copy just lose
+ * their pool region; the others are written to NVMe together (as many
+ * requests in flight as victims), then lose it. With mu held; drops it
+ * during the writes. Returns 1 when some pool space was freed or may have
+ * been (retry the allocation), 0 when nothing is evictable, -1 when every
+ * write failed. */
+static int evict_some(store_t *s, uint64_t need) {
+    if (!s->tier || !s->lru_head) return 0;
+    blob_t *v[EVICT_BATCH];
+    uint64_t off[EVICT_BATCH];
+    int nv = 0, dropped = 0;
+    uint64_t got = 0;
+    for (blob_t *b = s->lru_head, *next; b && nv < EVICT_BATCH && got < need; b = next) {
+        next = b->lnext;
+        if (b->on_nvme) {
+            lru_del(s, b);
+            pool_free(s->pool, &b->region);
+            b->in_pool = false;
+            s->evictions++;
+            dropped++;
+        } else {
+            uint64_t o;
+            if (tier_alloc(s->tier, b->alen, &o) != 0 && !reclaim_nvme_copies(s, b->alen, &o)) break;
+            next = b->lnext; /* reclaiming does not reorder the LRU, but re-read to be safe */
+            lru_del(s, b);
+            b->state = STORE_SPILLING;
+            b->refs++;
+            v[nv] = b;
+            off[nv] = o;
+            nv++;
+        }
+        got += b->alen;
+    }
+    if (nv == 0) {
+        if (dropped) pthread_cond_broadcast(&s->cv);
+        return dropped ? 1 : 0;
+    }
+    s->busy_ops++;
+    pthread_mutex_unlock(&s->mu);
+
+    batch_t bt = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .pending = nv };
+    victim_io_t io[EVICT_BATCH];
+    for (int i = 0; i < nv; i++) {
+        io[i] = (victim_io_t){ .bt = &bt, .res = 0 };
+        int rc = tier_submit(s->tier, IO_WRITE, pool_ptr(s->pool, &v[i]->region), v[i]->alen, off[i],
+                             victim_done, &io[i]);
+        if (rc) victim_done(&io[i], rc);
+    }
+    pthread_mutex_lock(&bt.mu);
+    while (bt.pending) pthread_cond_wait(&bt.cv, &bt.mu);
+    pthread_mutex_unlock(&bt.mu);
+    pthread_mutex_destroy(&bt.mu);
+    pthread_cond_destroy(&bt.cv);
+
+    pthread_mutex_lock(&s->mu);
+    s->busy_ops--;
+    int ok = 0;
+    for (int i = 0; i < nv; i++) {
+        blob_t *b = v[i];
+        b->refs--;
+        b->state = STORE_READY;
+        if (io[i].res != (int64_t)b->alen) {
+            log_error("store: spilling a blob of %llu bytes to %s failed: %s", (unsigned long long)b->alen,
+                      s->spill_dir, io[i].res < 0 ? strerror((int)-io[i].res) : "short write");
+            tier_free(s->tier, off[i]);
+        } else {
+            ok++;
+            s->spill_writes++;
+            s->spill_wbytes += b->alen;
+            b->on_nvme = true;
+            b->nvme_off = off[i];
+            if (b->linked && !b->pins) {
+                pool_free(s->pool, &b->region);
+                b->in_pool = false;
+                s->evictions++;
+            }
+        }
+        if (b->linked) lru_update(s, b);
+        else blob_maybe_destroy(s, b);
+    }
+    pthread_cond_broadcast(&s->cv);
+    return ok || dropped ? 1 : -1;
+}
+
+/* Allocate alen bytes of pool, evicting as needed and waiting (bounded) for
+ * evictions by others or pins to drop. With mu held (dropped while waiting
+ * or writing). allow_evict false: no eviction, no wait. */
+static store_status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, bool allow_evict,
+                                  char *err, size_t errlen) {
+    uint64_t deadline = now_ms() + s->cfg.evict_wait_ms;
+    for (;;) {
+        if (pool_alloc(s->pool, alen, r) == 0) return STORE_OK;
+        if (!allow_evict) return STORE_NO_SPACE;
+        int e = evict_some(s, alen);
+        if (e > 0) continue;
+        if (e < 0) {
+            seterr(err, errlen, "pool full and spilling to %s failed (I/O error; see the log)", s->spill_dir);
+            return STORE_IO_ERROR;
+        }
+        uint64_t now = now_ms();
+        if (now >= deadline) break;
+        uint64_t wait = deadline - now;
+        if (wait > 50) wait = 50;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(wait * 1000000);
+        ts.tv_sec += ts.tv_nsec / 1000000000;
+        ts.tv_nsec %= 1000000000;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+    pool_stats_t ps;
+    pool_stats(s->pool, &ps);
+    seterr(err, errlen, "no room for %llu bytes: pool %llu/%llu bytes used, largest free extent %llu, "
+           "nothing evictable (pinned or uncommitted)%s", (unsigned long long)alen,
+           (unsigned long long)ps.used_bytes, (unsigned long long)ps.total_bytes,
+           (unsigned long long)ps.largest_free,
+           s->tier ? " and the NVMe tier full" : " and no --spill-dir to spill to");
+    return STORE_NO_SPACE;
+}
+
+/* Bring b (READY, NVMe only) into the pool and check its crc32c. With mu
+ * held and b->refs taken by the caller; drops mu during the read. On
+ * STORE_OK b is READY in the pool (not on the LRU while refs are held). */
+static store_status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *err, size_t errlen) {
+    b->state = STORE_LOADING;
+    s->busy_ops++;
+    pool_region_t r;
+    store_status_t st = alloc_space(s, b->alen, &r, allow_evict, err, errlen);
+    if (st != STORE_OK) {
+        b->state = STORE_READY;
+        s->busy_ops--;
+        pthread_cond_broadcast(&s->cv);
+        return st;
+    }
+    uint64_t off = b->nvme_off;
+    pthread_mutex_unlock(&s->mu);
+    void *p = pool_ptr(s->pool, &r);
+    int64_t n = tier_rw(s->tier, IO_READ, p, b->alen, off);
+    uint32_t crc = n == (int64_t)b->alen ? crc32c(0, p, b->length) : 0;
+    pthread_mutex_lock(&s->mu);
+    s->busy_ops--;
+    b->state = STORE_READY;
+    pthread_cond_broadcast(&s->cv);
+    if (n != (int64_t)b->alen) {
+        pool_free(s->pool, &r);
+        seterr(err, errlen, "reading a blob of %llu bytes back from %s failed: %s",
+               (unsigned long long)b->length, s->spill_dir, n < 0 ? strerror((int)-n) : "short read");
+        return STORE_IO_ERROR;
+    }
+    s->spill_reads++;
+    s->spill_rbytes += b->alen;
+    if (crc != b->crc) {
+        pool_free(s->pool, &r);
+        s->crc_errors++;
+        char path[4300] = "?";
+        uint64_t fo = 0;
+        tier_locate(s->tier, off, path, sizeof path, &fo);
+        log_error("store: crc32c mismatch reading back a blob of %llu bytes from %s at offset %llu "
+                  "(expected %08x, got %08x): the spilled copy is damaged",
+                  (unsigned long long)b->length, path, (unsigned long long)fo, b->crc, crc);
+        seterr(err, errlen, "data loss: the blob's copy on NVMe (%s, offset %llu) fails its crc32c "
+               "check (expected %08x, got %08x)", path, (unsigned long long)fo, b->crc, crc);
+        return STORE_DATA_LOSS;
+    }
+    b->region = r;
+    b->in_pool = true;
+    return STORE_OK;
+}
+
+/* ---- prefetch worker ---- */
+
+static void *prefetch_main(void *arg) {
+    store_t *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->pf_n && !s->pf_stop) pthread_cond_wait(&s->pf_cv, &s->mu);
+        if (s->pf_stop) break;
+        store_key_t k = s->pf_q[s->pf_head];
+        s->pf_head = (s->pf_head + 1) % PREFETCH_QUEUE;
+        s->pf_n--;
+        blob_t *b = lookup(s, &k);
+        if (!b || b->state != STORE_READY || b->in_pool || !b->on_nvme) continue;
+        b->refs++;
+        char err[STORE_ERR_LEN];
+        store_status_t st = load_blob(s, b, true, err, sizeof err);
+        b->refs--;
+        if (st == STORE_OK) s->prefetches++;
+        if (b->linked) lru_update(s, b);
+        blob_maybe_destroy(s, b);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---- open and close ---- */
+
+void store_config_default(store_config_t *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->pool.pool_bytes = 256ull << 20;
+    cfg->pool.segment_bytes = 0;
+    cfg->pool.huge = POOL_HUGE_OFF;
+    cfg->pool.mlock = true;
+    cfg->spill_file_bytes = 1ull << 30;
+    cfg->io_backend = STORE_IO_AUTO;
+    cfg->queue_depth = 64;
+    cfg->io_threads = 4;
+    cfg->evict_wait_ms = 5000;
+    cfg->direct_io = true;
+}
+
+typedef struct {
+    store_t *s;
+    manifest_rec_t *recs;     /* live PUT records */
+    size_t n, cap;
+    bool oom;
+} replay_t;
+
+static void replay_fn(void *arg, const manifest_rec_t *r) {
+    replay_t *rp = arg;
+    store_t *s = rp->s;
+    switch (r->type) {
+    case MREC_JOB:
+        if (job_name_ok(r->job) && !job_by_name(s, r->job)) job_add(s, r->job_id, r->job);
+        break;
+    case MREC_PUT:
+    case MREC_DEL:
+        for (size_t i = 0; i < rp->n; i++) {
+            manifest_rec_t *q = &rp->recs[i];
+            if (q->job_id == r->job_id && q->rank == r->rank && q->kind == r->kind &&
+                q->index == r->index && q->step == r->step) {
+                rp->recs[i] = rp->recs[--rp->n];
+                break;
+            }
+        }
+        if (r->type == MREC_PUT) {
+            if (rp->n == rp->cap) {
+                size_t nc = rp->cap ? rp->cap * 2 : 256;
+                manifest_rec_t *nr = realloc(rp->recs, nc * sizeof *nr);
+                if (!nr) { rp->oom = true; return; }
+                rp->recs = nr;
+                rp->cap = nc;
+            }
+            rp->recs[rp->n++] = *r;
+            if (r->job[0] && job_name_ok(r->job) && !job_by_name(s, r->job)) job_add(s, r->job_id, r->job);
+        }
+        break;
+    case MREC_RELEASE:
+        for (size_t i = 0; i < rp->n;) {
+            if (rp->recs[i].job_id == r->job_id) rp->recs[i] = rp->recs[--rp->n];
+            else i++;
+        }
+        break;
+    }
+}
+
+static int open_tier(store_t *s, char *err, size_t errlen) {
+    const store_config_t *cfg = &s->cfg;
+    if (mkdir(s->spill_dir, 0700) != 0 && errno != EEXIST) {
+        int e = errno;
+        seterr(err, errlen, "creating spill directory %s: %s", s->spill_dir, strerror(e));
+        return -e;
+    }
+    char lp[4200];
+    snprintf(lp, sizeof lp, "%s/ballastd.lock", s->spill_dir);
+    s->lock_fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (s->lock_fd < 0) {
+        int e = errno;
+        seterr(err, errlen, "opening %s: %s", lp, strerror(e));
+        return -e;
+    }
+    if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = "";
+        ssize_t n = pread(s->lock_fd, pid, sizeof pid - 1, 0);
+        if (n > 0) pid[n] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        seterr(err, errlen, "spill directory %s is in use by another ballastd (pid %s); give each "
+               "instance its own --spill-dir", s->spill_dir, *pid ? pid : "unknown");
+        return -EBUSY;
+    }
+    char pid[32];
+    int pl = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(s->lock_fd, 0) != 0 || pwrite(s->lock_fd, pid, (size_t)pl, 0) != pl) {
+        /* The pid is informational only. */
+    }
+
+    uint64_t fb = cfg->spill_file_bytes ? cfg->spill_file_bytes : (1ull << 30);
+    if (fb > cfg->spill_bytes) fb = cfg->spill_bytes;
+    fb = (fb + TIER_ALIGN - 1) / TIER_ALIGN * TIER_ALIGN;
+
+    replay_t rp = { .s = s };
+    manifest_open_info_t info;
+    int rc = manifest_open(&s->man, s->spill_dir, fb, replay_fn, &rp, &info, err, errlen);
+    if (rc) { free(rp.recs); return rc; }
+    if (rp.oom) { free(rp.recs); seterr(err, errlen, "out of memory replaying the manifest"); return -ENOMEM; }
+    if (info.file_bytes != fb)
+        log_info("store: %s was made with %llu-byte spill files; keeping that size",
+                 s->spill_dir, (unsigned long long)info.file_bytes);
+
+    tier_config_t tc = {
+        .dir = s->spill_dir,
+        .capacity = cfg->spill_bytes,
+        .file_bytes = info.file_bytes,
+        .io = { .backend = (io_backend_t)cfg->io_backend, .queue_depth = cfg->queue_depth,
+                .threads = cfg->io_threads },
+        .direct = cfg->direct_io,
+    };
+    rc = tier_open(&s->tier, &tc, err, errlen);
+    if (rc) { free(rp.recs); return rc; }
+
+    struct iovec iov[POOL_MAX_SEGS];
+    uint32_t ns = pool_nsegs(s->pool);
+    for (uint32_t i = 0; i < ns; i++) {
+        iov[i].iov_base = pool_seg_base(s->pool, i);
+        iov[i].iov_len = pool_seg_bytes(s->pool, i);
+    }
+    tier_stats_t ts;
+    tier_stats(s->tier, &ts);
+    if (strcmp(ts.backend, "io_uring") == 0) {
+        int r = tier_register(s->tier, iov, ns);
+        if (r != 0)
+            log_info("store: io_uring refused to register the pool as fixed buffers (%s); spill I/O "
+                     "works without (raise RLIMIT_MEMLOCK to get them)", strerror(-r));
+    }
+
+    /* Serve the persistent blobs of earlier runs. */
+    size_t lost = 0;
+    for (size_t i = 0; i < rp.n; i++) {
+        manifest_rec_t *r = &rp.recs[i];
+        blob_t *b = calloc(1, sizeof *b);
+        if (!b) { lost++; continue; }
+        b->key = (store_key_t){ r->job_id, r->rank, r->kind, r->index, r->step };
+        b->length = r->length;
+        b->alen = (r->length + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+        if (r->length == 0 || tier_reserve(s->tier, r->nvme_off, b->alen) != 0 || lookup(s, &b->key)) {
+            log_warn("store: persistent blob (job %s, rank %u, kind %u, index %llu, step %llu) lies "
+                     "outside the spill files (offset %llu, %llu bytes); --spill-bytes shrank? It is "
+                     "reported missing", r->job, r->rank, r->kind, (unsigned long long)r->index,
+                     (unsigned long long)r->step, (unsigned long long)r->nvme_off,
+                     (unsigned long long)r->length);
+            free(b);
+            lost++;
+            continue;
+        }
+        b->crc = r->crc;
+        b->flags = r->flags | STORE_F_PERSISTENT;
+        b->state = STORE_READY;
+        b->on_nvme = true;
+        b->durable = true;
+        b->in_manifest = true;
+        b->nvme_off = r->nvme_off;
+        index_add(s, b);
+        s->persistent_live++;
+    }
+    free(rp.recs);
+    if (!info.created)
+        log_info("store: manifest of %s replayed: %llu records, %zu persistent blobs served again%s",
+                 s->spill_dir, (unsigned long long)info.records, rp.n - lost,
+                 info.torn_bytes ? ", torn tail ignored" : "");
+    maybe_compact(s);
+    return 0;
+}
+
+int store_open(store_t **out, const store_config_t *cfg, char *err, size_t errlen) {
+    *out = NULL;
+    store_t *s = calloc(1, sizeof *s);
+    if (!s) { seterr(err, errlen, "out of memory"); return -ENOMEM; }
+    s->cfg = *cfg;
+    if (!s->cfg.evict_wait_ms) s->cfg.evict_wait_ms = 5000;
+    s->lock_fd = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->mmu, NULL);
+    pthread_cond_init(&s->mcv, NULL);
+    pthread_cond_init(&s->pf_cv, NULL);
+    s->nhash = 1024;
+    s->hash = calloc(s->nhash, sizeof *s->hash);
+    s->jobs = calloc(MAX_JOBS, sizeof *s->jobs);
+    if (!s->hash || !s->jobs) { store_close(s); seterr(err, errlen, "out of memory"); return -ENOMEM; }
+
+    int rc = pool_open(&s->pool, &cfg->pool, err, errlen);
+    if (rc) { store_close(s); return rc; }
+    if (cfg->spill_dir && *cfg->spill_dir) {
+        if (strlen(cfg->spill_dir) > 4000) { store_close(s); seterr(err, errlen, "--spill-dir path too long"); return -ENAMETOOLONG; }
+        if (cfg->spill_bytes == 0) {
+            store_close(s);
+            seterr(err, errlen, "--spill-dir given with --spill-bytes 0: give the tier a size such as 64G");
+            return -EINVAL;
+        }
+        snprintf(s->spill_dir, sizeof s->spill_dir, "%s", cfg->spill_dir);
+        s->cfg.spill_dir = s->spill_dir;
+        rc = open_tier(s, err, errlen);
+        if (rc) { store_close(s); return rc; }
+    }
+    s->cfg.spill_dir = s->spill_dir[0] ? s->spill_dir : NULL;
+    s->cfg.pool.name = NULL;
+    if (s->tier) {
+        rc = pthread_create(&s->pf_thread, NULL, prefetch_main, s);
+        if (rc) { store_close(s); seterr(err, errlen, "starting the prefetch thread: %s", strerror(rc)); return -rc; }
+        s->pf_started = true;
+    }
+    *out = s;
+    return 0;
+}
+
+void store_close(store_t *s) {
+    if (!s) return;
+    if (s->pf_started) {
+        pthread_mutex_lock(&s->mu);
+        s->pf_stop = true;
+        pthread_cond_broadcast(&s->pf_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->pf_thread, NULL);
+    }
+    if (s->tier) tier_sync(s->tier, true);
+    if (s->man) manifest_sync(s->man);
+    for (uint64_t i = 0; s->hash && i < s->nhash; i++) {
+        for (blob_t *b = s->hash[i], *n; b; b = n) {
+            n = b->hnext;
+            for (holder_t *h = b->holders, *hn; h; h = hn) { hn = h->next; free(h); }
+            free(b);
+        }
+    }
+    for (blob_t *b = s->zombies, *n; b; b = n) {
+        n = b->lnext;
+        for (holder_t *h = b->holders, *hn; h; h = hn) { hn = h->next; free(h); }
+        free(b);
+    }
+    tier_close(s->tier);
+    manifest_close(s->man);
+    pool_close(s->pool);
+    if (s->lock_fd >= 0) close(s->lock_fd); /* releases the flock */
+    free(s->hash);
+    free(s->jobs);
+    free(s->sessions);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mmu);
+    pthread_cond_destroy(&s->mcv);
+    pthread_cond_destroy(&s->pf_cv);
+    free(s);
+}
+
+pool_t *store_pool(store_t *s) { return s->pool; }
+
+/* ---- jobs ---- */
+
+store_status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char *err, size_t errlen) {
+    if (!name || !job_name_ok(name)) {
+        seterr(err, errlen, "bad job name \"%.80s\": use 1..%d characters of A-Z a-z 0-9 . _ -",
+               name ? name : "(null)", STORE_JOB_NAME_MAX);
+        return STORE_INVALID;
+    }
+    pthread_mutex_lock(&s->mu);
+    job_t *j = job_by_name(s, name);
+    if (j) { *job_id = j->id; pthread_mutex_unlock(&s->mu); return STORE_OK; }
+    uint64_t id = fnv1a(name, 0);
+    for (uint64_t salt = 1; job_by_id(s, id); salt++) id = fnv1a(name, salt);
+    if (job_add(s, id, name) != 0) {
+        pthread_mutex_unlock(&s->mu);
+        seterr(err, errlen, "too many jobs (%d); Release finished jobs", MAX_JOBS);
+        return STORE_NO_SPACE;
+    }
+    if (s->man) {
+        manifest_rec_t r = { .type = MREC_JOB, .job_id = id };
+        snprintf(r.job, sizeof r.job, "%s", name);
+        pthread_mutex_lock(&s->mmu);
+        int rc = manifest_append(s->man, &r, false);
+        if (rc == 0) rc = msync_locked(s);
+        pthread_mutex_unlock(&s->mmu);
+        if (rc) {
+            s->njobs--;
+            pthread_mutex_unlock(&s->mu);
+            seterr(err, errlen, "recording job %s in the manifest: %s", name, strerror(-rc));
+            return STORE_IO_ERROR;
+        }
+    }
+    *job_id = id;
+    pthread_mutex_unlock(&s->mu);
+    return STORE_OK;
+}
+
+bool store_job_name(store_t *s, uint64_t job_id, char *name) {
+    pthread_mutex_lock(&s->mu);
+    job_t *j = job_by_id(s, job_id);
+    if (j) memcpy(name, j->name, sizeof j->name);
+    pthread_mutex_unlock(&s->mu);
+    return j != NULL;
+}
+
+/* ---- sessions ---- */
+
+store_status_t store_session_open(store_t *s, uint64_t sid, uint64_t quota_bytes) {
+    if (sid == 0) return STORE_INVALID;
+    pthread_mutex_lock(&s->mu);
+    store_status_t st = STORE_OK;
+    if (s->draining) st = STORE_UNAVAILABLE;
+    else if (session_find(s, sid)) st = STORE_EXISTS;
+    else {
+        if (s->nsessions == s->cap_sessions) {
+            size_t nc = s->cap_sessions ? s->cap_sessions * 2 : 16;
+            session_t *ns = realloc(s->sessions, nc * sizeof *ns);
+            if (!ns) st = STORE_NO_SPACE;
+            else { s->sessions = ns; s->cap_sessions = nc; }
+        }
+        if (st == STORE_OK) s->sessions[s->nsessions++] = (session_t){ .sid = sid, .quota = quota_bytes };
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+int store_drop_session(store_t *s, uint64_t sid) {
+    pthread_mutex_lock(&s->mu);
+    session_t *se = session_find(s, sid);
+    if (!se) { pthread_mutex_unlock(&s->mu); return -1; }
+    int freed = 0;
+    /* Collect first: unlinking changes the chains being walked. */
+    size_t n = 0, cap = 64;
+    blob_t **v = malloc(cap * sizeof *v);
+    for (uint64_t i = 0; v && i < s->nhash; i++) {
+        for (blob_t *b = s->hash[i]; b; b = b->hnext) {
+            if (b->owner != sid && !holder_of(b, sid)) continue;
+            if (n == cap) {
+                blob_t **nv = realloc(v, cap * 2 * sizeof *nv);
+                if (!nv) break;
+                v = nv;
+                cap *= 2;
+            }
+            v[n++] = b;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        blob_t *b = v[i];
+        b->refs++;
+        pin_drop(s, b, sid, 0);
+        b->refs--;
+        if (b->writer == sid && !b->committing) b->writer = 0;
+        if (b->owner == sid) {
+            bool keep = (b->flags & STORE_F_PERSISTENT) && (b->state != STORE_ALLOCATED || b->committing);
+            if (keep) uncharge(s, b);
+            else { blob_unlink(s, b); freed++; continue; }
+        }
+        if (b->linked) lru_update(s, b);
+        else blob_maybe_destroy(s, b);
+    }
+    free(v);
+    /* Pins on, and puts into, blobs already freed by others. */
+    for (blob_t *b = s->zombies, *next; b; b = next) {
+        next = b->lnext;
+        if (b->writer == sid && !b->committing) { b->writer = 0; blob_maybe_destroy(s, b); continue; }
+        if (holder_of(b, sid)) pin_drop(s, b, sid, 0);
+    }
+    se = session_find(s, sid);
+    *se = s->sessions[--s->nsessions];
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return freed;
+}
+
+store_status_t store_session_stats(store_t *s, uint64_t sid, store_session_stats_t *out) {
+    pthread_mutex_lock(&s->mu);
+    session_t *se = session_find(s, sid);
+    if (!se) { pthread_mutex_unlock(&s->mu); return STORE_NO_SESSION; }
+    memset(out, 0, sizeof *out);
+    out->sid = sid;
+    out->quota_bytes = se->quota;
+    out->used_bytes = se->used;
+    out->blobs = se->blobs;
+    out->pins = se->pins;
+    for (uint64_t i = 0; i < s->nhash; i++)
+        for (blob_t *b = s->hash[i]; b; b = b->hnext)
+            if (b->owner == sid) {
+                if (b->in_pool) out->pool_bytes += b->alen;
+                else out->nvme_bytes += b->alen;
+            }
+    pthread_mutex_unlock(&s->mu);
+    return STORE_OK;
+}
+
+store_status_t store_sessions(store_t *s, store_session_stats_t **out, size_t *n) {
+    pthread_mutex_lock(&s->mu);
+    *n = s->nsessions;
+    *out = NULL;
+    if (s->nsessions) {
+        *out = calloc(s->nsessions, sizeof **out);
+        if (!*out) { *n = 0; pthread_mutex_unlock(&s->mu); return STORE_NO_SPACE; }
+    }
+    for (size_t i = 0; i < s->nsessions; i++) {
+        (*out)[i] = (store_session_stats_t){ .sid = s->sessions[i].sid, .quota_bytes = s->sessions[i].quota,
+                                             .used_bytes = s->sessions[i].used,
+                                             .blobs = s->sessions[i].blobs, .pins = s->sessions[i].pins };
+    }
+    for (uint64_t i = 0; i < s->nhash; i++)
+        for (blob_t *b = s->hash[i]; b; b = b->hnext)
+            for (size_t j = 0; b->owner && j < s->nsessions; j++)
+                if ((*out)[j].sid == b->owner) {
+                    if (b->in_pool) (*out)[j].pool_bytes += b->alen;
+                    else (*out)[j].nvme_bytes += b->alen;
+                }
+    pthread_mutex_unlock(&s->mu);
+    return STORE_OK;
+}
+
+/* ---- put ---- */
+
+/* A put by sid of key whose blob was freed while sid was writing: drop the
+ * writer's hold so the region can go. With mu held. True if one was found. */
+static bool writer_release(store_t *s, uint64_t sid, const store_key_t *key) {
+    for (blob_t *z = s->zombies; z; z = z->lnext) {
+        if (z->writer == sid && !z->committing && key_eq(&z->key, key)) {
+            z->writer = 0;
+            blob_maybe_destroy(s, z);
+            return true;
+        }
+    }
+    return false;
+}
+
+static void free_blobs(store_t *s, blob_t **v, size_t n, bool release_job, uint64_t job_id);
+
+store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint64_t len,
+                               uint32_t flags, pool_region_t *region, char *err, size_t errlen) {
+    if (len == 0 || len > pool_max_alloc(s->pool)) {
+        seterr(err, errlen, "blob length %llu out of range: 1..%llu bytes (one pool segment; raise "
+               "--segment-bytes for larger blobs)", (unsigned long long)len,
+               (unsigned long long)pool_max_alloc(s->pool));
+        return STORE_INVALID;
+    }
+    if (key->kind < STORE_KIND_ACTIVATION || key->kind > STORE_KIND_OTHER) {
+        seterr(err, errlen, "unknown blob kind %u: use 1 (activation), 2 (optimizer state), 3 (param) "
+               "or 4 (other)", key->kind);
+        return STORE_INVALID;
+    }
+    if (flags & ~(uint32_t)(STORE_F_PERSISTENT | STORE_F_REPLACE)) {
+        seterr(err, errlen, "unknown put flags 0x%x", flags);
+        return STORE_INVALID;
+    }
+    if ((flags & STORE_F_PERSISTENT) && !s->tier) {
+        seterr(err, errlen, "persistent blob refused: this ballastd has no NVMe tier (start it with "
+               "--spill-dir)");
+        return STORE_INVALID;
+    }
+    uint64_t alen = (len + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+    pthread_mutex_lock(&s->mu);
+    store_status_t st = STORE_OK;
+    session_t *se = session_find(s, sid);
+    if (s->draining) {
+        seterr(err, errlen, "ballastd is draining: no new puts");
+        st = STORE_UNAVAILABLE;
+    } else if (!se) {
+        seterr(err, errlen, "unknown session %llu (expired lease? open a new session)", (unsigned long long)sid);
+        st = STORE_NO_SESSION;
+    }
+    blob_t *old = st == STORE_OK ? lookup(s, key) : NULL;
+    if (old) {
+        if (old->state == STORE_ALLOCATED || old->committing) {
+            seterr(err, errlen, "key is being written by a put that has not committed");
+            st = STORE_BUSY;
+        } else if (!(flags & STORE_F_REPLACE)) {
+            seterr(err, errlen, "key exists (free it first or put with the replace flag)");
+            st = STORE_EXISTS;
+        } else if (old->pins) {
+            seterr(err, errlen, "key exists and is pinned by %u get(s); cannot replace it now", old->pins);
+            st = STORE_BUSY;
+        }
+    }
+    if (st == STORE_OK && se->quota && se->used + alen > se->quota) {
+        seterr(err, errlen, "session quota exceeded: %llu of %llu bytes used, this put needs %llu "
+               "(free blobs or open the session with a larger quota)", (unsigned long long)se->used,
+               (unsigned long long)se->quota, (unsigned long long)alen);
+        st = STORE_QUOTA;
+    }
+    if (st != STORE_OK) { pthread_mutex_unlock(&s->mu); return st; }
+    if (old) free_blobs(s, &old, 1, false, 0);
+    /* Charge first so that concurrent puts of the session see the quota taken. */
+    se->used += alen;
+    se->blobs++;
+    blob_t *b = calloc(1, sizeof *b);
+    if (!b) { st = STORE_NO_SPACE; seterr(err, errlen, "out of memory"); }
+    else {
+        b->key = *key;
+        b->length = len;
+        b->alen = alen;
+        b->flags = flags & STORE_F_PERSISTENT;
+        b->state = STORE_ALLOCATED;
+        b->owner = sid;
+        b->refs = 1; /* hidden from others until it has space */
+        index_add(s, b);
+        st = alloc_space(s, alen, &b->region, true, err, errlen);
+        b->refs--;
+        if (st == STORE_OK && b->linked) {
+            b->in_pool = true;
+            b->writer = sid;
+            *region = b->region;
+        } else {
+            if (st == STORE_OK) { pool_free(s->pool, &b->region); st = STORE_NOT_FOUND; seterr(err, errlen, "freed while allocating"); }
+            if (b->linked) blob_unlink(s, b);
+            else blob_maybe_destroy(s, b);
+        }
+    }
+    if (st != STORE_OK && !b) {
+        se = session_find(s, sid);
+        if (se) { se->used -= alen; se->blobs--; }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key, uint32_t *crc,
+                                char *err, size_t errlen) {
+    pthread_mutex_lock(&s->mu);
+    blob_t *b = lookup(s, key);
+    store_status_t st = STORE_OK;
+    if (!b || b->writer != sid) {
+        /* Freed (free, release) while sid was writing it: let the region go now. */
+        if (writer_release(s, sid, key)) {
+            pthread_mutex_unlock(&s->mu);
+            seterr(err, errlen, "the key was freed (free or release) before this put committed");
+            return STORE_NOT_FOUND;
+        }
+    }
+    if (!b) { st = STORE_NOT_FOUND; seterr(err, errlen, "no put in progress for this key"); }
+    else if (b->state != STORE_ALLOCATED || b->committing) { st = STORE_BUSY; seterr(err, errlen, "key is not waiting for a commit"); }
+    else if (b->owner != sid) { st = STORE_NOT_HELD; seterr(err, errlen, "this put belongs to another session"); }
+    if (st != STORE_OK) { pthread_mutex_unlock(&s->mu); return st; }
+    b->committing = true;
+    s->busy_ops++;
+    void *p = pool_ptr(s->pool, &b->region);
+    pthread_mutex_unlock(&s->mu);
+
+    uint32_t c = crc32c(0, p, b->length);
+    bool persistent = b->flags & STORE_F_PERSISTENT;
+    uint64_t off = 0;
+    int rc = 0;
+    bool wrote = false, recorded = false;
+    if (persistent) {
+        rc = tier_alloc(s->tier, b->alen, &off);
+        if (rc) {
+            pthread_mutex_lock(&s->mu);
+            if (!reclaim_nvme_copies(s, b->alen, &off)) {
+                seterr(err, errlen, "NVMe tier full: no room for a persistent blob of %llu bytes "
+                       "(raise --spill-bytes or free persistent blobs)", (unsigned long long)b->length);
+                rc = -ENOSPC;
+            } else rc = 0;
+            pthread_mutex_unlock(&s->mu);
+        }
+        if (rc == 0) {
+            int64_t w = tier_rw(s->tier, IO_WRITE, p, b->alen, off);
+            rc = w == (int64_t)b->alen ? 0 : (w < 0 ? (int)w : -EIO);
+            if (rc == 0) rc = tier_sync_file(s->tier, off);
+            if (rc) {
+                tier_free(s->tier, off);
+                seterr(err, errlen, "writing a persistent blob to %s: %s", s->spill_dir, strerror(-rc));
+            } else wrote = true;
+        }
+        if (rc == 0) {
+            manifest_rec_t r;
+            pthread_mutex_lock(&s->mu);
+            b->nvme_off = off;
+            b->crc = c;
+            rec_from_blob(s, b, &r, MREC_PUT);
+            pthread_mutex_unlock(&s->mu);
+            rc = manifest_append_durable(s, &r, b);
+            if (rc) seterr(err, errlen, "recording a persistent blob in %s/manifest: %s", s->spill_dir, strerror(-rc));
+            else recorded = true;
+        }
+    }
+
+    pthread_mutex_lock(&s->mu);
+    s->busy_ops--;
+    b->committing = false;
+    b->writer = 0;
+    b->crc = c;
+    if (wrote && !recorded) tier_free(s->tier, off);
+    if (!b->linked) {
+        /* Freed (free, release, session drop) while we committed. */
+        if (recorded) {
+            manifest_rec_t r;
+            rec_from_blob(s, b, &r, MREC_DEL);
+            pthread_mutex_lock(&s->mmu);
+            if (manifest_append(s->man, &r, false) == 0) msync_locked(s);
+            pthread_mutex_unlock(&s->mmu);
+            tier_free(s->tier, off);
+        }
+        blob_maybe_destroy(s, b);
+        pthread_mutex_unlock(&s->mu);
+        seterr(err, errlen, "the key was freed before its commit finished");
+        return STORE_NOT_FOUND;
+    }
+    if (rc) {
+        blob_unlink(s, b);
+        pthread_mutex_unlock(&s->mu);
+        return rc == -ENOSPC ? STORE_NO_SPACE : STORE_IO_ERROR;
+    }
+    b->state = STORE_READY;
+    if (persistent) {
+        b->on_nvme = true;
+        b->durable = true;
+        b->nvme_off = off;
+        s->persistent_live++;
+        s->spill_writes++;
+        s->spill_wbytes += b->alen;
+        if (!session_find(s, b->owner)) b->owner = 0; /* its session ended meanwhile */
+    }
+    lru_update(s, b);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (crc) *crc = c;
+    return STORE_OK;
+}
+
+store_status_t store_put_abort(store_t *s, uint64_t sid, const store_key_t *key) {
+    pthread_mutex_lock(&s->mu);
+    blob_t *b = lookup(s, key);
+    store_status_t st = STORE_OK;
+    if ((!b || b->writer != sid) && writer_release(s, sid, key)) st = STORE_OK;
+    else if (!b) st = STORE_NOT_FOUND;
+    else if (b->state != STORE_ALLOCATED || b->committing) st = STORE_BUSY;
+    else if (b->writer != sid) st = STORE_NOT_HELD;
+    else { b->writer = 0; blob_unlink(s, b); }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+store_status_t store_put_copy(store_t *s, uint64_t sid, const store_key_t *key, const void *data,
+                              uint64_t len, uint32_t flags, uint32_t *crc, char *err, size_t errlen) {
+    pool_region_t r;
+    store_status_t st = store_put_alloc(s, sid, key, len, flags, &r, err, errlen);
+    if (st != STORE_OK) return st;
+    memcpy(pool_ptr(s->pool, &r), data, len);
+    return store_put_commit(s, sid, key, crc, err, errlen);
+}
+
+/* ---- get, pin ---- */
+
+static void fill_info(store_t *s, const blob_t *b, store_blob_info_t *o) {
+    memset(o, 0, sizeof *o);
+    o->key = b->key;
+    o->length = b->length;
+    o->crc32c = b->crc;
+    o->flags = b->flags;
+    o->tier = (store_tier_t)((b->in_pool ? STORE_TIER_POOL : 0) | (b->on_nvme ? STORE_TIER_NVME : 0));
+    o->state = b->state;
+    if (b->in_pool) o->region = b->region;
+    o->nvme_off = b->on_nvme ? b->nvme_off : 0;
+    o->owner = b->owner;
+    o->pins = b->pins;
+    job_t *j = job_by_id(s, b->key.job_id);
+    if (j) memcpy(o->job, j->name, sizeof o->job);
+}
+
+/* Make the blob resident and pin it for sid. With mu held. */
+static store_status_t get_locked(store_t *s, uint64_t sid, const store_key_t *key, pool_region_t *region,
+                                 store_blob_info_t *info, char *err, size_t errlen) {
+    if (!session_find(s, sid)) {
+        seterr(err, errlen, "unknown session %llu (expired lease? open a new session)", (unsigned long long)sid);
+        return STORE_NO_SESSION;
+    }
+    for (;;) {
+        blob_t *b = lookup(s, key);
+        if (!b) { seterr(err, errlen, "no blob with this key"); return STORE_NOT_FOUND; }
+        if (b->state == STORE_ALLOCATED || b->committing) {
+            seterr(err, errlen, "blob not committed yet");
+            return STORE_BUSY;
+        }
+        if (b->state == STORE_SPILLING || b->state == STORE_LOADING) {
+            b->refs++;
+            pthread_cond_wait(&s->cv, &s->mu);
+            b->refs--;
+            if (b->linked) lru_update(s, b);
+            else blob_maybe_destroy(s, b);
+            continue;
+        }
+        if (!b->in_pool) {
+            b->refs++;
+            store_status_t st = load_blob(s, b, true, err, errlen);
+            b->refs--;
+            if (!b->linked) {
+                if (st == STORE_OK) { pool_free(s->pool, &b->region); b->in_pool = false; }
+                blob_maybe_destroy(s, b);
+                seterr(err, errlen, "blob freed while it was being read back");
+                return STORE_NOT_FOUND;
+            }
+            if (st != STORE_OK) { lru_update(s, b); return st; }
+        }
+        if (pin_add(s, b, sid) != 0) {
+            lru_update(s, b);
+            seterr(err, errlen, "out of memory");
+            return STORE_NO_SPACE;
+        }
+        if (region) *region = b->region;
+        if (info) fill_info(s, b, info);
+        return STORE_OK;
+    }
+}
+
+store_status_t store_get(store_t *s, uint64_t sid, const store_key_t *key, pool_region_t *region,
+                         store_blob_info_t *info, char *err, size_t errlen) {
+    pthread_mutex_lock(&s->mu);
+    store_status_t st = get_locked(s, sid, key, region, info, err, errlen);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+store_status_t store_get_done(store_t *s, uint64_t sid, const store_key_t *key) {
+    pthread_mutex_lock(&s->mu);
+    store_status_t st = STORE_NOT_HELD;
+    blob_t *b = lookup(s, key);
+    if (b && holder_of(b, sid)) { pin_drop(s, b, sid, 1); st = STORE_OK; }
+    else {
+        for (b = s->zombies; b; b = b->lnext) {
+            if (key_eq(&b->key, key) && holder_of(b, sid)) { pin_drop(s, b, sid, 1); st = STORE_OK; break; }
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+store_status_t store_get_copy(store_t *s, uint64_t sid, const store_key_t *key, void **data,
+                              uint64_t *len, char *err, size_t errlen) {
+    pool_region_t r;
+    store_blob_info_t info;
+    *data = NULL;
+    *len = 0;
+    store_status_t st = store_get(s, sid, key, &r, &info, err, errlen);
+    if (st != STORE_OK) return st;
+    void *buf = malloc(info.length ? info.length : 1);
+    if (buf) memcpy(buf, pool_ptr(s->pool, &r), info.length);
+    store_get_done(s, sid, key);
+    if (!buf) { seterr(err, errlen, "out of memory copying %llu bytes", (unsigned long long)info.length); return STORE_NO_SPACE; }
+    *data = buf;
+    *len = info.length;
+    return STORE_OK;
+}
+
+store_status_t store_pin(store_t *s, uint64_t sid, const store_key_t *key, char *err, size_t errlen) {
+    return store_get(s, sid, key, NULL, NULL, err, errlen);
+}
+
+store_status_t store_unpin(store_t *s, uint64_t sid, const store_key_t *key) {
+    return store_get_done(s, sid, key);
+}
+
+store_status_t store_prefetch(store_t *s, const store_key_t *key) {
+    pthread_mutex_lock(&s->mu);
+    blob_t *b = lookup(s, key);
+    store_status_t st = b ? STORE_OK : STORE_NOT_FOUND;
+    if (b && s->tier && b->state == STORE_READY && !b->in_pool && b->on_nvme && s->pf_n < PREFETCH_QUEUE) {
+        s->pf_q[(s->pf_head + s->pf_n) % PREFETCH_QUEUE] = *key;
+        s->pf_n++;
+        pthread_cond_signal(&s->pf_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+/* Whether [off, off+len) of seg lies inside b's pool region. */
+static bool in_region(const blob_t *b, uint32_t seg, uint64_t off, uint64_t len) {
+    return b->in_pool && len > 0 && seg == b->region.seg && off >= b->region.off &&
+           len <= b->region.len && off - b->region.off <= b->region.len - len;
+}
+
+bool store_session_holds(store_t *s, uint64_t sid, const store_key_t *key, uint32_t seg,
+                         uint64_t off, uint64_t len) {
+    pthread_mutex_lock(&s->mu);
+    bool ok = false;
+    blob_t *b = lookup(s, key);
+    if (b && in_region(b, seg, off, len)) {
+        bool writer = b->state == STORE_ALLOCATED && !b->committing && b->owner == sid;
+        holder_t *h = holder_of(b, sid);
+        ok = writer || (h && h->count > 0);
+    }
+    /* A blob freed while sid had it pinned stays readable until get_done. */
+    for (blob_t *z = s->zombies; z && !ok; z = z->lnext)
+        if (key_eq(&z->key, key) && holder_of(z, sid) && in_region(z, seg, off, len)) ok = true;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+store_status_t store_info(store_t *s, const store_key_t *key, store_blob_info_t *out) {
+    pthread_mutex_lock(&s->mu);
+    blob_t *b = lookup(s, key);
+    if (b) fill_info(s, b, out);
+    pthread_mutex_unlock(&s->mu);
+    return b ? STORE_OK : STORE_NOT_FOUND;
+}
+
+/* ---- free, release ---- */
+
+/* Unlink the blobs v[0..n) (mu held); a persistent one gets its manifest
+ * record cancelled (one DEL per blob, or one RELEASE for a whole job) before
+ * its NVMe space can be reused: the blobs are held by refs across the sync. */
+static void free_blobs(store_t *s, blob_t **v, size_t n, bool release_job, uint64_t job_id) {
+    bool any_durable = false;
+    for (size_t i = 0; i < n; i++) {
+        v[i]->refs++;
+        if (v[i]->durable) any_durable = true;
+        blob_unlink(s, v[i]);
+    }
+    if (any_durable && s->man) {
+        pthread_mutex_lock(&s->mmu);
+        if (release_job) {
+            manifest_rec_t r = { .type = MREC_RELEASE, .job_id = job_id };
+            job_t *j = job_by_id(s, job_id);
+            if (j) snprintf(r.job, sizeof r.job, "%s", j->name);
+            manifest_append(s->man, &r, false);
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                if (!v[i]->durable) continue;
+                manifest_rec_t r;
+                rec_from_blob(s, v[i], &r, MREC_DEL);
+                manifest_append(s->man, &r, false);
+            }
+        }
+        /* The sync runs under mu: frees of persistent blobs are rare and
+         * their space must not be handed out before the record is durable. */
+        msync_locked(s);
+        pthread_mutex_unlock(&s->mmu);
+    }
+    for (size_t i = 0; i < n; i++) {
+        v[i]->refs--;
+        v[i]->durable = false;
+        blob_maybe_destroy(s, v[i]);
+    }
+    if (any_durable) maybe_compact(s);
+}
+
+store_status_t store_free(store_t *s, uint64_t sid, const store_key_t *key) {
+    pthread_mutex_lock(&s->mu);
+    blob_t *b = lookup(s, key);
+    if (!b) { pthread_mutex_unlock(&s->mu); return STORE_NOT_FOUND; }
+    if (b->state == STORE_ALLOCATED && !b->committing && b->writer != sid) {
+        /* Its writer may still be writing into the region. */
+        pthread_mutex_unlock(&s->mu);
+        return STORE_BUSY;
+    }
+    if (b->writer == sid) b->writer = 0; /* the writer frees its own put: an abort */
+    free_blobs(s, &b, 1, false, 0);
+    pthread_mutex_unlock(&s->mu);
+    return STORE_OK;
+}
+
+int store_release_job(store_t *s, uint64_t job_id) {
+    pthread_mutex_lock(&s->mu);
+    size_t n = 0, cap = 64;
+    blob_t **v = malloc(cap * sizeof *v);
+    for (uint64_t i = 0; v && i < s->nhash; i++) {
+        for (blob_t *b = s->hash[i]; b; b = b->hnext) {
+            if (b->key.job_id != job_id) continue;
+            if (n == cap) {
+                blob_t **nv = realloc(v, cap * 2 * sizeof *nv);
+                if (!nv) break;
+                v = nv;
+                cap *= 2;
+            }
+            v[n++] = b;
+        }
+    }
+    if (v) free_blobs(s, v, n, true, job_id);
+    free(v);
+    pthread_mutex_unlock(&s->mu);
+    return (int)n;
+}
+
+/* ---- list, drain, stats ---- */
+
+static int info_cmp(const void *a, const void *b) {
+    return key_cmp(&((const store_blob_info_t *)a)->key, &((const store_blob_info_t *)b)->key);
+}
+
+store_status_t store_list(store_t *s, const store_filter_t *f, store_blob_info_t **out, size_t *n) {
+    pthread_mutex_lock(&s->mu);
+    *out = NULL;
+    *n = 0;
+    size_t cap = 0;
+    for (uint64_t i = 0; i < s->nhash; i++) {
+        for (blob_t *b = s->hash[i]; b; b = b->hnext) {
+            if (f) {
+                if (f->job_id && b->key.job_id != f->job_id) continue;
+                if (f->rank >= 0 && b->key.rank != (uint64_t)f->rank) continue;
+                if (f->kind && b->key.kind != f->kind) continue;
+                if (f->committed_only && (b->state == STORE_ALLOCATED || b->committing)) continue;
+            }
+            if (*n == cap) {
+                size_t nc = cap ? cap * 2 : 64;
+                store_blob_info_t *no = realloc(*out, nc * sizeof *no);
+                if (!no) { free(*out); *out = NULL; *n = 0; pthread_mutex_unlock(&s->mu); return STORE_INVALID; }
+                *out = no;
+                cap = nc;
+            }
+            fill_info(s, b, &(*out)[(*n)++]);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (*n) qsort(*out, *n, sizeof **out, info_cmp);
+    return STORE_OK;
+}
+
+int store_drain(store_t *s, char *err, size_t errlen) {
+    pthread_mutex_lock(&s->mu);
+    s->draining = true;
+    while (s->busy_ops) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    int rc = 0;
+    if (s->tier) {
+        rc = tier_sync(s->tier, true);
+        if (rc) seterr(err, errlen, "fdatasync of the spill files in %s: %s", s->spill_dir, strerror(-rc));
+    }
+    if (rc == 0 && s->man) {
+        pthread_mutex_lock(&s->mmu);
+        rc = msync_locked(s);
+        pthread_mutex_unlock(&s->mmu);
+        if (rc) seterr(err, errlen, "fdatasync of %s/manifest: %s", s->spill_dir, strerror(-rc));
+    }
+    return rc;
+}
+
+void store_stats(store_t *s, store_stats_t *out) {
+    memset(out, 0, sizeof *out);
+    pool_stats(s->pool, &out->pool);
+    pthread_mutex_lock(&s->mu);
+    out->blobs = s->nblobs;
+    for (uint64_t i = 0; i < s->nhash; i++)
+        for (blob_t *b = s->hash[i]; b; b = b->hnext) {
+            if (b->in_pool) out->blobs_in_pool++;
+            if (b->on_nvme) out->blobs_on_nvme++;
+        }
+    out->persistent_blobs = s->persistent_live;
+    out->spill_writes = s->spill_writes;
+    out->spill_reads = s->spill_reads;
+    out->spill_write_bytes = s->spill_wbytes;
+    out->spill_read_bytes = s->spill_rbytes;
+    out->evictions = s->evictions;
+    out->prefetches = s->prefetches;
+    out->crc_errors = s->crc_errors;
+    out->sessions = s->nsessions;
+    out->draining = s->draining;
+    pthread_mutex_unlock(&s->mu);
+    if (s->tier) {
+        tier_stats_t ts;
+        tier_stats(s->tier, &ts);
+        out->spill_capacity = ts.capacity;
+        out->spilled_bytes = ts.used;
+        out->direct_io = ts.direct;
+        snprintf(out->io_backend, sizeof out->io_backend, "%s", ts.backend);
+        snprintf(out->io_fallback, sizeof out->io_fallback, "%s", ts.fallback);
+    } else {
+        snprintf(out->io_backend, sizeof out->io_backend, "none");
+    }
+}

@@ -1,0 +1,318 @@
+/* test_pool.c: the pool's segments and its extent allocator: random
+ * alloc/free sequences never overlap and stay aligned, freeing everything
+ * coalesces back to one extent per segment, exhaustion is reported cleanly. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "services/offload/extent.h"
+#include "services/offload/pool.h"
+
+static uint64_t rng_state;
+static uint64_t rnd(void) {
+    uint64_t x = rng_state;
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    return rng_state = x;
+}
+
+typedef struct { pool_region_t r; uint8_t tag; } live_t;
+
+static int cmp_region(const void *a, const void *b) {
+    const pool_region_t *x = &((const live_t *)a)->r, *y = &((const live_t *)b)->r;
+    if (x->seg != y->seg) return x->seg < y->seg ? -1 : 1;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static void check_no_overlap(pool_t *p, live_t *v, size_t n) {
+    live_t *c = malloc((n ? n : 1) * sizeof *c);
+    memcpy(c, v, n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_region);
+    uint64_t used = 0;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert(pool_range_ok(p, c[i].r.seg, c[i].r.off, c[i].r.len), "region outside its segment");
+        cr_assert_eq(c[i].r.off % POOL_ALIGN, 0, "offset %llu not 4 KiB aligned", (unsigned long long)c[i].r.off);
+        cr_assert_eq(c[i].r.len % POOL_ALIGN, 0);
+        cr_assert_eq((uintptr_t)pool_ptr(p, &c[i].r) % POOL_ALIGN, 0);
+        if (i && c[i].r.seg == c[i - 1].r.seg)
+            cr_assert_leq(c[i - 1].r.off + c[i - 1].r.len, c[i].r.off, "regions overlap in segment %u",
+                          c[i].r.seg);
+        used += c[i].r.len;
+    }
+    pool_stats_t st;
+    pool_stats(p, &st);
+    cr_assert_eq(st.used_bytes, used, "stats say %llu used, regions sum to %llu",
+                 (unsigned long long)st.used_bytes, (unsigned long long)used);
+    cr_assert_eq(st.used_regions, n);
+    free(c);
+}
+
+Test(pool, random_alloc_free_never_overlap_and_coalesce) {
+    rng_state = 0x5eed1234abcdull;
+    pool_config_t cfg = { .pool_bytes = 32u << 20, .segment_bytes = 8u << 20, .mlock = false };
+    pool_t *p;
+    char err[256];
+    cr_assert_eq(pool_open(&p, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(pool_nsegs(p), 4);
+    enum { CAP = 512 };
+    live_t v[CAP];
+    size_t n = 0;
+    int fails = 0;
+    for (int it = 0; it < 4000; it++) {
+        bool do_alloc = n == 0 || (n < CAP && rnd() % 100 < 55);
+        if (do_alloc) {
+            /* Mostly small, sometimes up to a whole segment; lengths not 4 KiB multiples. */
+            uint64_t len = rnd() % 8 == 0 ? 1 + rnd() % (8u << 20) : 1 + rnd() % (300u << 10);
+            live_t l;
+            int rc = pool_alloc(p, len, &l.r);
+            if (rc == -ENOMEM) {
+                pool_stats_t st;
+                pool_stats(p, &st);
+                cr_assert_lt(st.largest_free, len, "alloc of %llu failed with a %llu free extent",
+                             (unsigned long long)len, (unsigned long long)st.largest_free);
+                fails++;
+                continue;
+            }
+            cr_assert_eq(rc, 0);
+            cr_assert_geq(l.r.len, len);
+            cr_assert_lt(l.r.len - len, POOL_ALIGN);
+            l.tag = (uint8_t)(rnd() | 1);
+            memset(pool_ptr(p, &l.r), l.tag, l.r.len);
+            v[n++] = l;
+        } else {
+            size_t i = rnd() % n;
+            /* The bytes are intact: nobody else was handed this region. */
+            const uint8_t *q = pool_ptr(p, &v[i].r);
+            for (uint64_t k = 0; k < v[i].r.len; k += 509)
+                cr_assert_eq(q[k], v[i].tag, "region overwritten at %llu", (unsigned long long)k);
+            cr_assert_eq(pool_free(p, &v[i].r), 0);
+            v[i] = v[--n];
+        }
+        if (it % 50 == 0) check_no_overlap(p, v, n);
+    }
+    check_no_overlap(p, v, n);
+    cr_assert_gt(fails, 0, "the sequence never exhausted the pool; test too weak");
+    while (n) cr_assert_eq(pool_free(p, &v[--n].r), 0);
+    pool_stats_t st;
+    pool_stats(p, &st);
+    cr_assert_eq(st.used_bytes, 0);
+    cr_assert_eq(st.free_extents, 4, "after a full free, %llu free extents (want one per segment)",
+                 (unsigned long long)st.free_extents);
+    cr_assert_eq(st.largest_free, 8u << 20);
+    cr_assert_float_eq(st.fragmentation, 0.75, 1e-9); /* four equal extents: 1 - 1/4 */
+    /* A whole segment fits again. */
+    pool_region_t r;
+    cr_assert_eq(pool_alloc(p, 8u << 20, &r), 0);
+    cr_assert_eq(r.off, 0);
+    pool_close(p);
+}
+
+Test(pool, one_segment_returns_to_one_extent) {
+    rng_state = 0x77aa55ull;
+    pool_config_t cfg = { .pool_bytes = 4u << 20 };
+    pool_t *p;
+    char err[256];
+    cr_assert_eq(pool_open(&p, &cfg, err, sizeof err), 0, "%s", err);
+    pool_region_t r[300];
+    int n = 0;
+    while (n < 300 && pool_alloc(p, 4096 * (1 + rnd() % 5), &r[n]) == 0) n++;
+    /* Free in a random order: coalescing must find left and right neighbours. */
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rnd() % (uint64_t)(i + 1));
+        pool_region_t t = r[i]; r[i] = r[j]; r[j] = t;
+    }
+    for (int i = 0; i < n; i++) cr_assert_eq(pool_free(p, &r[i]), 0);
+    pool_stats_t st;
+    pool_stats(p, &st);
+    cr_assert_eq(st.free_extents, 1);
+    cr_assert_eq(st.largest_free, 4u << 20);
+    cr_assert_float_eq(st.fragmentation, 0.0, 1e-12);
+    pool_close(p);
+}
+
+Test(pool, exhaustion_and_bad_frees_are_clean) {
+    pool_config_t cfg = { .pool_bytes = 1u << 20 };
+    pool_t *p;
+    char err[256];
+    cr_assert_eq(pool_open(&p, &cfg, err, sizeof err), 0, "%s", err);
+    pool_region_t r[256], x;
+    int n = 0;
+    while (pool_alloc(p, 4096, &r[n]) == 0) n++;
+    cr_assert_eq(n, 256);
+    cr_assert_eq(pool_alloc(p, 1, &x), -ENOMEM);
+    pool_stats_t st;
+    pool_stats(p, &st);
+    cr_assert_eq(st.free_bytes, 0);
+    cr_assert_eq(st.alloc_failures, 2); /* the one that ended the loop, and this one */
+    cr_assert_eq(pool_alloc(p, 0, &x), -EINVAL);
+    cr_assert_eq(pool_alloc(p, (1u << 20) + 1, &x), -EINVAL);
+    /* Free every other one: 128 KiB-worth of holes of 4 KiB, 8 KiB does not fit. */
+    for (int i = 0; i < n; i += 2) cr_assert_eq(pool_free(p, &r[i]), 0);
+    pool_stats(p, &st);
+    cr_assert_eq(st.largest_free, 4096);
+    cr_assert_eq(st.free_extents, 128);
+    cr_assert_float_eq(st.fragmentation, 1.0 - 1.0 / 128, 1e-9);
+    cr_assert_eq(pool_alloc(p, 8192, &x), -ENOMEM);
+    /* Double free, wrong length, wrong segment, unaligned: refused, nothing changes. */
+    cr_assert_eq(pool_free(p, &r[0]), -EINVAL);
+    pool_region_t bad = r[1];
+    bad.len = 8192;
+    cr_assert_eq(pool_free(p, &bad), -EINVAL);
+    bad = r[1]; bad.seg = 3;
+    cr_assert_eq(pool_free(p, &bad), -EINVAL);
+    bad = r[1]; bad.off += 100;
+    cr_assert_eq(pool_free(p, &bad), -EINVAL);
+    pool_stats_t st2;
+    pool_stats(p, &st2);
+    cr_assert_eq(st2.used_bytes, st.used_bytes);
+    for (int i = 1; i < n; i += 2) cr_assert_eq(pool_free(p, &r[i]), 0);
+    pool_stats(p, &st);
+    cr_assert_eq(st.free_extents, 1);
+    cr_assert_eq(pool_alloc(p, 1u << 20, &x), 0);
+    pool_close(p);
+}
+
+Test(pool, segments_are_sealed_memfds) {
+    pool_config_t cfg = { .pool_bytes = 3u << 20, .segment_bytes = 2u << 20 };
+    pool_t *p;
+    char err[256];
+    cr_assert_eq(pool_open(&p, &cfg, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(pool_nsegs(p), 2);
+    cr_assert_eq(pool_seg_bytes(p, 0), 2u << 20);
+    cr_assert_eq(pool_seg_bytes(p, 1), 1u << 20);
+    cr_assert_eq(pool_max_alloc(p), 2u << 20);
+    int fd = pool_seg_fd(p, 1);
+    cr_assert_geq(fd, 0);
+    cr_assert_neq(ftruncate(fd, 4096), 0, "a sealed segment could be shrunk");
+    cr_assert_eq(pool_seg_fd(p, 2), -1);
+    cr_assert_null(pool_seg_base(p, 2));
+    cr_assert(!pool_range_ok(p, 1, (1u << 20) - 4096, 8192));
+    cr_assert(pool_range_ok(p, 1, (1u << 20) - 4096, 4096));
+    cr_assert(!pool_range_ok(p, 0, UINT64_MAX - 10, 20), "offset overflow accepted");
+    pool_close(p);
+}
+
+Test(pool, huge_pages_try_falls_back_and_on_fails_cleanly) {
+    pool_config_t cfg = { .pool_bytes = 4u << 20, .huge = POOL_HUGE_TRY };
+    pool_t *p;
+    char err[256] = "";
+    cr_assert_eq(pool_open(&p, &cfg, err, sizeof err), 0, "%s", err);
+    pool_stats_t st;
+    pool_stats(p, &st);
+    pool_region_t r;
+    cr_assert_eq(pool_alloc(p, 4u << 20, &r), 0);
+    bool had_huge = st.huge;
+    pool_close(p);
+    cfg.huge = POOL_HUGE_ON;
+    int rc = pool_open(&p, &cfg, err, sizeof err);
+    if (had_huge) {
+        cr_assert_eq(rc, 0, "%s", err);
+        pool_close(p);
+    } else {
+        cr_assert_lt(rc, 0, "huge pages unavailable to TRY but ON succeeded");
+        cr_assert(strstr(err, "huge") != NULL, "message does not mention huge pages: %s", err);
+    }
+}
+
+/* The allocator alone, with its internal invariants checked after every step. */
+Test(extent, random_ops_keep_invariants) {
+    rng_state = 0xfeedbeef01ull;
+    ext_alloc_t *a = ext_new(4096);
+    cr_assert_not_null(a);
+    cr_assert_eq(ext_add_span(a, 0, 64 * 4096), 0);
+    cr_assert_eq(ext_add_span(a, 1000 * 4096, 200 * 4096), 1);
+    cr_assert_eq(ext_add_span(a, 10 * 4096, 4096), -EINVAL, "overlapping span accepted");
+    uint64_t offs[400];
+    int n = 0;
+    for (int it = 0; it < 3000; it++) {
+        if (n < 400 && (n == 0 || rnd() % 2)) {
+            uint64_t off;
+            if (ext_alloc(a, 4096 * (1 + rnd() % 40) - rnd() % 4096, &off) == 0) offs[n++] = off;
+        } else {
+            int i = (int)(rnd() % (uint64_t)n);
+            cr_assert_eq(ext_free(a, offs[i], NULL), 0);
+            offs[i] = offs[--n];
+        }
+        int c = ext_check(a);
+        cr_assert_eq(c, 0, "invariant broken (check line %d) at step %d", -c, it);
+    }
+    while (n) cr_assert_eq(ext_free(a, offs[--n], NULL), 0);
+    cr_assert_eq(ext_check(a), 0);
+    /* Reserve exact ranges (restart path), then they cannot be reserved twice. */
+    cr_assert_eq(ext_reserve(a, 1010 * 4096, 3 * 4096), 0);
+    cr_assert_eq(ext_reserve(a, 1011 * 4096, 4096), -EEXIST);
+    cr_assert_eq(ext_reserve(a, 1199 * 4096, 2 * 4096), -EEXIST, "range past the span accepted");
+    cr_assert_eq(ext_used_len(a, 1010 * 4096), 3 * 4096);
+    cr_assert_eq(ext_check(a), 0);
+    ext_stats_t st;
+    ext_stats(a, &st);
+    cr_assert_eq(st.used, 3 * 4096);
+    cr_assert_eq(st.free_extents, 3);
+    cr_assert_eq(ext_free(a, 1010 * 4096, NULL), 0);
+    ext_stats(a, &st);
+    cr_assert_eq(st.free_extents, 2);
+    cr_assert_eq(st.largest_free, 200 * 4096);
+    ext_destroy(a);
+}
+
+/* An exact-size request that no rounded-up class guarantees must still be
+ * found (the pool's last free extent of precisely that size). */
+Test(extent, exact_fit_of_odd_sizes) {
+    for (uint64_t g = 17; g < 5000; g = g * 3 + 1) {
+        ext_alloc_t *a = ext_new(4096);
+        cr_assert_geq(ext_add_span(a, 0, g * 4096), 0);
+        uint64_t off;
+        cr_assert_eq(ext_alloc(a, g * 4096, &off), 0, "exact fit of %llu pages failed", (unsigned long long)g);
+        cr_assert_eq(ext_alloc(a, 1, &off), -ENOMEM);
+        ext_destroy(a);
+    }
+}
+
+/* With RLIMIT_MEMLOCK too low (and no CAP_IPC_LOCK to override it) the pool
+ * still opens, unlocked, with one warning that names the fix. */
+Test(pool, mlock_refused_warns_with_the_fix) {
+#if defined(__SANITIZE_ADDRESS__)
+    cr_skip_test("AddressSanitizer replaces mlock with a no-op that always succeeds");
+#endif
+    struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+    struct __user_cap_data_struct caps[2];
+    if (syscall(SYS_capget, &hdr, caps) == 0) {
+        caps[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+        if (syscall(SYS_capset, &hdr, caps) != 0) cr_skip_test("cannot drop CAP_IPC_LOCK: %s", strerror(errno));
+    }
+    struct rlimit rl = { 64 << 10, 64 << 10 };
+    if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0) cr_skip_test("cannot lower RLIMIT_MEMLOCK: %s", strerror(errno));
+    char tmpl[] = "/tmp/ballast-test-pool-log-XXXXXX";
+    int lfd = mkstemp(tmpl);
+    cr_assert_geq(lfd, 0);
+    unlink(tmpl);
+    int saved = dup(2);
+    dup2(lfd, 2);
+    pool_config_t cfg = { .pool_bytes = 4u << 20, .mlock = true };
+    pool_t *p;
+    char err[256];
+    int rc = pool_open(&p, &cfg, err, sizeof err);
+    dup2(saved, 2);
+    close(saved);
+    cr_assert_eq(rc, 0, "pool refused to start unlocked: %s", err);
+    pool_stats_t st;
+    pool_stats(p, &st);
+    cr_assert(!st.mlocked);
+    pool_region_t r;
+    cr_assert_eq(pool_alloc(p, 4u << 20, &r), 0);
+    memset(pool_ptr(p, &r), 0x3c, 4u << 20);
+    pool_close(p);
+    char log[2048] = "";
+    ssize_t n = pread(lfd, log, sizeof log - 1, 0);
+    close(lfd);
+    cr_assert_gt(n, 0, "no warning logged");
+    log[n] = 0;
+    cr_assert(strstr(log, "RLIMIT_MEMLOCK is 65536 bytes") != NULL, "warning lacks the limit: %s", log);
+    cr_assert(strstr(log, "--ulimit memlock=-1") != NULL, "warning lacks the docker fix: %s", log);
+    cr_assert(strstr(log, "LimitMEMLOCK=infinity") != NULL, "warning lacks the systemd fix: %s", log);
+}

@@ -1,0 +1,319 @@
+/* test_session.c: sessions, the fd-socket handshake, leases and the client
+ * library, against an in-process service (store without spill tier + session
+ * manager + gRPC server on a Unix socket under /tmp). The fault and load
+ * cases against the real binaries are in tests/integration/ballastd_*.sh. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "offload.pb-c.h"
+#include "rpc.h"
+#include "shm.h"
+#include "services/offload/ring_proto.h"
+#include "services/offload/rpc_service.h"
+#include "services/offload/session.h"
+#include "services/offload/store.h"
+#include "workers/offload_client.h"
+
+typedef struct {
+    char dir[64], sock[96], fdsock[96], addr[112];
+    store_t *store;
+    sess_mgr_t *sm;
+    rpc_server_t *srv;
+    offload_svc_t svc;
+} svc_t;
+
+static void svc_start(svc_t *t, double lease, uint32_t max_sessions, uint64_t max_quota) {
+    memset(t, 0, sizeof *t);
+    log_set_level(LOG_WARN);
+    snprintf(t->dir, sizeof t->dir, "/tmp/ballast-sess.XXXXXX");
+    cr_assert_not_null(mkdtemp(t->dir));
+    snprintf(t->sock, sizeof t->sock, "%s/s.sock", t->dir);
+    snprintf(t->fdsock, sizeof t->fdsock, "%s/s.sock.fd", t->dir);
+    snprintf(t->addr, sizeof t->addr, "unix:%s", t->sock);
+    store_config_t sc;
+    store_config_default(&sc);
+    sc.pool.pool_bytes = 16u << 20;
+    sc.pool.mlock = false;
+    char err[256];
+    cr_assert_eq(store_open(&t->store, &sc, err, sizeof err), 0, "%s", err);
+    sess_config_t cfg = { .lease_s = lease, .max_quota = max_quota, .max_sessions = max_sessions,
+                          .ring_capacity = 64, .fd_socket = t->fdsock };
+    cr_assert_eq(sess_mgr_open(&t->sm, &cfg, t->store, err, sizeof err), 0, "%s", err);
+    t->srv = rpc_server_new(NULL, err, sizeof err);
+    cr_assert_not_null(t->srv, "%s", err);
+    t->svc = (offload_svc_t){ t->store, t->sm, t->srv, t->fdsock, 4u << 20, 0, NULL };
+    cr_assert_eq(offload_svc_register(t->srv, &t->svc, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(rpc_server_listen(t->srv, t->addr, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(rpc_server_start(t->srv, err, sizeof err), 0, "%s", err);
+}
+
+static void svc_stop(svc_t *t) {
+    rpc_server_stop(t->srv, 1000);
+    rpc_server_free(t->srv);
+    sess_mgr_close(t->sm);
+    store_close(t->store);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", t->dir);
+    if (system(cmd)) {}
+}
+
+static oc_client_t *client(svc_t *t, const char *job, uint32_t rank, uint64_t quota, unsigned flags) {
+    oc_options_t o = { 0 };
+    o.addr = t->addr;
+    o.job = job;
+    o.rank = rank;
+    o.quota_bytes = quota;
+    o.flags = flags;
+    o.timeout_s = 10;
+    oc_client_t *c = NULL;
+    cr_assert_eq(oc_open(&o, &c), OC_OK, "%s", oc_last_error());
+    return c;
+}
+
+static void fill(uint8_t *p, size_t n, uint64_t seed) {
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull | 1;
+    for (size_t i = 0; i < n; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; p[i] = (uint8_t)(s >> 24); }
+}
+
+Test(session, names) {
+    cr_assert(sess_name_ok("llama-7b_run.3", false));
+    cr_assert(!sess_name_ok("", false));
+    cr_assert(!sess_name_ok("a b", false));
+    cr_assert(!sess_name_ok("a/b", false));
+    char n64[65];
+    memset(n64, 'x', 64); n64[64] = 0;
+    cr_assert(!sess_name_ok(n64, false));
+    n64[63] = 0;
+    cr_assert(sess_name_ok(n64, false));
+    cr_assert(sess_name_ok("ballast store", true));
+    cr_assert(!sess_name_ok("tab\there", true));
+    cr_assert(oc_job_name_ok("job.1") && !oc_job_name_ok("job 1") && !oc_job_name_ok(NULL));
+}
+
+Test(session, ring_layout) {
+    cr_assert_eq(sizeof(rp_req_t), 64);
+    cr_assert_eq(sizeof(rp_cpl_t), 64);
+    cr_assert_eq(ring_proto_comp_offset(1), 4096);
+    cr_assert_eq(ring_proto_comp_offset(4096), 4096);
+    cr_assert_str_eq(rp_op_name(RP_OP_GET_DONE), "GET_DONE");
+    cr_assert_str_eq(rp_op_name(200), "UNKNOWN_OP");
+}
+
+/* shared and remote mode through the same API, random sizes and bytes */
+Test(session, round_trip_both_modes) {
+    svc_t t;
+    svc_start(&t, 30, 16, 0);
+    for (int remote = 0; remote < 2; remote++) {
+        oc_client_t *c = client(&t, "unit", 3, 0, remote ? OC_REMOTE : 0);
+        cr_assert_eq(oc_is_shared(c), !remote);
+        srand(42 + remote);
+        for (int i = 0; i < 20; i++) {
+            size_t n = 1 + (size_t)rand() % (300 << 10);
+            uint8_t *src = malloc(n), *dst = malloc(n);
+            fill(src, n, (uint64_t)i + 1);
+            oc_key_t k = { 3, 1 + (uint32_t)(i % 4), (uint64_t)i, 7 };
+            cr_assert_eq(oc_put_copy(c, &k, src, n, false), OC_OK, "%s", oc_last_error());
+            uint64_t len = 0;
+            cr_assert_eq(oc_get_copy(c, &k, dst, n, &len), OC_OK, "%s", oc_last_error());
+            cr_assert_eq(len, n);
+            cr_assert_eq(memcmp(src, dst, n), 0, "blob %d (%zu bytes) differs", i, n);
+            cr_assert_eq(oc_put_copy(c, &k, src, n, false), OC_ALREADY_EXISTS);
+            cr_assert_eq(oc_free(c, &k), OC_OK, "%s", oc_last_error());
+            cr_assert_eq(oc_get_copy(c, &k, dst, n, &len), OC_NOT_FOUND);
+            free(src); free(dst);
+        }
+        oc_key_t bad = { 0, 9, 0, 0 };
+        cr_assert_eq(oc_put_copy(c, &bad, "x", 1, false), OC_INVALID_ARGUMENT);
+        cr_assert_eq(oc_close(c, false), OC_OK, "%s", oc_last_error());
+    }
+    store_stats_t st;
+    store_stats(t.store, &st);
+    cr_assert_eq(st.pool.used_bytes, 0);
+    svc_stop(&t);
+}
+
+/* async handles: several GETs in flight, each completed with its own region */
+Test(session, async_handles) {
+    svc_t t;
+    svc_start(&t, 30, 16, 0);
+    oc_client_t *c = client(&t, "unit", 0, 0, 0);
+    enum { N = 12 };
+    oc_key_t k[N];
+    for (int i = 0; i < N; i++) {
+        k[i] = (oc_key_t){ 0, OC_KIND_PARAM, (uint64_t)i, 0 };
+        uint8_t buf[5000];
+        fill(buf, sizeof buf, (uint64_t)i + 100);
+        cr_assert_eq(oc_put_copy(c, &k[i], buf, sizeof buf - (size_t)i, false), OC_OK, "%s", oc_last_error());
+    }
+    oc_handle_t h[N];
+    for (int i = 0; i < N; i++) cr_assert_eq(oc_get_async(c, &k[i], &h[i]), OC_OK, "%s", oc_last_error());
+    for (int i = N - 1; i >= 0; i--) { /* wait out of order */
+        oc_buf_t b;
+        cr_assert_eq(oc_wait(c, h[i], &b, 10), OC_OK, "%s", oc_last_error());
+        uint8_t want[5000];
+        fill(want, sizeof want, (uint64_t)i + 100);
+        cr_assert_eq(b.len, 5000u - (unsigned)i);
+        cr_assert_eq(memcmp(b.ptr, want, b.len), 0);
+        cr_assert_eq(oc_get_done(c, &k[i], &b), OC_OK, "%s", oc_last_error());
+    }
+    oc_buf_t b;
+    cr_assert_eq(oc_wait(c, h[0], &b, 1), OC_INVALID_ARGUMENT, "a handle completes once");
+    oc_close(c, false);
+    svc_stop(&t);
+}
+
+/* a client that vanishes loses its memory when the lease ends; another stays */
+Test(session, lease_expiry_frees_memory) {
+    svc_t t;
+    /* valgrind runs ~50x slower: a 0.3 s lease would expire during OpenSession */
+    double lease = getenv("BALLAST_VALGRIND") ? 5.0 : 0.3;
+    svc_start(&t, lease, 16, 0);
+    oc_client_t *dead = client(&t, "unit", 0, 0, 0), *alive = client(&t, "unit", 1, 0, 0);
+    uint8_t buf[100000];
+    fill(buf, sizeof buf, 5);
+    oc_key_t k1 = { 0, 1, 1, 0 }, k2 = { 1, 1, 2, 0 };
+    cr_assert_eq(oc_put_copy(dead, &k1, buf, sizeof buf, false), OC_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_put_copy(alive, &k2, buf, sizeof buf, false), OC_OK, "%s", oc_last_error());
+    store_stats_t st;
+    store_stats(t.store, &st);
+    cr_assert_eq(st.pool.used_bytes, 2 * 102400);
+    oc_abandon(dead);
+    double wait = 4 * lease; /* the reaper checks every lease/4 (20..250 ms) */
+    struct timespec ts = { (time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9) };
+    nanosleep(&ts, NULL);
+    store_stats(t.store, &st);
+    cr_assert_eq(st.pool.used_bytes, 102400, "the dead session's blob is freed, the live one kept");
+    sess_counters_t sc;
+    sess_counters(t.sm, &sc);
+    cr_assert_eq(sc.expired, 1);
+    uint64_t len;
+    uint8_t out[100000];
+    cr_assert_eq(oc_get_copy(alive, &k2, out, sizeof out, &len), OC_OK, "%s", oc_last_error());
+    cr_assert_eq(memcmp(out, buf, sizeof buf), 0);
+    oc_close(alive, false);
+    svc_stop(&t);
+}
+
+/* the fd socket refuses bad attach messages and keeps serving */
+Test(session, attach_refusals) {
+    svc_t t;
+    svc_start(&t, 30, 16, 0);
+    char err[256];
+    sess_open_info_t info;
+    cr_assert_eq(sess_open(t.sm, "unit", 0, 0, NULL, true, "t", &info, err, sizeof err), 0, "%s", err);
+    struct { uint64_t sid, nonce; uint32_t want; } cases[] = {
+        { info.sid, info.nonce ^ 1, RP_PERMISSION_DENIED },
+        { info.sid ^ 1, info.nonce, RP_NOT_FOUND },
+    };
+    for (size_t i = 0; i < 2; i++) {
+        int fd;
+        cr_assert_eq(shm_connect(t.fdsock, &fd, err, sizeof err), 0, "%s", err);
+        rp_attach_t a = { RP_ATTACH_MAGIC, cases[i].sid, cases[i].nonce, RING_PROTO_VERSION, 0 };
+        cr_assert_eq(shm_send_fds(fd, &a, sizeof a, NULL, 0, err, sizeof err), 0, "%s", err);
+        rp_attach_reply_t r;
+        size_t len;
+        cr_assert_eq(shm_recv_fds(fd, &r, sizeof r, &len, NULL, 0, 5000, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(r.status, cases[i].want, "case %zu: status %u (%s)", i, r.status, r.msg);
+        close(fd);
+    }
+    /* a malformed message */
+    int fd;
+    cr_assert_eq(shm_connect(t.fdsock, &fd, err, sizeof err), 0, "%s", err);
+    char junk[7] = "garbage";
+    cr_assert_eq(shm_send_fds(fd, junk, sizeof junk, NULL, 0, err, sizeof err), 0, "%s", err);
+    rp_attach_reply_t r;
+    size_t len;
+    cr_assert_eq(shm_recv_fds(fd, &r, sizeof r, &len, NULL, 0, 5000, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(r.status, RP_INVALID_ARGUMENT);
+    close(fd);
+    /* the session can still attach normally through the library */
+    oc_client_t *c = client(&t, "unit", 0, 0, 0);
+    cr_assert(oc_is_shared(c));
+    cr_assert_eq(oc_nop(c), OC_OK, "%s", oc_last_error());
+    oc_close(c, false);
+    uint64_t freed;
+    cr_assert_eq(sess_close(t.sm, info.sid, false, &freed, err, sizeof err), 0, "%s", err);
+    svc_stop(&t);
+}
+
+/* limits: session count, quota ceiling, token */
+Test(session, limits) {
+    svc_t t;
+    svc_start(&t, 30, 2, 1 << 20);
+    char err[256];
+    sess_open_info_t a, b, c;
+    cr_assert_eq(sess_open(t.sm, "unit", 0, 0, NULL, false, NULL, &a, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(a.quota, 0u, "no --default-quota: 0 (the ceiling applies to requests)");
+    cr_assert_eq(sess_open(t.sm, "unit", 0, (1 << 20) + 1, NULL, false, NULL, &b, err, sizeof err),
+                 RP_RESOURCE_EXHAUSTED);
+    cr_assert(strstr(err, "quota") != NULL, "%s", err);
+    cr_assert_eq(sess_open(t.sm, "unit", 1, 1 << 20, NULL, false, NULL, &b, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(sess_open(t.sm, "unit", 2, 0, NULL, false, NULL, &c, err, sizeof err), RP_RESOURCE_EXHAUSTED);
+    cr_assert(strstr(err, "too many sessions") != NULL, "%s", err);
+    cr_assert_eq(sess_open(t.sm, "bad name", 2, 0, NULL, false, NULL, &c, err, sizeof err), RP_INVALID_ARGUMENT);
+    cr_assert(sess_token_ok(t.sm, "anything"), "no token configured");
+    double lease;
+    cr_assert_eq(sess_heartbeat(t.sm, a.sid, &lease, NULL, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_float_eq(lease, 30.0, 1e-9);
+    cr_assert_eq(sess_heartbeat(t.sm, 12345, NULL, NULL, NULL, err, sizeof err), RP_NOT_FOUND);
+    svc_stop(&t);
+}
+
+/* a service that is not running: a clear message naming the address */
+Test(session, service_gone) {
+    oc_options_t o = { 0 };
+    o.addr = "unix:/tmp/ballast-no-such-dir/none.sock";
+    o.job = "unit";
+    o.timeout_s = 2;
+    oc_client_t *c = NULL;
+    oc_status_t st = oc_open(&o, &c);
+    cr_assert_eq(st, OC_UNAVAILABLE, "%s", oc_last_error());
+    cr_assert(strstr(oc_last_error(), "/tmp/ballast-no-such-dir/none.sock") != NULL, "%s", oc_last_error());
+    cr_assert(strstr(oc_last_error(), "start it") != NULL, "%s", oc_last_error());
+}
+
+/* one client handle shared by several threads (the library serialises the
+ * ring and files completions by request id) */
+typedef struct { oc_client_t *c; int id; int bad; } thr_arg_t;
+
+static void *thr_main(void *p) {
+    thr_arg_t *a = p;
+    uint8_t buf[20000], out[20000];
+    for (int i = 0; i < 60; i++) {
+        size_t n = 1 + (size_t)((a->id * 7919 + i * 104729) % (int)sizeof buf);
+        fill(buf, n, (uint64_t)(a->id * 1000 + i));
+        oc_key_t k = { (uint32_t)a->id, OC_KIND_OTHER, (uint64_t)i, 0 };
+        uint64_t len = 0;
+        if (oc_put_copy(a->c, &k, buf, n, false) || oc_get_copy(a->c, &k, out, sizeof out, &len) ||
+            len != n || memcmp(buf, out, n) || oc_free(a->c, &k))
+            a->bad++;
+    }
+    return NULL;
+}
+
+Test(session, shared_handle_threads) {
+    svc_t t;
+    svc_start(&t, 30, 16, 0);
+    oc_client_t *c = client(&t, "unit", 0, 0, 0);
+    pthread_t th[4];
+    thr_arg_t a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (thr_arg_t){ c, i, 0 };
+        cr_assert_eq(pthread_create(&th[i], NULL, thr_main, &a[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(a[i].bad, 0, "thread %d saw %d failures (%s)", i, a[i].bad, oc_last_error());
+    }
+    store_stats_t st;
+    store_stats(t.store, &st);
+    cr_assert_eq(st.blobs, 0);
+    oc_close(c, false);
+    svc_stop(&t);
+}
