@@ -21,6 +21,29 @@
 static const backend_t *be;
 static void setup(void) { be = backend_cpu(2); }
 
+/* Test buffers come from here and are all released after each test, so a
+ * failing assertion mid-test leaks nothing either (LeakSanitizer, valgrind). */
+#define MAX_TEST_BUFS 512
+static void *test_bufs[MAX_TEST_BUFS];
+static int n_test_bufs;
+static void *track(void *p) {
+    cr_assert_not_null(p, "out of memory in a test buffer");
+    for (int i = 0; i < n_test_bufs; i++)
+        if (!test_bufs[i]) return test_bufs[i] = p;
+    cr_assert(n_test_bufs < MAX_TEST_BUFS, "too many test buffers");
+    return test_bufs[n_test_bufs++] = p;
+}
+static void *tmalloc(size_t n) { return track(malloc(n)); }
+static void *tcalloc(size_t n, size_t size) { return track(calloc(n, size)); }
+static void tfree(void *p) {
+    for (int i = 0; i < n_test_bufs; i++)
+        if (test_bufs[i] == p) { free(p); test_bufs[i] = NULL; return; }
+}
+static void teardown(void) {
+    for (int i = 0; i < n_test_bufs; i++) free(test_bufs[i]);
+    n_test_bufs = 0;
+}
+
 /* ---- helpers ---- */
 
 static uint64_t rng_state = 12345;
@@ -31,12 +54,12 @@ static double urand(void) {
 static double nrand(void) { return sqrt(-2 * log(urand())) * cos(2 * M_PI * urand()); }
 
 static double *drand_vec(size_t n, double scale) {
-    double *x = malloc(n * sizeof *x);
+    double *x = tmalloc(n * sizeof *x);
     for (size_t i = 0; i < n; i++) x[i] = scale * nrand();
     return x;
 }
 static float *to_f(const double *x, size_t n) {
-    float *f = malloc(n * sizeof *f);
+    float *f = tmalloc(n * sizeof *f);
     for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
     return f;
 }
@@ -105,7 +128,7 @@ static void ref_rope(double *out, const double *x, int B, int T, int nh, int Dh,
 
 static void ref_attention(double *out, const double *q, const double *k, const double *v, int B, int T, int H,
                           int Hkv, int Dh) {
-    double *s = malloc((size_t)T * sizeof *s);
+    double *s = tmalloc((size_t)T * sizeof *s);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             int kh = h / (H / Hkv);
@@ -126,7 +149,7 @@ static void ref_attention(double *out, const double *q, const double *k, const d
                 }
             }
         }
-    free(s);
+    tfree(s);
 }
 
 static double dot(const double *a, const double *b, size_t n) {
@@ -137,12 +160,12 @@ static double dot(const double *a, const double *b, size_t n) {
 
 /* ---- embedding ---- */
 
-Test(backend_cpu, embedding, .init = setup) {
+Test(backend_cpu, embedding, .init = setup, .fini = teardown) {
     int N = 9, D = 7, V = 5;
     int32_t tok[9] = { 3, 1, 3, 0, 4, 4, 2, 3, 1 };
     double *wte = drand_vec((size_t)V * D, 1), *w = drand_vec((size_t)N * D, 1);
     round_f(wte, (size_t)V * D); round_f(w, (size_t)N * D);
-    float *fw = to_f(wte, (size_t)V * D), *out = calloc((size_t)N * D, sizeof(float));
+    float *fw = to_f(wte, (size_t)V * D), *out = tcalloc((size_t)N * D, sizeof(float));
     be->embedding_fwd(out, tok, fw, N, D);
     for (int i = 0; i < N; i++)
         for (int j = 0; j < D; j++) cr_assert_eq(out[i * D + j], fw[tok[i] * D + j]);
@@ -151,12 +174,12 @@ Test(backend_cpu, embedding, .init = setup) {
     round_f(base, (size_t)V * D);
     float *dwte = to_f(base, (size_t)V * D), *fdw = to_f(w, (size_t)N * D);
     be->embedding_bwd(dwte, fdw, tok, N, D);
-    double *ref = malloc((size_t)V * D * sizeof *ref);
+    double *ref = tmalloc((size_t)V * D * sizeof *ref);
     memcpy(ref, base, (size_t)V * D * sizeof *ref);
     for (int i = 0; i < N; i++)
         for (int j = 0; j < D; j++) ref[tok[i] * D + j] += w[i * D + j];
     CHECK_REL(dwte, ref, (size_t)V * D, "embedding dwte (accumulated)");
-    free(wte); free(w); free(fw); free(out); free(base); free(dwte); free(fdw); free(ref);
+    tfree(wte); tfree(w); tfree(fw); tfree(out); tfree(base); tfree(dwte); tfree(fdw); tfree(ref);
 }
 
 /* ---- RMSNorm ---- */
@@ -168,14 +191,14 @@ static double rms_loss(void *p) {
     return dot(c->tmp, c->wo, (size_t)c->N * c->D);
 }
 
-Test(backend_cpu, rmsnorm, .init = setup) {
+Test(backend_cpu, rmsnorm, .init = setup, .fini = teardown) {
     int N = 5, D = 13;
     size_t n = (size_t)N * D;
-    rms_ctx c = { drand_vec(n, 1.5), drand_vec(D, 1), drand_vec(n, 1), malloc(n * sizeof(double)), N, D, 1e-5 };
+    rms_ctx c = { drand_vec(n, 1.5), drand_vec(D, 1), drand_vec(n, 1), tmalloc(n * sizeof(double)), N, D, 1e-5 };
     round_f(c.x, n); round_f(c.w, D); round_f(c.wo, n);
     for (int j = 0; j < D; j++) c.w[j] += 1; /* gains near 1 */
     round_f(c.w, D);
-    float *fx = to_f(c.x, n), *fw = to_f(c.w, D), *out = malloc(n * sizeof(float)), *rstd = malloc(N * sizeof(float));
+    float *fx = to_f(c.x, n), *fw = to_f(c.w, D), *out = tmalloc(n * sizeof(float)), *rstd = tmalloc(N * sizeof(float));
     be->rmsnorm_fwd(out, rstd, fx, fw, N, D, (float)c.eps);
     ref_rmsnorm(c.tmp, c.x, c.w, N, D, c.eps);
     CHECK_REL(out, c.tmp, n, "rmsnorm forward");
@@ -184,7 +207,7 @@ Test(backend_cpu, rmsnorm, .init = setup) {
     round_f(pre_dx, n); round_f(pre_dw, D);
     float *dx = to_f(pre_dx, n), *dw = to_f(pre_dw, D), *fdo = to_f(c.wo, n);
     be->rmsnorm_bwd(dx, dw, fdo, fx, fw, rstd, N, D);
-    double *gx = malloc(n * sizeof(double)), *gw = malloc(D * sizeof(double));
+    double *gx = tmalloc(n * sizeof(double)), *gw = tmalloc(D * sizeof(double));
     fd_grad(c.x, n, rms_loss, &c, gx);
     fd_grad(c.w, D, rms_loss, &c, gw);
     for (size_t i = 0; i < n; i++) gx[i] += pre_dx[i];
@@ -204,9 +227,9 @@ static double mm_loss(void *p) {
 
 static void check_matmul(int N, int I, int O, bool fd) {
     size_t nx = (size_t)N * I, nw = (size_t)O * I, no = (size_t)N * O;
-    mm_ctx c = { drand_vec(nx, 1), drand_vec(nw, 0.3), drand_vec(no, 1), malloc(no * sizeof(double)), N, I, O };
+    mm_ctx c = { drand_vec(nx, 1), drand_vec(nw, 0.3), drand_vec(no, 1), tmalloc(no * sizeof(double)), N, I, O };
     round_f(c.x, nx); round_f(c.w, nw); round_f(c.wo, no);
-    float *fx = to_f(c.x, nx), *fw = to_f(c.w, nw), *out = malloc(no * sizeof(float));
+    float *fx = to_f(c.x, nx), *fw = to_f(c.w, nw), *out = tmalloc(no * sizeof(float));
     be->matmul_fwd(out, fx, fw, N, I, O);
     ref_matmul(c.tmp, c.x, c.w, N, I, O);
     char what[96];
@@ -216,7 +239,7 @@ static void check_matmul(int N, int I, int O, bool fd) {
     double *pre_dx = drand_vec(nx, 1), *pre_dw = drand_vec(nw, 1);
     round_f(pre_dx, nx); round_f(pre_dw, nw);
     float *dx = to_f(pre_dx, nx), *dw = to_f(pre_dw, nw), *fdo = to_f(c.wo, no);
-    double *gx = malloc(nx * sizeof(double)), *gw = malloc(nw * sizeof(double));
+    double *gx = tmalloc(nx * sizeof(double)), *gw = tmalloc(nw * sizeof(double));
     fd_grad(c.x, nx, mm_loss, &c, gx);
     fd_grad(c.w, nw, mm_loss, &c, gw);
     for (size_t i = 0; i < nw; i++) gw[i] += pre_dw[i];
@@ -231,7 +254,7 @@ static void check_matmul(int N, int I, int O, bool fd) {
     CHECK_REL(dx, gx, nx, "matmul dx (overwritten)");
 }
 
-Test(backend_cpu, matmul, .init = setup) {
+Test(backend_cpu, matmul, .init = setup, .fini = teardown) {
     check_matmul(7, 37, 21, true);      /* edges of the 4x16 tiles */
     check_matmul(8, 16, 32, true);      /* whole tiles */
     check_matmul(67, 300, 70, false);   /* crosses the K block */
@@ -239,15 +262,15 @@ Test(backend_cpu, matmul, .init = setup) {
 }
 
 /* Same bits for 1 and 2 threads: resume and activation checkpointing rely on it. */
-Test(backend_cpu, matmul_deterministic_across_threads, .init = setup) {
+Test(backend_cpu, matmul_deterministic_across_threads, .init = setup, .fini = teardown) {
     int N = 45, I = 300, O = 77;
     double *x = drand_vec((size_t)N * I, 1), *w = drand_vec((size_t)O * I, 1);
     float *fx = to_f(x, (size_t)N * I), *fw = to_f(w, (size_t)O * I);
-    float *a = malloc((size_t)N * O * sizeof(float)), *b = malloc((size_t)N * O * sizeof(float));
+    float *a = tmalloc((size_t)N * O * sizeof(float)), *b = tmalloc((size_t)N * O * sizeof(float));
     backend_cpu(1)->matmul_fwd(a, fx, fw, N, I, O);
     backend_cpu(2)->matmul_fwd(b, fx, fw, N, I, O);
     cr_assert(memcmp(a, b, (size_t)N * O * sizeof(float)) == 0);
-    float *da = calloc((size_t)O * I, sizeof(float)), *db = calloc((size_t)O * I, sizeof(float));
+    float *da = tcalloc((size_t)O * I, sizeof(float)), *db = tcalloc((size_t)O * I, sizeof(float));
     backend_cpu(1)->matmul_bwd(NULL, da, a, fx, fw, N, I, O, false);
     backend_cpu(2)->matmul_bwd(NULL, db, a, fx, fw, N, I, O, false);
     cr_assert(memcmp(da, db, (size_t)O * I * sizeof(float)) == 0);
@@ -263,10 +286,10 @@ static double rope_loss(void *p) {
     return dot(c->tmp, c->wo, (size_t)c->B * c->T * c->nh * c->Dh);
 }
 
-Test(backend_cpu, rope, .init = setup) {
+Test(backend_cpu, rope, .init = setup, .fini = teardown) {
     int B = 2, T = 7, nh = 3, Dh = 10;
     size_t n = (size_t)B * T * nh * Dh;
-    rope_ctx c = { drand_vec(n, 1), drand_vec(n, 1), malloc(n * sizeof(double)), B, T, nh, Dh, 10000.0 };
+    rope_ctx c = { drand_vec(n, 1), drand_vec(n, 1), tmalloc(n * sizeof(double)), B, T, nh, Dh, 10000.0 };
     round_f(c.x, n); round_f(c.wo, n);
     float *x = to_f(c.x, n);
     be->rope_fwd(x, B, T, nh, Dh, (float)c.theta);
@@ -274,7 +297,7 @@ Test(backend_cpu, rope, .init = setup) {
     CHECK_REL(x, c.tmp, n, "rope forward");
     float *g = to_f(c.wo, n);
     be->rope_bwd(g, B, T, nh, Dh, (float)c.theta);
-    double *gx = malloc(n * sizeof(double));
+    double *gx = tmalloc(n * sizeof(double));
     fd_grad(c.x, n, rope_loss, &c, gx);
     CHECK_REL(g, gx, n, "rope backward");
 }
@@ -291,18 +314,18 @@ static double att_loss(void *p) {
 static void check_attention(int B, int T, int H, int Hkv, int Dh) {
     size_t nq = (size_t)B * T * H * Dh, nk = (size_t)B * T * Hkv * Dh;
     att_ctx c = { drand_vec(nq, 1), drand_vec(nk, 1), drand_vec(nk, 1), drand_vec(nq, 1),
-                  malloc(nq * sizeof(double)), B, T, H, Hkv, Dh };
+                  tmalloc(nq * sizeof(double)), B, T, H, Hkv, Dh };
     round_f(c.q, nq); round_f(c.k, nk); round_f(c.v, nk); round_f(c.wo, nq);
-    float *q = to_f(c.q, nq), *k = to_f(c.k, nk), *v = to_f(c.v, nk), *out = malloc(nq * sizeof(float));
+    float *q = to_f(c.q, nq), *k = to_f(c.k, nk), *v = to_f(c.v, nk), *out = tmalloc(nq * sizeof(float));
     cr_assert_eq(be->attention_state_numel(B, T, H), (size_t)B * H * T * T, "the CPU keeps the probabilities");
-    float *att = malloc(be->attention_state_numel(B, T, H) * sizeof(float));
+    float *att = tmalloc(be->attention_state_numel(B, T, H) * sizeof(float));
     be->attention_fwd(out, att, q, k, v, B, T, H, Hkv, Dh);
     ref_attention(c.tmp, c.q, c.k, c.v, B, T, H, Hkv, Dh);
     CHECK_REL(out, c.tmp, nq, "attention forward");
-    float *dq = malloc(nq * sizeof(float)), *dk = malloc(nk * sizeof(float)), *dv = malloc(nk * sizeof(float));
+    float *dq = tmalloc(nq * sizeof(float)), *dk = tmalloc(nk * sizeof(float)), *dv = tmalloc(nk * sizeof(float));
     float *dout = to_f(c.wo, nq);
     be->attention_bwd(dq, dk, dv, dout, out, q, k, v, att, B, T, H, Hkv, Dh);
-    double *gq = malloc(nq * sizeof(double)), *gk = malloc(nk * sizeof(double)), *gv = malloc(nk * sizeof(double));
+    double *gq = tmalloc(nq * sizeof(double)), *gk = tmalloc(nk * sizeof(double)), *gv = tmalloc(nk * sizeof(double));
     fd_grad(c.q, nq, att_loss, &c, gq);
     fd_grad(c.k, nk, att_loss, &c, gk);
     fd_grad(c.v, nk, att_loss, &c, gv);
@@ -311,9 +334,9 @@ static void check_attention(int B, int T, int H, int Hkv, int Dh) {
     CHECK_REL(dv, gv, nk, "attention dv");
 }
 
-Test(backend_cpu, attention_grouped_query, .init = setup) { check_attention(2, 5, 4, 2, 6); }
-Test(backend_cpu, attention_multi_head, .init = setup) { check_attention(1, 7, 3, 3, 4); }
-Test(backend_cpu, attention_multi_query, .init = setup) { check_attention(2, 4, 4, 1, 8); }
+Test(backend_cpu, attention_grouped_query, .init = setup, .fini = teardown) { check_attention(2, 5, 4, 2, 6); }
+Test(backend_cpu, attention_multi_head, .init = setup, .fini = teardown) { check_attention(1, 7, 3, 3, 4); }
+Test(backend_cpu, attention_multi_query, .init = setup, .fini = teardown) { check_attention(2, 4, 4, 1, 8); }
 
 /* ---- SwiGLU ---- */
 
@@ -325,18 +348,18 @@ static double sw_loss(void *p) {
     return s;
 }
 
-Test(backend_cpu, swiglu, .init = setup) {
+Test(backend_cpu, swiglu, .init = setup, .fini = teardown) {
     size_t n = 57;
     sw_ctx c = { drand_vec(n, 2), drand_vec(n, 1), drand_vec(n, 1), n };
     round_f(c.g, n); round_f(c.u, n); round_f(c.wo, n);
-    float *g = to_f(c.g, n), *u = to_f(c.u, n), *h = malloc(n * sizeof(float));
+    float *g = to_f(c.g, n), *u = to_f(c.u, n), *h = tmalloc(n * sizeof(float));
     be->swiglu_fwd(h, g, u, n);
-    double *ref = malloc(n * sizeof(double));
+    double *ref = tmalloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) ref[i] = c.g[i] / (1 + exp(-c.g[i])) * c.u[i];
     CHECK_REL(h, ref, n, "swiglu forward");
-    float *dg = malloc(n * sizeof(float)), *du = malloc(n * sizeof(float)), *dh = to_f(c.wo, n);
+    float *dg = tmalloc(n * sizeof(float)), *du = tmalloc(n * sizeof(float)), *dh = to_f(c.wo, n);
     be->swiglu_bwd(dg, du, dh, g, u, n);
-    double *gg = malloc(n * sizeof(double)), *gu = malloc(n * sizeof(double));
+    double *gg = tmalloc(n * sizeof(double)), *gu = tmalloc(n * sizeof(double));
     fd_grad(c.g, n, sw_loss, &c, gg);
     fd_grad(c.u, n, sw_loss, &c, gu);
     CHECK_REL(dg, gg, n, "swiglu dgate");
@@ -358,19 +381,19 @@ static double xe_loss(void *p) {
     return s * c->scale;
 }
 
-Test(backend_cpu, cross_entropy, .init = setup) {
+Test(backend_cpu, cross_entropy, .init = setup, .fini = teardown) {
     int N = 6, V = 11;
     size_t n = (size_t)N * V;
     int32_t y[6] = { 0, 10, 3, 3, 7, 5 };
     xe_ctx c = { drand_vec(n, 3), y, N, V, 1.0 / 6 };
     round_f(c.l, n);
-    float *l = to_f(c.l, n), *losses = malloc(N * sizeof(float));
+    float *l = to_f(c.l, n), *losses = tmalloc(N * sizeof(float));
     be->xent_fwd(losses, l, y, N, V);
     double total = 0;
     for (int i = 0; i < N; i++) total += losses[i];
     double ref = xe_loss(&c) * N;
     cr_assert(fabs(total - ref) <= TOL * fabs(ref), "xent forward %.9g vs %.9g", total, ref);
-    double *g = malloc(n * sizeof(double));
+    double *g = tmalloc(n * sizeof(double));
     fd_grad(c.l, n, xe_loss, &c, g);
     be->xent_bwd(l, l, y, (float)c.scale, N, V);   /* in place, as the model uses it */
     CHECK_REL(l, g, n, "xent dlogits");
@@ -378,11 +401,11 @@ Test(backend_cpu, cross_entropy, .init = setup) {
 
 /* ---- elementwise, reductions, AdamW ---- */
 
-Test(backend_cpu, add_scale_sumsq, .init = setup) {
+Test(backend_cpu, add_scale_sumsq, .init = setup, .fini = teardown) {
     size_t n = 100003;
     double *a = drand_vec(n, 1), *b = drand_vec(n, 1);
     round_f(a, n); round_f(b, n);
-    float *fa = to_f(a, n), *fb = to_f(b, n), *o = malloc(n * sizeof(float));
+    float *fa = to_f(a, n), *fb = to_f(b, n), *o = tmalloc(n * sizeof(float));
     be->add(o, fa, fb, n);
     for (size_t i = 0; i < n; i++) cr_assert_eq(o[i], fa[i] + fb[i]);
     double ss = 0;
@@ -393,7 +416,7 @@ Test(backend_cpu, add_scale_sumsq, .init = setup) {
     for (size_t i = 0; i < n; i++) cr_assert_eq(fa[i], (float)a[i] * 0.5f);
 }
 
-Test(backend_cpu, adamw_matches_the_formula, .init = setup) {
+Test(backend_cpu, adamw_matches_the_formula, .init = setup, .fini = teardown) {
     size_t n = 333;
     double *p = drand_vec(n, 1), *g = drand_vec(n, 1), *m = drand_vec(n, 0.1), *v = drand_vec(n, 0.1);
     for (size_t i = 0; i < n; i++) v[i] = fabs(v[i]);
@@ -404,7 +427,7 @@ Test(backend_cpu, adamw_matches_the_formula, .init = setup) {
     double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
     be->adamw(fp, fg, fm, fv, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, (float)(lr / bc1),
               (float)sqrt(bc2), (float)gs, NULL);
-    double *rp = malloc(n * sizeof(double)), *rm = malloc(n * sizeof(double)), *rv = malloc(n * sizeof(double));
+    double *rp = tmalloc(n * sizeof(double)), *rm = tmalloc(n * sizeof(double)), *rv = tmalloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) {
         double gi = g[i] * gs;
         rm[i] = b1 * m[i] + (1 - b1) * gi;
@@ -418,26 +441,26 @@ Test(backend_cpu, adamw_matches_the_formula, .init = setup) {
     for (size_t i = 0; i < n; i++) { rp[i] -= p[i]; fp[i] -= (float)p[i]; }
     double e = rel_err_fd(fp, rp, n);
     cr_assert(e <= 1e-3, "adamw update relative error %.3e", e);
-    free(p); free(g); free(m); free(v); free(fp); free(fg); free(fm); free(fv);
-    free(rp); free(rm); free(rv);
+    tfree(p); tfree(g); tfree(m); tfree(v); tfree(fp); tfree(fg); tfree(fm); tfree(fv);
+    tfree(rp); tfree(rm); tfree(rv);
 }
 
 /* fp32 act storage: the CPU's act_t buffers are plain floats, conversions
  * are copies, and AdamW's working-copy output equals the master. */
-Test(backend_cpu, act_storage_is_fp32, .init = setup) {
+Test(backend_cpu, act_storage_is_fp32, .init = setup, .fini = teardown) {
     cr_assert_eq(be->act_bytes, (int)sizeof(float));
     size_t n = 257;
     double *d = drand_vec(n, 3);
-    float *src = to_f(d, n), *dst = malloc(n * sizeof(float)), *host = malloc(n * sizeof(float));
+    float *src = to_f(d, n), *dst = tmalloc(n * sizeof(float)), *host = tmalloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) dst[i] = NAN;
     be->to_act(dst, src, n);
     cr_assert(memcmp(dst, src, n * sizeof(float)) == 0, "to_act must copy fp32 exactly");
     be->act_to_host(host, dst, n);
     cr_assert(memcmp(host, src, n * sizeof(float)) == 0, "act_to_host must copy fp32 exactly");
     cr_assert_eq(be_act_at(be, dst, 5), dst + 5);
-    float *g = to_f(d, n), *m = calloc(n, sizeof(float)), *v = calloc(n, sizeof(float)), *pa = malloc(n * sizeof(float));
+    float *g = to_f(d, n), *m = tcalloc(n, sizeof(float)), *v = tcalloc(n, sizeof(float)), *pa = tmalloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) pa[i] = NAN;
     be->adamw(src, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1e-2f, 0.2f, 1.f, pa);
     cr_assert(memcmp(pa, src, n * sizeof(float)) == 0, "the working copy must equal the updated master");
-    free(d); free(src); free(dst); free(host); free(g); free(m); free(v); free(pa);
+    tfree(d); tfree(src); tfree(dst); tfree(host); tfree(g); tfree(m); tfree(v); tfree(pa);
 }
