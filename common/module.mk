@@ -25,3 +25,12 @@ $(COMMON_LIB): $(COMMON_OBJS)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 LIBS += $(COMMON_LIB)
+
+# ballast_build_info (common/metrics.c): the git commit and the CUDA release
+# are baked into metrics.o; a stamp file rebuilds it when either changes.
+BALLAST_GIT_SHA  := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+BALLAST_CUDA_REL := $(if $(filter 1,$(HAVE_CUDA)),$(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p'),none)
+BUILD_INFO_STAMP := $(BUILD)/gen/build_info.stamp
+$(shell mkdir -p $(BUILD)/gen && { [ "$$(cat $(BUILD_INFO_STAMP) 2>/dev/null)" = "$(BALLAST_GIT_SHA) $(BALLAST_CUDA_REL)" ] || echo "$(BALLAST_GIT_SHA) $(BALLAST_CUDA_REL)" > $(BUILD_INFO_STAMP); })
+$(BUILD)/obj/common/metrics.o: $(BUILD_INFO_STAMP)
+$(BUILD)/obj/common/metrics.o: CFLAGS += -DBALLAST_GIT_SHA='"$(BALLAST_GIT_SHA)"' -DBALLAST_CUDA_VERSION='"$(or $(BALLAST_CUDA_REL),unknown)"'

@@ -27,4 +27,6 @@ JSON
     --ckpt-dir "$OUT/ckpt" --ckpt-every 100
 last=$(tail -1 "$OUT/log.jsonl" | sed -E 's/.*"loss": ([^,]+),.*/\1/')
 echo "demo: final loss $last nats/token against the floor $floor; log in $OUT/log.jsonl, checkpoints in $OUT/ckpt"
+"$BIN/ballast" report "$OUT/log.jsonl" --out "$OUT/report.html" --title "ballast demo: $STEPS steps on the synthetic corpus"
+echo "demo: open $OUT/report.html for the plots (loss against the floor, throughput, memory, step time)"
 echo "demo: export to Hugging Face format with: $BIN/ballast ckpt export --from $OUT/ckpt/<step dir> --out $OUT/hf"

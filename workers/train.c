@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "options.h"
 #include "workers/backend.h"
 #include "workers/backend_cuda/backend_cuda.h"
@@ -21,6 +22,7 @@
 #include "workers/data.h"
 #include "workers/model.h"
 #include "workers/optim.h"
+#include "workers/progress.h"
 #include "workers/safetensors.h"
 
 /* backend_cuda() comes from libballast_cuda.a, linked into ballast-worker
@@ -61,6 +63,10 @@ static const opt_t train_options[] = {
     { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads (0: all cores)", &g_opts.threads },
     { "backend", OPT_ENUM, "cpu", 0, 0, "cpu|cuda", "compute backend: cpu (fp32) or cuda (bf16 on GPU --device)", &g_opts.backend },
     { "device", OPT_INT, "0", 0, 1024, NULL, "GPU index for --backend cuda", &g_opts.device },
+    { "metrics-port", OPT_INT, "0", 0, 65535, NULL, "serve Prometheus /metrics on this port (0: off)", &g_opts.metrics_port },
+    { "metrics-bind", OPT_STRING, "0.0.0.0", 0, 0, NULL, "address the /metrics endpoint binds (127.0.0.1: this machine only)", &g_opts.metrics_bind },
+    { "skip-nonfinite", OPT_BOOL, "false", 0, 0, NULL, "skip the update of a step whose loss is NaN/inf instead of stopping (at most 9 in a row)", &g_opts.skip_nonfinite },
+    { "peak-tflops", OPT_DOUBLE, "0", 0, 1e6, NULL, "per-device peak TFLOP/s for MFU (0: the device table; the CPU has none)", &g_opts.peak_tflops },
     { "dump-grads", OPT_STRING, NULL, 0, 0, NULL, "test hook: write step 1's logits, loss and gradients (before clipping) as safetensors", &g_opts.dump_grads },
 };
 #define N_OPTS (sizeof train_options / sizeof train_options[0])
@@ -143,6 +149,8 @@ int train_run(const train_opts_t *o) {
     model_t model = { 0 };
     optim_t opt = { 0 };
     FILE *jlog = NULL;
+    progress_t *prog = NULL;
+    metrics_server_t *msrv = NULL;
     int32_t *inputs = NULL, *targets = NULL;
     float *logits_host = NULL;
     bool have_model = false, have_opt = false;
@@ -256,6 +264,21 @@ int train_run(const train_opts_t *o) {
         jlog = !strcmp(o->log_json, "-") ? stdout : fopen(o->log_json, start > 0 ? "a" : "w");
         if (!jlog) { log_error("--log-json %s: cannot open for writing", o->log_json); goto out; }
     }
+    if (o->metrics_port > 0) {
+        msrv = metrics_server_start(metrics_default(), o->metrics_bind, (int)o->metrics_port, err, sizeof err);
+        if (!msrv) { log_error("%s", err); goto out; }
+        log_info("metrics: http://%s:%d/metrics", o->metrics_bind, metrics_server_port(msrv));
+    }
+    progress_cfg_t pcfg = { .total_steps = o->steps, .start_step = start, .tokens_per_step = (int64_t)A * B * T,
+                            .flops_per_token = llama_flops_per_token(&cfg, T), .n_gpus = 1, .device = be->name,
+                            .peak_tflops = o->peak_tflops, .log_every = o->log_every, .console = con, .live = -1,
+                            .json = jlog, .rank = 0, .metrics = msrv ? metrics_default() : NULL };
+    prog = progress_new(&pcfg, err, sizeof err);
+    if (!prog || progress_write_settings(prog, train_options, N_OPTS, cfg.name, llama_total_params(&cfg),
+                                         progress_entropy_floor(o->data), err, sizeof err)) {
+        log_error("%s", err);
+        goto out;
+    }
 
     size_t N = (size_t)B * T;
     inputs = malloc(N * sizeof(int32_t));
@@ -266,17 +289,19 @@ int train_run(const train_opts_t *o) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
-    double t0 = now_s();
     double inv_tokens = 1.0 / ((double)A * B * T);
     int64_t last_saved = start;
     for (int64_t s = start + 1; s <= o->steps; s++) {
         double ts = now_s();
         int64_t k = s - 1;
         model_zero_grads(&model);
-        double loss_sum = 0;
+        double loss_sum = 0, data_s = 0;
         for (int a = 0; a < A; a++) {
-            if (data_batch(data, (data_order_t)o->data_order, (uint64_t)o->data_seed, k, a, A, 0, 1, B, T, inputs,
-                           targets, err, sizeof err)) {
+            double td = now_s();
+            int bad = data_batch(data, (data_order_t)o->data_order, (uint64_t)o->data_seed, k, a, A, 0, 1, B, T, inputs,
+                                 targets, err, sizeof err);
+            data_s += now_s() - td;
+            if (bad) {
                 log_error("%s", err);
                 goto out;
             }
@@ -286,9 +311,12 @@ int train_run(const train_opts_t *o) {
             model_backward(&model, (float)inv_tokens);
         }
         double loss = loss_sum * inv_tokens;
-        if (!isfinite(loss)) {
-            log_error("step %lld: the loss is not finite (%g); lower --lr or check the data", (long long)s, loss);
-            goto out;
+        char lmsg[512];
+        progress_loss_action_t act = progress_check_loss(prog, s, loss, o->skip_nonfinite, lmsg, sizeof lmsg);
+        if (act != PROGRESS_LOSS_OK) {
+            progress_clear_line(prog);
+            if (act == PROGRESS_LOSS_STOP) { log_error("%s", lmsg); goto out; }
+            log_warn("%s", lmsg);
         }
         double norm = optim_grad_norm(be, model.grads, model.n_params);
         if (logits_host && s == start + 1) {
@@ -296,21 +324,22 @@ int train_run(const train_opts_t *o) {
         }
         float coef = optim_clip_coef(norm, o->grad_clip);
         double lr = optim_lr(&ocfg, k);
-        optim_step(&opt, model.master, model.master == model.params ? NULL : model.params, model.grads, model.tensors,
-                   model.n_tensors, lr, coef);
+        if (act == PROGRESS_LOSS_OK)
+            optim_step(&opt, model.master, model.master == model.params ? NULL : model.params, model.grads, model.tensors,
+                       model.n_tensors, lr, coef);
+        else
+            opt.step++; /* skipped: keep the update count equal to the step, as a resume sets it */
 
-        double te = now_s();
-        double tok_s = (double)A * B * T / (te - ts);
-        if ((s - start) % o->log_every == 0 || s == o->steps)
-            fprintf(con, "step %6lld/%lld | loss %.6f | lr %.4e | grad norm %.4f | %.0f tok/s | %.1f s\n",
-                    (long long)s, (long long)o->steps, loss, lr, norm, tok_s, te - t0);
-        fflush(con);
-        if (jlog) {
-            fprintf(jlog, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.1f, "
-                          "\"elapsed_s\": %.3f, \"tokens\": %lld}\n",
-                    (long long)s, loss, lr, norm, tok_s, te - t0, (long long)(s * A * B * T));
-            fflush(jlog);
-        }
+        progress_step_t ps;
+        progress_step_init(&ps, s);
+        ps.loss = loss;
+        ps.lr = lr;
+        ps.grad_norm = norm;
+        ps.step_s = now_s() - ts;
+        ps.phase_s[PROGRESS_DATA] = data_s;
+        ps.mem_host_bytes = progress_rss_bytes();
+        ps.skipped = act != PROGRESS_LOSS_OK;
+        if (progress_record(prog, &ps, NULL, err, sizeof err)) { log_error("%s", err); goto out; }
         bool save = o->ckpt_dir && ((o->ckpt_every && s % o->ckpt_every == 0) || s == o->steps || g_stop);
         if (save) {
             ckpt_meta_t meta = { .step = s, .cfg = cfg, .ocfg = ocfg, .data_order = o->data_order,
@@ -319,9 +348,11 @@ int train_run(const train_opts_t *o) {
             snprintf(meta.data, sizeof meta.data, "%s", o->data);
             if (ckpt_save(o->ckpt_dir, &meta, &model, &opt, err, sizeof err)) { log_error("%s", err); goto out; }
             last_saved = s;
+            progress_clear_line(prog);
             log_info("saved checkpoint %s/step-%08lld", o->ckpt_dir, (long long)s);
         }
         if (g_stop) {
+            progress_clear_line(prog);
             log_warn("stopping after step %lld on a signal%s", (long long)s, last_saved == s ? " (checkpoint saved)" : "");
             status = 130;
             goto out;
@@ -329,6 +360,8 @@ int train_run(const train_opts_t *o) {
     }
     status = 0;
 out:
+    progress_free(prog);
+    metrics_server_stop(msrv);
     if (jlog && jlog != stdout) fclose(jlog);
     free(inputs);
     free(targets);

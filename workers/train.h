@@ -36,6 +36,10 @@ typedef struct {
     int backend;              /* 0 = cpu, 1 = cuda */
     int64_t device;           /* GPU index for the cuda backend */
     const char *dump_grads;   /* test hook: step 1's logits, loss and gradients */
+    int64_t metrics_port;     /* Prometheus /metrics port (docs/observability.md); 0 = off */
+    const char *metrics_bind; /* address /metrics binds */
+    bool skip_nonfinite;      /* skip the update of a step with a NaN/inf loss instead of stopping */
+    double peak_tflops;       /* per-device peak for MFU; 0 = the device table (none for the CPU) */
 } train_opts_t;
 
 /* Parse argv (argv[0] is the program name). Returns 0 to run, 1 when help

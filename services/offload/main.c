@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "options.h"
 #include "rpc.h"
 #include "shm.h"
@@ -23,6 +24,7 @@
 #include "services/offload/rpc_service.h"
 #include "services/offload/session.h"
 #include "services/offload/store.h"
+#include "services/offload/svc_metrics.h"
 
 static volatile sig_atomic_t g_stop;
 static volatile int g_drained;
@@ -39,6 +41,8 @@ static uint64_t o_pool_bytes, o_segment_bytes, o_spill_bytes, o_spill_file_bytes
                 o_session_quota, o_default_quota, o_max_msg;
 static double o_lease, o_evict_wait, o_stats_interval, o_drain_grace;
 static int o_huge, o_io_backend;
+static int64_t o_metrics_port;
+static const char *o_metrics_bind;
 static bool o_mlock, o_log_json, o_direct_io;
 
 static const opt_t opts[] = {
@@ -52,6 +56,8 @@ static const opt_t opts[] = {
       "TCP port serving only grpc.health.v1.Health (-1 = off, 0 = pick one)", &o_health_port },
     { "health-bind", OPT_STRING, "127.0.0.1", 0, 0, NULL,
       "address the health port binds (0.0.0.0 for Kubernetes probes)", &o_health_bind },
+    { "metrics-port", OPT_INT, "0", 0, 65535, NULL, "serve Prometheus /metrics on this TCP port (0: off)", &o_metrics_port },
+    { "metrics-bind", OPT_STRING, "0.0.0.0", 0, 0, NULL, "address of /metrics (127.0.0.1: this machine only)", &o_metrics_bind },
     { "pool-bytes", OPT_SIZE, "1G", 1 << 20, 1ull << 50, NULL, "host memory pool size", &o_pool_bytes },
     { "segment-bytes", OPT_SIZE, "0", 0, 1ull << 50, NULL,
       "size of one pool segment (0 = one segment for the whole pool)", &o_segment_bytes },
@@ -127,6 +133,32 @@ static void log_stats(store_t *store, sess_mgr_t *sm) {
              "%llu evictions, io %s", used, tot, spl, (unsigned long long)st.blobs,
              (unsigned long long)st.sessions, (unsigned long long)sc.ring_ops,
              (unsigned long long)sc.ring_errors, (unsigned long long)st.evictions, st.io_backend);
+}
+
+/* ---- metrics: the figures svc_metrics mirrors at every scrape ---- */
+
+typedef struct {
+    store_t *store;
+    sess_mgr_t *sm;
+} svc_ref_t;
+
+static void read_svc(void *arg, svc_metrics_sample_t *out) {
+    svc_ref_t *r = arg;
+    store_stats_t st;
+    sess_counters_t sc;
+    store_stats(r->store, &st);
+    sess_counters(r->sm, &sc);
+    out->pool_used_bytes = st.pool.used_bytes;
+    out->pool_capacity_bytes = st.pool.total_bytes;
+    out->spill_used_bytes = st.spilled_bytes;
+    out->blobs = st.blobs;
+    out->sessions = st.sessions;
+    out->spill_write_bytes = st.spill_write_bytes;
+    out->spill_read_bytes = st.spill_read_bytes;
+    out->evictions = st.evictions;
+    out->crc_errors = st.crc_errors;
+    out->quota_refusals = sc.quota_refusals;
+    /* put_bytes / get_bytes stay 0 until store_stats_t counts them */
 }
 
 int main(int argc, char **argv) {
@@ -223,6 +255,9 @@ int main(int argc, char **argv) {
         return 1;
     }
 
+    svc_ref_t sref = { store, sm };
+    svc_metrics_t *smx = NULL;
+    metrics_server_t *msrv = NULL;
     rpc_server_opts_t ro = { (int)o_threads, (size_t)o_max_msg };
     char rerr[RPC_ERR_LEN];
     rpc_server_t *srv = rpc_server_new(&ro, rerr, sizeof rerr);
@@ -263,6 +298,15 @@ int main(int argc, char **argv) {
         if (hsrv) log_info("health: grpc.health.v1 on %s:%d", o_health_bind, health_port);
         if (listen_port) log_info("remote mode: listening on TCP port %d", listen_port);
     }
+    if (o_metrics_port > 0) {
+        char merr[METRICS_ERR_LEN];
+        if (!(smx = svc_metrics_init(metrics_default(), read_svc, &sref, merr, sizeof merr)) ||
+            !(msrv = metrics_server_start(metrics_default(), o_metrics_bind, (int)o_metrics_port, merr, sizeof merr))) {
+            log_error("metrics: %s", merr);
+            goto fail;
+        }
+        log_info("metrics: http://%s:%d/metrics", o_metrics_bind, metrics_server_port(msrv));
+    }
     if (o_port_file && o_port_file[0]) {
         char tmp[4096];
         snprintf(tmp, sizeof tmp, "%s.tmp", o_port_file);
@@ -287,6 +331,8 @@ int main(int argc, char **argv) {
     rpc_server_set_health(srv, "", RPC_HEALTH_NOT_SERVING);
     sess_mgr_set_draining(sm);
     rpc_server_stop(srv, (int)(o_drain_grace * 1000));
+    metrics_server_stop(msrv); /* before what the collector reads goes away */
+    svc_metrics_free(smx);
     sess_mgr_close(sm); /* ring threads serve what is queued, then sessions end */
     sm = NULL;
     rc = store_drain(store, sterr, sizeof sterr);
@@ -300,6 +346,8 @@ int main(int argc, char **argv) {
     return rc ? 1 : 0;
 
 fail:
+    metrics_server_stop(msrv);
+    svc_metrics_free(smx);
     rpc_server_free(srv);
     rpc_server_free(hsrv);
     sess_mgr_close(sm);

@@ -34,7 +34,7 @@ V=$(tr -d '\n' < "$D/config.json" | sed -nE 's/.*"vocab_size": *([0-9]+).*/\1/p'
 "$W" --model "$D/config.json" --data "$D/c.bin" --micro-batch "$B" --seq-len "$T" --steps "$STEPS" \
     --threads "$THREADS" --lr 1e-4 --log-json "$D/log.jsonl" > "$D/w.out" 2>&1 ||
     { echo "train_vs_torch: worker failed: $(tail -3 "$D/w.out")" >&2; exit 1; }
-ours=$(tail -n +2 "$D/log.jsonl" | sed -E 's/.*"tokens_per_s": ([0-9.]+).*/\1/' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+ours=$(grep '"step": ' "$D/log.jsonl" | tail -n +2 | sed -E 's/.*"tokens_per_s": ([0-9.]+).*/\1/' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
 torch=$(/usr/bin/python3 tests/reference/llama_ref.py --bench "$D/config.json" "$B" "$T" "$STEPS" "$THREADS") &&
     [ -n "$torch" ] || { echo "train_vs_torch: the PyTorch run failed" >&2; exit 1; }
 echo "train_vs_torch: model $MODEL, batch $B x $T, $THREADS threads, median of $((STEPS - 1)) steps"

@@ -23,7 +23,7 @@ start=$(date +%s)
     { t_fail "training run" "$(tail -5 "$D/train.out")"; t_done; exit 1; }
 secs=$(( $(date +%s) - start ))
 mean=$(tail -20 "$D/log.jsonl" | sed -E 's/.*"loss": ([^,]+),.*/\1/' | awk '{ s += $1 } END { printf "%.6f", s / NR }')
-first=$(head -1 "$D/log.jsonl" | sed -E 's/.*"loss": ([^,]+),.*/\1/')
+first=$(grep -m1 '"step": ' "$D/log.jsonl" | sed -E 's/.*"loss": ([^,]+),.*/\1/')
 echo "# entropy $H nats/token; loss $first -> mean of the last 20 steps $mean; ${secs}s"
 if awk -v m="$mean" -v h="$H" 'BEGIN { exit !(h > 0 && m <= 1.10 * h) }'; then
     t_ok "mean loss of the last 20 steps $mean is within 10% of the entropy $H"

@@ -285,7 +285,7 @@ def check_config(worker, tmp, name, cfg, B, T, A, seed, dtype, nfiles):
                   "--beta2", str(hp["beta2"]), "--adam-eps", str(hp["eps"]), "--weight-decay", str(hp["wd"]),
                   "--grad-clip", str(hp["clip"]), "--log-json", log])
     with open(log) as f:
-        ours_curve = [json.loads(line) for line in f if line.strip()]
+        ours_curve = [r for r in (json.loads(line) for line in f if line.strip()) if "step" in r]  # not the settings record
     P = {n: torch.tensor(w.astype(np.float64), requires_grad=True) for n, w in W.items()}
     decay = [P[n] for n in shapes if len(shapes[n]) >= 2]
     nodecay = [P[n] for n in shapes if len(shapes[n]) < 2]
