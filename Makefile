@@ -28,7 +28,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # Debian packages the build, the tests and the benchmarks need.
 DEPS_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
              liburing-dev libjemalloc-dev libjansson-dev libmicrohttpd-dev libcriterion-dev \
-             python3-torch python3-numpy libopenblas0-pthread fio valgrind docker-compose
+             python3-torch python3-numpy libopenblas0-pthread fio valgrind docker-compose python3-yaml
 PKGS      := grpc libprotobuf-c liburing jemalloc jansson libmicrohttpd
 
 SAN_FLAGS_asan := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined

@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""k8s_check.py: check rendered Kubernetes manifests (the output of
+`kubectl kustomize`) for what parses fine but breaks at run time.
+
+Not a schema validation against the Kubernetes OpenAPI (no schemas are
+available offline here); it checks a subset by hand:
+  - every object: a known apiVersion/kind pair, metadata.name a DNS-1123 name,
+    required fields of its kind (selector, template, containers, images);
+  - workload selectors match their pod template labels; every Service
+    selects some pod template and its targetPorts exist on those containers;
+  - probes (grpc/tcpSocket/httpGet) point at a declared containerPort, and
+    ballastd's probes at its --health-port;
+  - configMapRef/secretRef/volume references resolve (Secrets may be external:
+    reported, not failed);
+  - ballastd: memory request >= --pool-bytes; its --socket directory is the
+    mount of a hostPath (DaemonSet) and every worker mounts the same host
+    path at the same directory; both run as the same uid (the fd socket's
+    peer check);
+  - workers: /dev/shm is a memory emptyDir; nvidia.com/gpu limits set iff
+    BALLAST_BACKEND is cuda; an Indexed Job whose completions and parallelism
+    equal WORLD_SIZE (LOCAL_WORLD_SIZE 1); MASTER_ADDR is index 0 of the Job
+    under a headless Service with publishNotReadyAddresses that is the pod
+    template's subdomain.
+Prints "OK|name" / "FAIL|name|why" lines; exit 1 if any check failed.
+"""
+import re
+import sys
+
+import yaml
+
+KINDS = {
+    ("v1", "ConfigMap"), ("v1", "Service"), ("v1", "Secret"), ("v1", "ServiceAccount"),
+    ("apps/v1", "DaemonSet"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
+    ("batch/v1", "Job"), ("policy/v1", "PodDisruptionBudget"),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+}
+DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+FAILED = []
+
+
+def ok(name):
+    print(f"OK|{name}", flush=True)
+
+
+def fail(name, why):
+    FAILED.append(name)
+    print(f"FAIL|{name}|{why}", flush=True)
+
+
+def check(cond, name, why):
+    ok(name) if cond else fail(name, why)
+    return cond
+
+
+SIZE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40,
+        "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 1000}
+
+
+def quantity(s):
+    """Kubernetes quantity or ballast size (64M, 1.5G: powers of 1024) -> bytes."""
+    m = re.fullmatch(r"([0-9.]+)\s*([KMGT]i?|k)?", str(s))
+    if not m:
+        raise ValueError(f"bad quantity {s!r}")
+    return float(m.group(1)) * SIZE[m.group(2) or ""]
+
+
+def flag(args, name):
+    for i, a in enumerate(args):
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def pod_spec(o):
+    spec = o.get("spec") or {}
+    return ((spec.get("template") or {}).get("spec")) if o["kind"] != "Pod" else spec
+
+
+def containers(o):
+    ps = pod_spec(o) or {}
+    return (ps.get("initContainers") or []) + (ps.get("containers") or [])
+
+
+def env_of(c, configmaps):
+    env = {}
+    for ef in c.get("envFrom") or []:
+        ref = (ef.get("configMapRef") or {}).get("name")
+        if ref in configmaps:
+            env.update(configmaps[ref].get("data") or {})
+    for e in c.get("env") or []:
+        if "value" in e:
+            env[e["name"]] = str(e["value"])
+    return env
+
+
+def expand_jobsets(docs):
+    """A JobSet as what its controller creates: per replicated job (one
+    replica) an Indexed Job named <jobset>-<rjob>-0, and with
+    network.enableDNSHostnames a headless Service named network.subdomain
+    (default: the JobSet's name) that the pods use as their subdomain."""
+    extra = []
+    for js in [d for d in docs if d.get("kind") == "JobSet"]:
+        spec = js.get("spec") or {}
+        net = spec.get("network") or {}
+        sub = net.get("subdomain") or js["metadata"]["name"]
+        for rj in spec.get("replicatedJobs") or []:
+            if rj.get("replicas", 1) != 1:
+                fail(f"JobSet/{js['metadata']['name']}: {rj.get('name')} has one replica",
+                     "ranks from JOB_COMPLETION_INDEX need replicas: 1")
+            job = {"apiVersion": "batch/v1", "kind": "Job",
+                   "metadata": {"name": f"{js['metadata']['name']}-{rj['name']}-0"},
+                   "spec": (rj.get("template") or {}).get("spec") or {}}
+            job["spec"].setdefault("template", {}).setdefault("spec", {})
+            if net.get("enableDNSHostnames"):
+                job["spec"]["template"]["spec"]["subdomain"] = sub
+            extra.append(job)
+        if net.get("enableDNSHostnames"):
+            extra.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": sub},
+                          "spec": {"clusterIP": "None",
+                                   "publishNotReadyAddresses": net.get("publishNotReadyAddresses", True),
+                                   "selector": {"jobset.sigs.k8s.io/jobset-name": js["metadata"]["name"]},
+                                   "ports": []}})
+            for j in extra:
+                if j["kind"] == "Job":
+                    md = j["spec"]["template"].setdefault("metadata", {})
+                    md.setdefault("labels", {})["jobset.sigs.k8s.io/jobset-name"] = js["metadata"]["name"]
+    return extra
+
+
+def main(path, label):
+    docs = [d for d in yaml.safe_load_all(open(path)) if d]
+    for d in docs:
+        if not isinstance(d, dict):
+            fail(f"{label}: a document is an object", repr(d)[:80])
+            return 1
+    real = list(docs)
+    docs = docs + expand_jobsets(docs)
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d.get("kind"), []).append(d)
+    configmaps = {d["metadata"]["name"]: d for d in by_kind.get("ConfigMap", [])}
+    secrets = {d["metadata"]["name"] for d in by_kind.get("Secret", [])}
+    workloads = [d for d in docs if d.get("kind") in ("DaemonSet", "Deployment", "StatefulSet", "Job")]
+    P = label + ": "
+
+    # ---- every object ----
+    names = set()
+    for d in real:
+        kind, av, md = d.get("kind"), d.get("apiVersion"), d.get("metadata") or {}
+        n = md.get("name", "")
+        tag = f"{P}{kind}/{n}"
+        check((av, kind) in KINDS, f"{tag}: apiVersion {av} kind {kind}", "not a known apiVersion/kind pair")
+        check(bool(n) and len(n) <= 253 and DNS1123.match(n) is not None, f"{tag}: name is DNS-1123", repr(n))
+        check((kind, n) not in names, f"{tag}: unique", "duplicate kind/name")
+        names.add((kind, n))
+
+    # ---- workloads ----
+    for w in workloads:
+        tag = f"{P}{w['kind']}/{w['metadata']['name']}"
+        spec = w.get("spec") or {}
+        tmpl = spec.get("template") or {}
+        labels = (tmpl.get("metadata") or {}).get("labels") or {}
+        ps = tmpl.get("spec") or {}
+        sel = (spec.get("selector") or {}).get("matchLabels")
+        if w["kind"] != "Job" or sel:
+            check(bool(sel) and all(labels.get(k) == v for k, v in sel.items()),
+                  f"{tag}: selector matches the template labels", f"selector {sel}, labels {labels}")
+        cs = ps.get("containers") or []
+        check(bool(cs) and all(c.get("name") and c.get("image") for c in cs + (ps.get("initContainers") or [])),
+              f"{tag}: containers have names and images", "missing containers, name or image")
+        if w["kind"] == "Job":
+            check(ps.get("restartPolicy") in ("Never", "OnFailure"), f"{tag}: restartPolicy Never/OnFailure",
+                  f"restartPolicy {ps.get('restartPolicy')}")
+        vols = {v["name"]: v for v in ps.get("volumes") or []}
+        for c in containers(w):
+            ports = {p.get("name"): p["containerPort"] for p in c.get("ports") or []}
+            for vm in c.get("volumeMounts") or []:
+                check(vm["name"] in vols, f"{tag}/{c['name']}: volume {vm['name']} exists", "no such volume")
+            for ef in c.get("envFrom") or []:
+                ref = (ef.get("configMapRef") or {}).get("name")
+                if ref:
+                    check(ref in configmaps, f"{tag}/{c['name']}: ConfigMap {ref} exists", "not rendered")
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                pr = c.get(kind)
+                if not pr:
+                    continue
+                h = pr.get("grpc") or pr.get("tcpSocket") or pr.get("httpGet") or {}
+                port = h.get("port")
+                good = port in ports.values() or port in ports
+                check(good, f"{tag}/{c['name']}: {kind} port {port} is a container port",
+                      f"container ports {ports}")
+                hp = flag(c.get("args") or [], "--health-port")
+                if hp is not None and pr.get("grpc"):
+                    check(str(port) == hp, f"{tag}/{c['name']}: {kind} probes --health-port {hp}",
+                          f"probes {port}")
+        for v in vols.values():
+            s = (v.get("secret") or {}).get("secretName")
+            if s and s not in secrets:
+                ok(f"{tag}: Secret {s} is external (create it before applying)")
+
+    # ---- Services ----
+    for s in by_kind.get("Service", []):
+        tag = f"{P}Service/{s['metadata']['name']}"
+        sel = (s.get("spec") or {}).get("selector") or {}
+        matches = [w for w in workloads if all(((w["spec"]["template"].get("metadata") or {}).get("labels") or {})
+                                               .get(k) == v for k, v in sel.items())]
+        if not check(bool(sel) and bool(matches), f"{tag}: selects a pod template", f"selector {sel} matches nothing"):
+            continue
+        for p in s["spec"].get("ports") or []:
+            tp = p.get("targetPort", p.get("port"))
+            cports = [(cp.get("name"), cp["containerPort"]) for w in matches for c in containers(w)
+                      for cp in c.get("ports") or []]
+            check(any(tp == n or tp == num for n, num in cports), f"{tag}: targetPort {tp} is a container port",
+                  f"container ports {cports}")
+
+    # ---- ballastd ----
+    ballastd = []
+    for w in workloads:
+        for c in (pod_spec(w) or {}).get("containers") or []:
+            if c.get("image", "").split(":")[0].endswith("ballast-offload") and c.get("args"):
+                ballastd.append((w, c))
+    check(len(ballastd) > 0, f"{P}a ballastd container exists", "no container runs the ballast-offload image")
+    sock_host = None
+    uid = {}
+    for w, c in ballastd:
+        tag = f"{P}{w['kind']}/{w['metadata']['name']}"
+        args = c["args"]
+        pool = quantity(flag(args, "--pool-bytes") or "1G")
+        req = ((c.get("resources") or {}).get("requests") or {}).get("memory")
+        check(req is not None and quantity(req) >= pool, f"{tag}: memory request >= --pool-bytes",
+              f"request {req}, pool {flag(args, '--pool-bytes')}")
+        uid["ballastd"] = ((pod_spec(w).get("securityContext") or {}).get("runAsUser"))
+        sockdir = (flag(args, "--socket") or "/run/ballast/ballastd.sock").rsplit("/", 1)[0]
+        vols = {v["name"]: v for v in pod_spec(w).get("volumes") or []}
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
+        check(sockdir in mounts, f"{tag}: the socket directory {sockdir} is a volume", f"mounts {list(mounts)}")
+        if w["kind"] == "DaemonSet" and sockdir in mounts:
+            hp = (vols.get(mounts[sockdir]) or {}).get("hostPath")
+            if check(hp is not None, f"{tag}: the socket directory is a hostPath", "node-local ballastd needs one"):
+                sock_host = (hp["path"], sockdir)
+        if w["kind"] != "DaemonSet":
+            check(flag(args, "--listen") is not None, f"{tag}: a ballastd outside the nodes listens on TCP",
+                  "remote mode needs --listen")
+            check(flag(args, "--token-file") is not None, f"{tag}: remote mode has a token", "--token-file missing")
+
+    # ---- workers ----
+    jobs = [w for w in by_kind.get("Job", []) if any(c.get("image", "").split(":")[0].endswith("ballast-worker")
+                                                    for c in pod_spec(w).get("containers") or [])]
+    check(len(jobs) > 0, f"{P}a worker Job exists", "no Job runs the ballast-worker image")
+    for j in jobs:
+        tag = f"{P}Job/{j['metadata']['name']}"
+        ps = pod_spec(j)
+        vols = {v["name"]: v for v in ps.get("volumes") or []}
+        uid["workers"] = (ps.get("securityContext") or {}).get("runAsUser")
+        for c in ps.get("containers") or []:
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
+            shm = vols.get(mounts.get("/dev/shm"), {})
+            check((shm.get("emptyDir") or {}).get("medium") == "Memory", f"{tag}/{c['name']}: /dev/shm is a memory emptyDir",
+                  f"/dev/shm volume {shm}")
+            env = env_of(c, configmaps)
+            backend = env.get("BALLAST_BACKEND", "cpu")
+            limits = (c.get("resources") or {}).get("limits") or {}
+            gpus = int(limits.get("nvidia.com/gpu", 0))
+            check((backend == "cuda") == (gpus > 0), f"{tag}/{c['name']}: GPU limits match BALLAST_BACKEND={backend}",
+                  f"nvidia.com/gpu limit {gpus}")
+            if sock_host:
+                hp, sockdir = sock_host
+                v = vols.get(mounts.get(sockdir), {})
+                check((v.get("hostPath") or {}).get("path") == hp,
+                      f"{tag}/{c['name']}: mounts ballastd's socket directory (host {hp}) at {sockdir}",
+                      f"{sockdir} is {v or 'not mounted'}")
+            spec = j["spec"]
+            world = int(env.get("WORLD_SIZE", "1"))
+            lws = int(env.get("LOCAL_WORLD_SIZE", "1"))
+            check(spec.get("completionMode") == "Indexed", f"{tag}: Indexed (JOB_COMPLETION_INDEX is the rank)",
+                  f"completionMode {spec.get('completionMode')}")
+            check(lws == 1 and spec.get("completions") == world and spec.get("parallelism") == world,
+                  f"{tag}: completions and parallelism equal WORLD_SIZE {world}",
+                  f"completions {spec.get('completions')}, parallelism {spec.get('parallelism')}, LOCAL_WORLD_SIZE {lws}")
+            sub = ps.get("subdomain")
+            hs = [s for s in by_kind.get("Service", []) if s["metadata"]["name"] == sub]
+            check(bool(hs) and hs[0]["spec"].get("clusterIP") == "None" and hs[0]["spec"].get("publishNotReadyAddresses") is True,
+                  f"{tag}: subdomain {sub} is a headless Service publishing not-ready addresses", f"services {hs}")
+            want = f"{j['metadata']['name']}-0.{sub}"
+            ma = env.get("MASTER_ADDR", "")
+            check(ma == want or ma.startswith(want + "."), f"{tag}: MASTER_ADDR is index 0 ({want})", f"MASTER_ADDR {ma!r}")
+            if "BALLASTD_ADDR" in env:
+                host, _, port = env["BALLASTD_ADDR"].rpartition(":")
+                svc = [s for s in by_kind.get("Service", []) if s["metadata"]["name"] == host]
+                check(bool(svc) and any(str(p["port"]) == port for p in svc[0]["spec"].get("ports") or []),
+                      f"{tag}: BALLASTD_ADDR {env['BALLASTD_ADDR']} is a Service port", f"services {[s['metadata']['name'] for s in by_kind.get('Service', [])]}")
+    if "ballastd" in uid and "workers" in uid and sock_host:
+        check(uid["ballastd"] == uid["workers"] and uid["ballastd"] is not None,
+              f"{P}ballastd and the workers run as the same uid (fd socket peer check)", f"uids {uid}")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]))
