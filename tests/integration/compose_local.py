@@ -182,8 +182,11 @@ def losses(path):
     vals = []
     for line in open(path):
         line = line.strip()
-        if line:
-            vals.append(float(json.loads(line)["loss"]))
+        if not line:
+            continue
+        rec = json.loads(line)
+        if "step" in rec and rec.get("loss") is not None:  # skip the settings record
+            vals.append(float(rec["loss"]))
     return vals
 
 
