@@ -391,3 +391,6 @@ out:
 int ckpt_read_weights(const char *path, const model_t *m, float *host, char *err, size_t errlen) {
     return ckpt_read_host(path, m, host, NULL, NULL, NULL, err, errlen);
 }
+
+int ckpt_mkdirs(const char *path, char *err, size_t errlen) { return mkdir_p(path, err, errlen); }
+void ckpt_remove_tree(const char *path) { rm_rf(path); }

@@ -61,6 +61,11 @@ int ckpt_load_hf(const char *dir, model_t *m, char *err, size_t errlen);
 int ckpt_write_hf(const char *out_dir, const model_t *m, const float *host_params, int dtype,
                   char *err, size_t errlen);
 
+/* mkdir -p; 0 or -1 with a message. */
+int ckpt_mkdirs(const char *path, char *err, size_t errlen);
+/* rm -rf of a checkpoint's temporary directory. */
+void ckpt_remove_tree(const char *path);
+
 /* IEEE crc32 of a file's bytes; -1 when unreadable. */
 int ckpt_file_crc32(const char *path, uint32_t *crc, uint64_t *size);
 

@@ -234,6 +234,15 @@ void model_set_params(model_t *m, const float *host) {
 }
 void model_zero_grads(model_t *m) { m->be->memset0(m->grads, m->n_params * sizeof(float)); }
 
+void model_drop_params(model_t *m) {
+    if (m->master && m->master != m->params) m->be->free(m->master);
+    if (m->params) m->be->free(m->params);
+    if (m->grads) m->be->free(m->grads);
+    m->params = NULL;
+    m->master = NULL;
+    m->grads = NULL;
+}
+
 /* ---- blocks ---- */
 
 void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *x_out, block_acts_t *a) {

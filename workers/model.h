@@ -132,6 +132,12 @@ void model_backward(model_t *m, float loss_scale);
 /* Zero the gradients. */
 void model_zero_grads(model_t *m);
 
+/* Free the full parameter, master and gradient buffers (n_params each) for
+ * a driver that places parameters itself (workers/fsdp.h keeps 1/S of
+ * them); model_forward/model_backward and the functions reading m->params
+ * must not be called afterwards, the block/embed/head pieces still work. */
+void model_drop_params(model_t *m);
+
 /* The pieces of model_forward / model_backward, in their order, for a
  * driver that places parameters itself (sharded training gathers each
  * block's buffer just before it runs). Parameter and gradient pointers are

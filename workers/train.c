@@ -13,8 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "errbuf.h"
 #include "log.h"
 #include "metrics.h"
+#include "topology.h"
 #include "options.h"
 #include "workers/backend.h"
 #include "workers/backend_cuda/backend_cuda.h"
@@ -68,6 +70,16 @@ static const opt_t train_options[] = {
     { "skip-nonfinite", OPT_BOOL, "false", 0, 0, NULL, "skip the update of a step whose loss is NaN/inf instead of stopping (at most 9 in a row)", &g_opts.skip_nonfinite },
     { "peak-tflops", OPT_DOUBLE, "0", 0, 1e6, NULL, "per-device peak TFLOP/s for MFU (0: the device table; the CPU has none)", &g_opts.peak_tflops },
     { "dump-grads", OPT_STRING, NULL, 0, 0, NULL, "test hook: write step 1's logits, loss and gradients (before clipping) as safetensors", &g_opts.dump_grads },
+    { "dump-params", OPT_STRING, NULL, 0, 0, NULL, "test hook: write the fp32 master parameters after the last step as safetensors (HF names)", &g_opts.dump_params },
+    { "dump-batches", OPT_STRING, NULL, 0, 0, NULL, "test hook: append each micro-batch's input tokens (int32) to DIR/tokens-rank-NNNNN.bin", &g_opts.dump_batches },
+    { "hybrid-shard-degree", OPT_INT, "0", 0, 65536, NULL, "S: ranks sharing one copy of the model state (0: the largest that fits; world / T on the CPU)", &g_opts.shard_degree },
+    { "tensor-parallel-degree", OPT_INT, "1", 1, 65536, NULL, "T: tensor-parallel ranks (only 1 in this build)", &g_opts.tp_degree },
+    { "comm", OPT_ENUM, "auto", 0, 0, "auto|shm|nccl", "collectives backend: shm between CPU processes of one node, nccl between GPUs", &g_opts.comm },
+    { "rdzv-timeout", OPT_DURATION, "300s", 0.001, 1e9, NULL, "how long every rank has to join the job (a missing rank is named)", &g_opts.rdzv_timeout },
+    { "rank", OPT_INT, "-1", -1, 1 << 30, NULL, "this process's rank (-1: RANK or the other topology variables)", &g_opts.rank },
+    { "world-size", OPT_INT, "-1", -1, 1 << 30, NULL, "processes in the job (-1: WORLD_SIZE or the other topology variables)", &g_opts.world_size },
+    { "master-addr", OPT_STRING, NULL, 0, 0, NULL, "host of rank 0's rendezvous store (default MASTER_ADDR, else 127.0.0.1)", &g_opts.master_addr },
+    { "master-port", OPT_INT, "-1", -1, 65535, NULL, "port of rank 0's rendezvous store (-1: MASTER_PORT, else 29500)", &g_opts.master_port },
 };
 #define N_OPTS (sizeof train_options / sizeof train_options[0])
 
@@ -86,6 +98,8 @@ void train_print_settings(FILE *out) { opt_print_table(train_options, N_OPTS, ou
 
 /* ---- run ---- */
 
+static int train_run_single(const train_opts_t *o);
+
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
@@ -96,7 +110,7 @@ static double now_s(void) {
 }
 
 /* Resolve --model / --init-from into one config. */
-static int resolve_config(const train_opts_t *o, llama_config_t *cfg, char *err, size_t errlen) {
+int train_resolve_config(const train_opts_t *o, llama_config_t *cfg, char *err, size_t errlen) {
     if (!o->model && !o->init_from) {
         snprintf(err, errlen, "no model: give --model (a preset: %s, or a config.json) or --init-from DIR", llama_preset_names());
         return -1;
@@ -142,7 +156,66 @@ out:
     return rc;
 }
 
+int train_grad_accum(const train_opts_t *o, int dp, int *A, char *err, size_t errlen) {
+    *A = (int)o->grad_accum;
+    if (o->global_batch_tokens <= 0) return 0;
+    int64_t row = (int64_t)dp * o->micro_batch * o->seq_len;
+    if (o->global_batch_tokens % row)
+        return errbuf_set(err, errlen, "--global-batch-tokens %lld is not a multiple of data-parallel ranks x micro-batch x "
+                          "seq-len = %d x %lld x %lld = %lld", (long long)o->global_batch_tokens, dp,
+                          (long long)o->micro_batch, (long long)o->seq_len, (long long)row);
+    *A = (int)(o->global_batch_tokens / row);
+    if (o->grad_accum != 1 && o->grad_accum != *A)
+        return errbuf_set(err, errlen, "--grad-accum %lld conflicts with --global-batch-tokens %lld (which means grad-accum %d); "
+                          "give one of them", (long long)o->grad_accum, (long long)o->global_batch_tokens, *A);
+    return 0;
+}
+
+int train_dump_params(const char *path, const model_t *m, const float *full, char *err, size_t errlen) {
+    st_writer_t *w = st_writer_new();
+    if (!w) return errbuf_set(err, errlen, "out of memory writing %s", path);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const model_tensor_t *t = &m->tensors[i];
+        if (st_writer_add_f32(w, t->name, ST_F32, t->shape, t->ndim, full + t->offset)) {
+            st_writer_free(w);
+            return errbuf_set(err, errlen, "out of memory writing %s", path);
+        }
+    }
+    int rc = st_writer_save(w, path, err, errlen);
+    st_writer_free(w);
+    return rc;
+}
+
+/* Where this process sits: flags, then the environment (common/topology.h). */
+static int resolve_topology(const train_opts_t *o, topo_t *t, char *err, size_t errlen) {
+    topo_flags_t f;
+    topo_flags_init(&f);
+    if (o->rank >= 0) f.rank = (int)o->rank;
+    if (o->world_size >= 0) f.world_size = (int)o->world_size;
+    if (o->master_addr) f.master_addr = o->master_addr;
+    if (o->master_port >= 0) f.master_port = (int)o->master_port;
+    return topo_resolve(&f, t, err, errlen);
+}
+
 int train_run(const train_opts_t *o) {
+    char err[1024];
+    if (o->tp_degree != 1) {
+        log_error("--tensor-parallel-degree %lld: tensor parallelism is not implemented yet; use "
+                  "--tensor-parallel-degree 1 (shard the model with --hybrid-shard-degree instead)", (long long)o->tp_degree);
+        return 1;
+    }
+    topo_t topo;
+    if (resolve_topology(o, &topo, err, sizeof err)) { log_error("%s", err); return 1; }
+    if (topo.world_size > 1) {
+        char addr[TOPO_ADDR_MAX + 16];
+        snprintf(addr, sizeof addr, "%s:%d", topo.master_addr, topo.master_port);
+        return train_run_sharded(o, topo.rank, topo.world_size, addr);
+    }
+    return train_run_single(o);
+}
+
+/* One process: the whole model, no collectives. */
+static int train_run_single(const train_opts_t *o) {
     char err[1024];
     int status = 1;
     data_t *data = NULL;
@@ -167,28 +240,15 @@ int train_run(const train_opts_t *o) {
         be = backend_cpu((int)o->threads);
     }
     llama_config_t cfg;
-    if (resolve_config(o, &cfg, err, sizeof err)) { log_error("%s", err); return 1; }
+    if (train_resolve_config(o, &cfg, err, sizeof err)) { log_error("%s", err); return 1; }
     if (!o->data) {
         log_error("--data is required: a token shard file or glob (make one with `ballast data synth --out FILE ...`)");
         return 1;
     }
     if (o->resume && !o->ckpt_dir) { log_error("--resume needs --ckpt-dir DIR (where the step-NNNNNNNN directories are)"); return 1; }
     if (o->ckpt_every && !o->ckpt_dir) { log_error("--ckpt-every needs --ckpt-dir DIR"); return 1; }
-    int B = (int)o->micro_batch, T = (int)o->seq_len, A = (int)o->grad_accum;
-    if (o->global_batch_tokens > 0) {
-        int64_t row = (int64_t)B * T;
-        if (o->global_batch_tokens % row) {
-            log_error("--global-batch-tokens %lld is not a multiple of micro-batch x seq-len = %d x %d = %lld",
-                      (long long)o->global_batch_tokens, B, T, (long long)row);
-            return 1;
-        }
-        A = (int)(o->global_batch_tokens / row);
-        if (o->grad_accum != 1 && o->grad_accum != A) {
-            log_error("--grad-accum %lld conflicts with --global-batch-tokens %lld (which means grad-accum %d); give one of them",
-                      (long long)o->grad_accum, (long long)o->global_batch_tokens, A);
-            return 1;
-        }
-    }
+    int B = (int)o->micro_batch, T = (int)o->seq_len, A;
+    if (train_grad_accum(o, 1, &A, err, sizeof err)) { log_error("%s", err); return 1; }
     if (data_open(o->data, cfg.vocab, &data, err, sizeof err)) { log_error("%s", err); return 1; }
     if (data_num_tokens(data) < (int64_t)T + 1) {
         log_error("%s: %lld tokens, fewer than seq-len + 1 = %d", o->data, (long long)data_num_tokens(data), T + 1);
@@ -227,6 +287,12 @@ int train_run(const train_opts_t *o) {
     if (found) {
         ckpt_meta_t meta;
         if (ckpt_read_meta(ck, &meta, err, sizeof err)) { log_error("%s", err); goto out; }
+        if (meta.dp != 1) {
+            log_error("%s: written by a run with %d data-parallel ranks (a sharded checkpoint); loading it into one "
+                      "process (resharding) is not implemented yet: resume with the same world size and "
+                      "--hybrid-shard-degree", ck, meta.dp);
+            goto out;
+        }
         if (meta.B != B || meta.T != T || meta.accum != A || meta.data_order != o->data_order ||
             meta.data_seed != (uint64_t)o->data_seed) {
             log_error("%s: saved with micro-batch %d, seq-len %d, grad-accum %d, data-order %s, data-seed %llu; "
@@ -305,6 +371,14 @@ int train_run(const train_opts_t *o) {
                 log_error("%s", err);
                 goto out;
             }
+            if (o->dump_batches) {
+                char path[4200];
+                snprintf(path, sizeof path, "%s/tokens-rank-00000.bin", o->dump_batches);
+                FILE *fp = fopen(path, "ab");
+                bool ok = fp && fwrite(inputs, sizeof *inputs, N, fp) == N;
+                if (fp) fclose(fp);
+                if (!ok) { log_error("--dump-batches: cannot append to %s", path); goto out; }
+            }
             loss_sum += model_forward(&model, inputs, targets);
             if (logits_host && s == start + 1 && a == 0)
                 be->act_to_host(logits_host, model.logits, N * cfg.vocab);
@@ -357,6 +431,14 @@ int train_run(const train_opts_t *o) {
             status = 130;
             goto out;
         }
+    }
+    if (o->dump_params) {
+        float *full = malloc(model.n_params * sizeof(float));
+        CHECK_ALLOC(full);
+        model_get_params(&model, full);
+        int rc = train_dump_params(o->dump_params, &model, full, err, sizeof err);
+        free(full);
+        if (rc) { log_error("%s", err); goto out; }
     }
     status = 0;
 out:

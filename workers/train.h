@@ -1,4 +1,6 @@
-/* train.h: the training loop of ballast-worker (one process, CPU or CUDA backend).
+/* train.h: the training loop of ballast-worker (one process, CPU or CUDA
+ * backend; with a world of several processes, one rank of a hybrid-sharded
+ * CPU job, workers/train_dist.c).
  *
  * train_parse() fills the options from defaults, BALLAST_* environment
  * variables and flags (common/options.h); train_run() builds the model, the
@@ -9,7 +11,11 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
+
+#include "workers/llama_config.h"
+#include "workers/model.h"
 
 typedef struct {
     const char *model;        /* preset name, config.json or model directory */
@@ -40,6 +46,16 @@ typedef struct {
     const char *metrics_bind; /* address /metrics binds */
     bool skip_nonfinite;      /* skip the update of a step with a NaN/inf loss instead of stopping */
     double peak_tflops;       /* per-device peak for MFU; 0 = the device table (none for the CPU) */
+    const char *dump_params;  /* test hook: the master parameters after the last step */
+    const char *dump_batches; /* test hook: directory for each rank's micro-batch inputs */
+    /* several processes (workers/train_dist.c) */
+    int64_t shard_degree;     /* --hybrid-shard-degree S; 0 = largest that fits */
+    int64_t tp_degree;        /* --tensor-parallel-degree T (only 1 for now) */
+    int comm;                 /* comm_kind_t: auto|shm|nccl */
+    double rdzv_timeout;      /* seconds every rank has to join */
+    int64_t rank, world_size; /* -1 = from the environment (common/topology.h) */
+    const char *master_addr;  /* rendezvous host; NULL = environment */
+    int64_t master_port;      /* -1 = environment */
 } train_opts_t;
 
 /* Parse argv (argv[0] is the program name). Returns 0 to run, 1 when help
@@ -49,7 +65,24 @@ int train_parse(int argc, char **argv, train_opts_t *o);
 /* Print the effective settings table to out. */
 void train_print_settings(FILE *out);
 
-/* Run training; 0 on success, non-zero with a logged message otherwise. */
+/* Run training; 0 on success, non-zero with a logged message otherwise.
+ * With a world of several processes it runs train_run_sharded. */
 int train_run(const train_opts_t *o);
+
+/* ---- shared with train_dist.c ---- */
+
+/* --model / --init-from into one validated config. */
+int train_resolve_config(const train_opts_t *o, llama_config_t *cfg, char *err, size_t errlen);
+/* Micro-steps per step from --grad-accum / --global-batch-tokens, with dp
+ * data-parallel ranks reading B x T tokens each per micro-step; -1 with a
+ * message when they conflict. */
+int train_grad_accum(const train_opts_t *o, int dp, int *A, char *err, size_t errlen);
+/* Write full parameters (model layout) under their HF names as safetensors. */
+int train_dump_params(const char *path, const model_t *m, const float *full, char *err, size_t errlen);
+
+/* The loop of one rank among world (rendezvous store of rank 0 at
+ * rdzv_addr, "host:port"): hybrid sharding (workers/fsdp.h), sharded
+ * checkpoints. Same options; returns an exit status. */
+int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rdzv_addr);
 
 #endif

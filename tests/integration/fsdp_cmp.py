@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""fsdp_cmp.py: comparisons for fsdp_losses.sh (numpy only).
+
+  losses REF.jsonl RUN.jsonl TOL      every step's loss: |run - ref| / |ref| <= TOL
+  params REF.st RUN.st TOL            every tensor: ||run - ref|| / ||ref|| <= TOL
+  batches REFDIR RUNDIR DP B T A STEPS
+        rank r's rows of each micro-step are rows r*B..r*B+B-1 of the
+        reference's (micro-batch DP*B) and no two ranks share a row
+Prints the largest difference; exits 1 on a failure."""
+import json, struct, sys
+import numpy as np
+
+
+def read_st(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        assert v["dtype"] == "F32", v["dtype"]
+        out[k] = np.frombuffer(data[a:b], dtype=np.float32).reshape(v["shape"])
+    return out
+
+
+def losses(ref, run, tol):
+    r = [json.loads(l)["loss"] for l in open(ref)]
+    x = [json.loads(l)["loss"] for l in open(run)]
+    if len(r) != len(x) or not r:
+        print(f"step counts differ: {len(r)} vs {len(x)}")
+        return 1
+    worst = max(abs(a - b) / abs(a) for a, b in zip(r, x))
+    print(f"max relative loss difference {worst:.3g} over {len(r)} steps")
+    return 0 if worst <= tol else 1
+
+
+def params(ref, run, tol):
+    r, x = read_st(ref), read_st(run)
+    if set(r) != set(x):
+        print("tensor names differ")
+        return 1
+    worst, name = 0.0, ""
+    for k in r:
+        a, b = r[k].astype(np.float64), x[k].astype(np.float64)
+        if a.shape != b.shape:
+            print(f"{k}: shapes differ")
+            return 1
+        d = np.linalg.norm(a - b) / np.linalg.norm(a)
+        if d > worst:
+            worst, name = d, k
+    moved = max(np.linalg.norm(r[k]) for k in r)
+    print(f"max relative parameter difference {worst:.3g} ({name}) over {len(r)} tensors")
+    return 0 if worst <= tol and moved > 0 else 1
+
+
+def batches(refdir, rundir, dp, B, T, A, steps):
+    ref = np.fromfile(f"{refdir}/tokens-rank-00000.bin", dtype=np.int32).reshape(steps * A, dp * B, T)
+    rows = []
+    for r in range(dp):
+        x = np.fromfile(f"{rundir}/tokens-rank-{r:05d}.bin", dtype=np.int32)
+        if x.size != steps * A * B * T:
+            print(f"rank {r}: {x.size} tokens, expected {steps * A * B * T}")
+            return 1
+        x = x.reshape(steps * A, B, T)
+        if not np.array_equal(x, ref[:, r * B:(r + 1) * B, :]):
+            print(f"rank {r}: rows differ from the reference's rows {r * B}..{(r + 1) * B - 1}")
+            return 1
+        rows += [bytes(row) for row in x.reshape(-1, T)]
+    if len(set(rows)) != len(rows):
+        print(f"{len(rows) - len(set(rows))} rows read by more than one rank or twice")
+        return 1
+    print(f"{len(rows)} rows over {dp} ranks: disjoint, and together the reference's batches")
+    return 0
+
+
+if __name__ == "__main__":
+    cmd, a = sys.argv[1], sys.argv[2:]
+    if cmd == "losses":
+        sys.exit(losses(a[0], a[1], float(a[2])))
+    if cmd == "params":
+        sys.exit(params(a[0], a[1], float(a[2])))
+    if cmd == "batches":
+        sys.exit(batches(a[0], a[1], *map(int, a[2:])))
+    sys.exit(f"unknown command {cmd}")

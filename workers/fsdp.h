@@ -1,0 +1,128 @@
+/* fsdp.h: hybrid-sharded data parallelism (FSDP HYBRID_SHARD) for T = 1 on
+ * the CPU backend.
+ *
+ * The model's parameters are split into L + 1 flat units: unit l < L is
+ * transformer block l (its contiguous buffer, model_t.blk_off), and unit L
+ * ("the rest") packs [ embed (V*D) | final norm (D) | lm_head (V*D), absent
+ * when tied ]. Each unit is padded with zeros to a multiple of S and cut
+ * into S equal chunks; shard-group index i keeps chunk i of every unit's
+ * fp32 master weights, gradient and AdamW moments (1/S of each, the padding
+ * included and never updated).
+ *
+ * One micro-step (fsdp_micro_step):
+ *   forward   block l's chunks are all-gathered in the shard group into one
+ *             of two recycled full-block buffers; block l+1's gather is
+ *             started before block l computes; the rest unit is gathered
+ *             once per step (fsdp_begin_step) and kept until its end;
+ *   backward  block l is gathered again (block L-1 is still in its buffer),
+ *             block l-1's gather started ahead; with activation
+ *             checkpointing the block is recomputed from its input first;
+ *             its full gradient is reduce-scattered (sum) in the shard group
+ *             into the rank's gradient chunk, asynchronously, two blocks in
+ *             flight at most.
+ * fsdp_end_step reduce-scatters the rest unit's gradient, then all-reduces
+ * (sum) the gradient chunks across the replica group. The loss scale of a
+ * micro-step is 1 / (tokens of the global batch), so the sums give the
+ * gradient of the global mean loss.
+ *
+ * Every reduction of the shm backend runs in rank order, so every run gives
+ * the same bits; against one process the results differ only by the order
+ * of floating-point sums. Buffers are host memory (the shm backend); a GPU
+ * version needs device buffers and the NCCL backend.
+ *
+ * Functions return 0 or a negative errno with a message in err. */
+#ifndef BALLAST_FSDP_H
+#define BALLAST_FSDP_H
+
+#include <stddef.h>
+
+#include "workers/ckpt.h"
+#include "workers/comm.h"
+#include "workers/model.h"
+#include "workers/optim.h"
+
+typedef struct {
+    model_t *m;                /* activations and layout; its full params/grads are dropped */
+    const backend_t *be;       /* the CPU backend (act_t is float) */
+    comm_t *shard, *replica;   /* shard group (S ranks), replica group (R ranks) */
+    int S, sidx;               /* shard degree and this rank's index in its shard group */
+    int n_units;               /* L + 1 */
+    size_t *numel;             /* (n_units) floats of each unit, unpadded */
+    size_t *chunk;             /* (n_units) floats of each unit's chunk: ceil(numel / S) */
+    size_t *shard_off;         /* (n_units) offset of each unit's chunk in the local buffers */
+    size_t shard_total;        /* floats in master, grad, and each moment */
+    size_t rest_norm, rest_lm; /* offsets of norm and lm_head inside the rest unit */
+    float *master;             /* (shard_total) fp32 master chunks */
+    float *grad;               /* (shard_total) gradient chunks, summed over the step */
+    float *rest_full;          /* (S * chunk[L]) gathered rest unit */
+    float *rest_grad;          /* (S * chunk[L]) full rest gradient of this rank's data */
+    float *gbuf[2];            /* (S * max block chunk) gathered block parameters */
+    float *bgrad[2];           /* (S * max block chunk) full block gradient */
+    float *rs_out[2];          /* (max block chunk) reduce-scatter results */
+    comm_req_t *rs_req[2];     /* reduce-scatters in flight, or NULL */
+    int rs_unit[2];            /* the unit each of them belongs to */
+    model_tensor_t *segs;      /* optimizer segments, offsets in the local buffers */
+    int n_segs;
+    optim_t opt;               /* AdamW moments over shard_total floats */
+} fsdp_t;
+
+/* Set up sharding over m (created by model_create; this drops its full
+ * parameter and gradient buffers) from the full host parameters `full`
+ * (model layout, n_params floats, identical on every rank). shard and
+ * replica are this rank's communicators. Returns 0 or a negative errno. */
+int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t *replica,
+                const optim_config_t *ocfg, char *err, size_t errlen);
+void fsdp_destroy(fsdp_t *f);
+
+/* Start a step: zero the gradients, gather the rest unit. */
+int fsdp_begin_step(fsdp_t *f, char *err, size_t errlen);
+
+/* Forward and backward of one micro-batch (host tokens and targets, B*T
+ * each); *loss_sum receives this rank's token cross-entropy sum. */
+int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, float loss_scale,
+                    double *loss_sum, char *err, size_t errlen);
+
+/* Finish the gradients: reduce-scatter the rest unit, all-reduce the
+ * chunks across replicas. */
+int fsdp_end_step(fsdp_t *f, char *err, size_t errlen);
+
+/* Global L2 norm of the gradient (each parameter once): the chunks'
+ * sums of squares added over the shard group (replicas hold the same). */
+int fsdp_grad_norm(fsdp_t *f, double *norm, char *err, size_t errlen);
+
+/* AdamW on the local chunks, gradients scaled by grad_scale first. */
+void fsdp_optim_step(fsdp_t *f, double lr, float grad_scale);
+
+/* Sum of x over every rank of the job, in global-rank order (the same
+ * bits on every rank). */
+int fsdp_sum_all(fsdp_t *f, double x, double *out, char *err, size_t errlen);
+
+/* The full master parameters in model layout (n_params floats) on every
+ * rank, gathered from the chunks. */
+int fsdp_gather_params(fsdp_t *f, float *full, char *err, size_t errlen);
+
+/* The parts of the model's tensors inside chunk sidx (any shard index):
+ * at most m->n_tensors entries with the tensor's name, shape and decay,
+ * offset = position in the local buffers of the rank holding that chunk,
+ * numel = elements; start[i] (when not NULL) = the first element's index
+ * in the flat tensor. Returns the count. */
+int fsdp_segments(const fsdp_t *f, int sidx, model_tensor_t *segs, size_t *start);
+
+/* Sharded checkpoints (workers/fsdp_ckpt.c). Collective over every rank.
+ * Save: DIR/step-NNNNNNNN/ with one file per shard index
+ * (shard-SSSSS-of-NNNNN.safetensors, written by the ranks of replica 0:
+ * each tensor part as NAME, NAME.exp_avg, NAME.exp_avg_sq, 1-D), config.json
+ * and a manifest whose layout is (world, S, T) and whose shards list each
+ * part's flat element range; rank 0 writes the manifest and renames the
+ * directory once every file is complete. */
+int fsdp_ckpt_save(fsdp_t *f, const char *dir, const ckpt_meta_t *meta, int rank, int world, char *err,
+                   size_t errlen);
+/* Load a step directory written with the same S and T (any number of
+ * replicas): every rank reads its shard file, checks its size and crc32,
+ * and sets its chunks, moments and optimizer step. */
+int fsdp_ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen);
+
+/* Bytes of sharded state this rank holds: master, gradient and moments. */
+size_t fsdp_state_bytes(const fsdp_t *f);
+
+#endif

@@ -1,0 +1,298 @@
+/* train_dist.c: the training loop of one rank among several: hybrid
+ * sharding (workers/fsdp.h) for T = 1 on the CPU backend.
+ *
+ * The global batch of a step is A micro-steps x dp data-parallel ranks x B
+ * rows of T tokens (dp = world / T); rank r reads rows r*B .. r*B+B-1 of
+ * each micro-step's dp*B rows (data_batch with rank r of dp), so a run of
+ * one process with micro-batch dp*B reads the same tokens. The logged loss
+ * is the mean over the global batch (the ranks' sums added in rank order);
+ * only rank 0 prints progress and writes --log-json. */
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "options.h"
+#include "workers/backend.h"
+#include "workers/ckpt.h"
+#include "workers/data.h"
+#include "workers/dist.h"
+#include "workers/fsdp.h"
+#include "workers/model.h"
+#include "workers/optim.h"
+#include "workers/train.h"
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Test hook: append this rank's micro-batch inputs to DIR/tokens-rank-NNNNN.bin. */
+static int dump_batch(const char *dir, int rank, const int32_t *inputs, size_t n, char *err, size_t errlen) {
+    char path[512];
+    if (snprintf(path, sizeof path, "%s/tokens-rank-%05d.bin", dir, rank) >= (int)sizeof path) {
+        snprintf(err, errlen, "--dump-batches: directory name too long");
+        return -1;
+    }
+    FILE *fp = fopen(path, "ab");
+    if (!fp || fwrite(inputs, sizeof *inputs, n, fp) != n) {
+        if (fp) fclose(fp);
+        snprintf(err, errlen, "--dump-batches: cannot append to %s", path);
+        return -1;
+    }
+    fclose(fp);
+    return 0;
+}
+
+int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rdzv_addr) {
+    char err[5000];
+    int status = 1;
+    if (o->backend != 0) {
+        log_error("rank %d: several processes train on --backend cpu only in this build (GPU ranks come with the "
+                  "NCCL path); use --backend cpu or one process", rank);
+        return 1;
+    }
+    if (o->resume && !o->ckpt_dir) { log_error("--resume needs --ckpt-dir DIR (where the step-NNNNNNNN directories are)"); return 1; }
+    if (o->ckpt_every && !o->ckpt_dir) { log_error("--ckpt-every needs --ckpt-dir DIR"); return 1; }
+    if (o->dump_grads) {
+        log_error("rank %d: --dump-grads works with one process only; use --dump-params", rank);
+        return 1;
+    }
+    log_set_rank(rank);
+    llama_config_t cfg;
+    if (train_resolve_config(o, &cfg, err, sizeof err)) { log_error("%s", err); return 1; }
+    if (!o->data) {
+        log_error("--data is required: a token shard file or glob (make one with `ballast data synth --out FILE ...`)");
+        return 1;
+    }
+
+    /* join the job: groups, rendezvous, communicators */
+    dist_opts_t dopt = {
+        .world = world, .rank = rank, .S = (int)o->shard_degree, .T = (int)o->tp_degree,
+        .comm = (comm_kind_t)o->comm, .on_gpu = false, .rdzv_addr = rdzv_addr, .rdzv_serve = true,
+        .job_id = "ballast-train", .rdzv_timeout_s = o->rdzv_timeout,
+    };
+    dist_t d;
+    if (dist_init(&d, &dopt, err, sizeof err)) { log_error("%s", err); return 1; }
+    const groups_t *g = &d.groups;
+    int dp = world / g->T, dp_rank = g->replica * g->S + g->shard;
+    int B = (int)o->micro_batch, T = (int)o->seq_len, A = 0;
+    data_t *data = NULL;
+    model_t model = { 0 };
+    fsdp_t fs = { 0 };
+    bool have_model = false, have_fs = false;
+    float *full = NULL;
+    int32_t *inputs = NULL, *targets = NULL;
+    FILE *jlog = NULL;
+    FILE *con = o->log_json && !strcmp(o->log_json, "-") ? stderr : stdout;
+
+    if (train_grad_accum(o, dp, &A, err, sizeof err)) { log_error("%s", err); goto out; }
+    if (data_open(o->data, cfg.vocab, &data, err, sizeof err)) { log_error("%s", err); goto out; }
+    if (data_num_tokens(data) < (int64_t)T + 1) {
+        log_error("%s: %lld tokens, fewer than seq-len + 1 = %d", o->data, (long long)data_num_tokens(data), T + 1);
+        goto out;
+    }
+    if (model_create(&model, &cfg, backend_cpu((int)o->threads), B, T, o->act_ckpt, err, sizeof err)) {
+        log_error("%s", err);
+        goto out;
+    }
+    have_model = true;
+    /* every rank builds the same full initial weights, then keeps its chunks */
+    if (o->init_from) {
+        if (ckpt_load_hf(o->init_from, &model, err, sizeof err)) { log_error("%s", err); goto out; }
+    } else {
+        model_init_random(&model, (uint64_t)o->init_seed);
+    }
+    full = malloc(model.n_params * sizeof(float));
+    CHECK_ALLOC(full);
+    model_get_params(&model, full);
+    optim_config_t ocfg = {
+        .lr = o->lr, .min_lr = o->min_lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps,
+        .weight_decay = o->weight_decay, .grad_clip = o->grad_clip, .warmup_steps = o->warmup_steps,
+        .total_steps = o->steps, .schedule = (lr_schedule_t)o->lr_schedule,
+    };
+    if (fsdp_create(&fs, &model, full, d.comm[GROUP_SHARD], d.comm[GROUP_REPLICA], &ocfg, err, sizeof err)) {
+        log_error("rank %d: %s", rank, err);
+        goto out;
+    }
+    have_fs = true;
+    free(full);
+    full = NULL;
+
+    /* --resume: every rank reads its own shard of the newest checkpoint */
+    int64_t start = 0;
+    if (o->resume) {
+        char ck[4200];
+        int found = ckpt_find_latest(o->ckpt_dir, ck, sizeof ck, err, sizeof err), bad = found < 0;
+        if (found > 0) {
+            ckpt_meta_t meta;
+            if (ckpt_read_meta(ck, &meta, err, sizeof err)) {
+                bad = 1;
+            } else if (meta.B != B || meta.T != T || meta.accum != A || meta.dp != dp ||
+                       meta.data_order != o->data_order || meta.data_seed != (uint64_t)o->data_seed) {
+                snprintf(err, sizeof err, "%s: saved with micro-batch %d, seq-len %d, grad-accum %d, %d data-parallel ranks, "
+                         "data-order %s, data-seed %llu; resume with the same values to continue the same data stream",
+                         ck, meta.B, meta.T, meta.accum, meta.dp, meta.data_order == DATA_SEQUENTIAL ? "sequential" : "shuffled",
+                         (unsigned long long)meta.data_seed);
+                bad = 1;
+            } else if (fsdp_ckpt_load(&fs, ck, err, sizeof err)) {
+                bad = 1;
+            }
+        }
+        double nbad;
+        char e[COMM_ERR_LEN];
+        if (fsdp_sum_all(&fs, bad, &nbad, e, sizeof e)) { log_error("rank %d: %s", rank, e); goto out; }
+        if (bad) { log_error("rank %d: %s", rank, err); goto out; }
+        if (nbad > 0) { log_error("rank %d: resuming failed on another rank (see its message)", rank); goto out; }
+        if (found > 0) {
+            start = fs.opt.step;
+            if (rank == 0) log_info("resumed from %s (step %lld)", ck, (long long)start);
+        } else if (rank == 0) {
+            log_warn("--resume: no checkpoint under %s yet, starting from scratch", o->ckpt_dir);
+        }
+    }
+
+    if (rank == 0) {
+        train_print_settings(con);
+        fprintf(con, "model: %s, %lld parameters (dim %d, %d layers, %d heads / %d kv, ffn %d, vocab %d%s)\n",
+                cfg.name, (long long)llama_total_params(&cfg), cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
+                cfg.ffn_dim, cfg.vocab, cfg.tie_embeddings ? ", tied" : "");
+        fprintf(con, "layout: world %d = %d replicas x hybrid shard degree %d x tensor-parallel degree %d; comm %s\n",
+                world, g->R, g->S, g->T, comm_kind_name(d.kind));
+        fprintf(con, "batch: %d micro-steps x %d data-parallel ranks x %d rows x %d tokens = %lld tokens per step\n", A,
+                dp, B, T, (long long)A * dp * B * T);
+        char st[32], whole[32];
+        format_size(fsdp_state_bytes(&fs), st, sizeof st);
+        format_size((uint64_t)model.n_params * 16, whole, sizeof whole);
+        fprintf(con, "memory: %s (%zu bytes) of sharded fp32 weights, gradients and AdamW moments per rank "
+                     "(the whole model's: %s)\n", st, fsdp_state_bytes(&fs), whole);
+        fflush(con);
+    }
+    log_info("rank %d: replica %d, shard %d of %d; data-parallel rank %d of %d", rank, g->replica, g->shard, g->S,
+             dp_rank, dp);
+    if (o->log_json && rank == 0) {
+        jlog = !strcmp(o->log_json, "-") ? stdout : fopen(o->log_json, start > 0 ? "a" : "w");
+        if (!jlog) { log_error("--log-json %s: cannot open for writing", o->log_json); goto out; }
+    }
+    size_t N = (size_t)B * T;
+    inputs = malloc(N * sizeof(int32_t));
+    targets = malloc(N * sizeof(int32_t));
+    CHECK_ALLOC(inputs);
+    CHECK_ALLOC(targets);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+
+    double t0 = now_s();
+    double global_tokens = (double)A * dp * B * T;
+    float scale = (float)(1.0 / global_tokens);
+    for (int64_t s = start + 1; s <= o->steps; s++) {
+        double ts = now_s();
+        int64_t k = s - 1;
+        double loss_sum = 0;
+        if (fsdp_begin_step(&fs, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
+        for (int a = 0; a < A; a++) {
+            if (data_batch(data, (data_order_t)o->data_order, (uint64_t)o->data_seed, k, a, A, dp_rank, dp, B, T,
+                           inputs, targets, err, sizeof err)) {
+                log_error("%s", err);
+                goto out;
+            }
+            if (o->dump_batches && dump_batch(o->dump_batches, rank, inputs, N, err, sizeof err)) {
+                log_error("%s", err);
+                goto out;
+            }
+            double ls;
+            if (fsdp_micro_step(&fs, inputs, targets, scale, &ls, err, sizeof err)) {
+                log_error("rank %d: %s", rank, err);
+                goto out;
+            }
+            loss_sum += ls;
+        }
+        double total, norm, stop;
+        if (fsdp_end_step(&fs, err, sizeof err) || fsdp_sum_all(&fs, loss_sum, &total, err, sizeof err) ||
+            fsdp_grad_norm(&fs, &norm, err, sizeof err) || fsdp_sum_all(&fs, g_stop ? 1 : 0, &stop, err, sizeof err)) {
+            log_error("rank %d: %s", rank, err);
+            goto out;
+        }
+        double loss = total / global_tokens;
+        if (!isfinite(loss)) {
+            log_error("step %lld: the loss is not finite (%g); lower --lr or check the data", (long long)s, loss);
+            goto out;
+        }
+        float coef = optim_clip_coef(norm, o->grad_clip);
+        double lr = optim_lr(&ocfg, k);
+        fsdp_optim_step(&fs, lr, coef);
+        double te = now_s();
+        double tok_s = global_tokens / (te - ts);
+        if (rank == 0) {
+            if (s % o->log_every == 0 || s == o->steps)
+                fprintf(con, "step %6lld/%lld | loss %.6f | lr %.4e | grad norm %.4f | %.0f tok/s | %.1f s\n",
+                        (long long)s, (long long)o->steps, loss, lr, norm, tok_s, te - t0);
+            fflush(con);
+            if (jlog) {
+                fprintf(jlog, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.1f, "
+                              "\"elapsed_s\": %.3f, \"tokens\": %lld}\n",
+                        (long long)s, loss, lr, norm, tok_s, te - t0, (long long)(s * (int64_t)global_tokens));
+                fflush(jlog);
+            }
+        }
+        /* every rank saw the same sum, so all save and stop after the same step */
+        if (o->ckpt_dir && ((o->ckpt_every && s % o->ckpt_every == 0) || s == o->steps || stop > 0)) {
+            ckpt_meta_t meta = { .step = s, .cfg = cfg, .ocfg = ocfg, .data_order = o->data_order,
+                                 .data_seed = (uint64_t)o->data_seed, .init_seed = (uint64_t)o->init_seed,
+                                 .B = B, .T = T, .accum = A, .dp = dp };
+            snprintf(meta.data, sizeof meta.data, "%s", o->data);
+            if (fsdp_ckpt_save(&fs, o->ckpt_dir, &meta, rank, world, err, sizeof err)) {
+                log_error("rank %d: checkpoint of step %lld: %s", rank, (long long)s, err);
+                goto out;
+            }
+            if (rank == 0) log_info("saved checkpoint %s/step-%08lld (%d shard files)", o->ckpt_dir, (long long)s, g->S);
+        }
+        if (stop > 0) {
+            if (rank == 0) log_warn("stopping after step %lld on a signal", (long long)s);
+            status = 130;
+            goto leave;
+        }
+    }
+    if (o->dump_params) {
+        full = malloc(model.n_params * sizeof(float));
+        CHECK_ALLOC(full);
+        if (fsdp_gather_params(&fs, full, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
+        if (rank == 0 && train_dump_params(o->dump_params, &model, full, err, sizeof err)) {
+            log_error("%s", err);
+            goto out;
+        }
+    }
+    status = 0;
+leave:
+    /* a clean exit meets every rank at the last barrier */
+    if (have_fs) fsdp_destroy(&fs);
+    have_fs = false;
+    if (dist_destroy(&d, err, sizeof err)) {
+        log_error("%s", err);
+        status = 1;
+    }
+    d.rdzv = NULL;
+    goto done;
+out:
+    if (have_fs) fsdp_destroy(&fs);
+    /* on failure leave without the last barrier: peers see this process exit */
+    for (int kk = 0; kk < GROUP_NKINDS; kk++) comm_destroy(d.comm[kk]);
+    rdzv_client_close(d.rdzv);
+    rdzv_server_stop(d.server);
+    groups_free(&d.groups);
+done:
+    if (jlog && jlog != stdout) fclose(jlog);
+    free(full);
+    free(inputs);
+    free(targets);
+    if (have_model) model_destroy(&model);
+    if (data) data_close(data);
+    return status;
+}
