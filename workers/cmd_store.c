@@ -210,10 +210,12 @@ static int do_ls(void) {
     for (size_t i = 0; i < r->n_blobs; i++) {
         const Ballast__Offload__V1__BlobInfo *b = r->blobs[i];
         unsigned kind = b->key ? (unsigned)b->key->kind : 0;
-        printf("%-24s %6u %-16s %10llu %10llu %12llu %-5s %-4s %08x\n", b->job, b->key ? b->key->rank : 0,
+        char crc[16] = "-"; /* not computed yet (never written to NVMe) */
+        if (b->crc32c_known) snprintf(crc, sizeof crc, "%08x", b->crc32c);
+        printf("%-24s %6u %-16s %10llu %10llu %12llu %-5s %-4s %s\n", b->job, b->key ? b->key->rank : 0,
                kind <= 4 ? KIND_NAMES[kind] : "?", (unsigned long long)(b->key ? b->key->index : 0),
                (unsigned long long)(b->key ? b->key->step : 0), (unsigned long long)b->length, b->tier,
-               b->persistent ? "yes" : "no", b->crc32c);
+               b->persistent ? "yes" : "no", crc);
     }
     if (r->truncated) printf("(list truncated)\n");
     protobuf_c_message_free_unpacked((ProtobufCMessage *)r, NULL);

@@ -627,6 +627,7 @@ static void buf_from_get(oc_buf_t *b, Ballast__Offload__V1__GetResponse *r) {
     b->ptr = r->data.data;
     b->len = r->data.len;
     b->crc32c = r->crc32c;
+    b->crc_known = r->crc32c_known;
     b->persistent = r->persistent;
     b->_priv = r;
 }
@@ -890,7 +891,8 @@ oc_status_t oc_wait(oc_client_t *c, oc_handle_t h, oc_buf_t *b, double timeout_s
         if (!b->ptr) return fail(OC_INTERNAL, "ballastd at %s returned a region outside the pool", c->addr);
         b->len = p.length;
         b->crc32c = p.crc32c;
-        b->persistent = (p.blob_flags & RP_FLAG_PERSISTENT) != 0;
+        b->crc_known = (p.blob_flags & RP_CPL_CRC_KNOWN) != 0;
+        b->persistent = (p.blob_flags & RP_CPL_PERSISTENT) != 0;
         b->_seg = p.seg;
         b->_off = p.offset;
     }

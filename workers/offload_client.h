@@ -80,7 +80,9 @@ typedef struct {
 typedef struct {
     void *ptr;       /* where to write (put) or read (get) */
     uint64_t len;    /* blob length, bytes */
-    uint32_t crc32c; /* get: the blob's checksum */
+    uint32_t crc32c; /* get: the blob's checksum, when crc_known */
+    bool crc_known;  /* get: crc32c is known (false for a non-persistent blob that was
+                        never written to NVMe: its checksum is computed only then) */
     bool persistent; /* get: blob is persistent */
     /* private to the library */
     uint32_t _seg;   /* shared mode: region segment */

@@ -47,6 +47,12 @@ typedef enum {
 #define RP_FLAG_PERSISTENT 0x1u /* PUT_ALLOC: the blob survives sessions and restarts */
 #define RP_FLAGS_KNOWN     RP_FLAG_PERSISTENT
 
+/* rp_cpl_t.blob_flags */
+#define RP_CPL_PERSISTENT  RP_FLAG_PERSISTENT /* GET: the blob is persistent */
+#define RP_CPL_CRC_KNOWN   0x2u /* PUT_COMMIT / GET: crc32c holds the blob's checksum; clear
+                                   when it is not computed yet (crc32c is then 0): a
+                                   non-persistent blob gets it when first written to NVMe */
+
 /* Completion status: gRPC status code numbers. */
 typedef enum {
     RP_OK                  = 0,
@@ -105,8 +111,8 @@ typedef struct {
     uint32_t seg;         /* PUT_ALLOC / GET: region segment */
     uint64_t offset;      /* PUT_ALLOC / GET: region offset in the segment, bytes */
     uint64_t length;      /* PUT_ALLOC / GET: region length (= blob length), bytes */
-    uint32_t crc32c;      /* PUT_COMMIT / GET: the blob's checksum */
-    uint32_t blob_flags;  /* GET: RP_FLAG_PERSISTENT when set */
+    uint32_t crc32c;      /* PUT_COMMIT / GET: the blob's checksum when RP_CPL_CRC_KNOWN */
+    uint32_t blob_flags;  /* RP_CPL_*: GET: PERSISTENT; PUT_COMMIT / GET: CRC_KNOWN */
     uint64_t used_bytes;  /* the session's usage after this op, bytes */
     uint8_t  pad[8];
 } rp_cpl_t;

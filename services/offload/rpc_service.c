@@ -216,6 +216,7 @@ static grpc_status_code h_list(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
         bi[i].persistent = (list[i].flags & STORE_F_PERSISTENT) != 0;
         bi[i].tier = (char *)tier_name(list[i].tier);
         bi[i].crc32c = list[i].crc32c;
+        bi[i].crc32c_known = list[i].crc_known;
         pp[i] = &bi[i];
     }
     resp->n_blobs = m;
@@ -282,9 +283,12 @@ static grpc_status_code h_put(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Protob
                             "blob length %zu must be in [1, %llu] bytes (the largest pool segment)",
                             req->data.len, (unsigned long long)max);
     }
+    store_crc_t crc = { 0, false };
     store_status_t st = store_put_copy(svc->store, req->session_id, &k, req->data.data, req->data.len,
-                                       req->persistent ? STORE_F_PERSISTENT : 0, &resp->crc32c,
+                                       req->persistent ? STORE_F_PERSISTENT : 0, &crc,
                                        err, sizeof err);
+    resp->crc32c = crc.value;
+    resp->crc32c_known = crc.known;
     sess_count(svc->sessions, req->session_id, st != STORE_OK, st == STORE_QUOTA);
     if (st != STORE_OK) return store_fail(ctx, st, "put", &k, err);
     return GRPC_STATUS_OK;
@@ -321,6 +325,7 @@ static grpc_status_code h_get(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Protob
     resp->data.len = len;
     if (store_info(svc->store, &k, &info) == STORE_OK) {
         resp->crc32c = info.crc32c;
+        resp->crc32c_known = info.crc_known;
         resp->persistent = (info.flags & STORE_F_PERSISTENT) != 0;
     }
     return GRPC_STATUS_OK;

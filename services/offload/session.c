@@ -222,17 +222,22 @@ static void ring_process(sess_mgr_t *m, sess_t *s, const rp_req_t *q, rp_cpl_t *
         else if (st == STORE_QUOTA) atomic_fetch_add(&m->quota_refusals, 1);
         break;
     }
-    case RP_OP_PUT_COMMIT:
+    case RP_OP_PUT_COMMIT: {
         if (!region_held(m, s, &k, q)) { cpl_fail(c, RP_INVALID_ARGUMENT, RP_D_BAD_REGION); break; }
-        st = store_put_commit(m->store, s->sid, &k, &c->crc32c, err, sizeof err);
+        store_crc_t crc = { 0, false };
+        st = store_put_commit(m->store, s->sid, &k, &crc, err, sizeof err);
+        c->crc32c = crc.value;
+        c->blob_flags = crc.known ? RP_CPL_CRC_KNOWN : 0;
         break;
+    }
     case RP_OP_GET: {
         pool_region_t r;
         store_blob_info_t info;
         st = store_get(m->store, s->sid, &k, &r, &info, err, sizeof err);
         if (st == STORE_OK) {
             c->seg = r.seg; c->offset = r.off; c->length = info.length; c->crc32c = info.crc32c;
-            c->blob_flags = (info.flags & STORE_F_PERSISTENT) ? RP_FLAG_PERSISTENT : 0;
+            c->blob_flags = ((info.flags & STORE_F_PERSISTENT) ? RP_CPL_PERSISTENT : 0) |
+                            (info.crc_known ? RP_CPL_CRC_KNOWN : 0);
         }
         break;
     }

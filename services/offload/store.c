@@ -52,7 +52,10 @@ typedef struct blob {
     store_key_t key;
     uint64_t length;          /* bytes asked for */
     uint64_t alen;            /* length rounded up to 4 KiB: pool region and NVMe extent size */
-    uint32_t crc;             /* of [0, length), valid once READY */
+    uint32_t crc;             /* of [0, length), valid when crc_valid */
+    bool crc_valid;           /* crc computed: set by a persistent commit, by the first spill
+                                 (before its write is submitted) and by manifest replay;
+                                 on_nvme implies it */
     uint32_t flags;           /* STORE_F_PERSISTENT */
     store_state_t state;
     bool in_pool;             /* region valid */
@@ -548,6 +551,7 @@ static int evict_some(store_t *s, uint64_t need) {
     if (!s->tier || !s->lru_head) return 0;
     blob_t *v[EVICT_BATCH];
     uint64_t off[EVICT_BATCH];
+    bool vneed[EVICT_BATCH];   /* crc not known yet: compute it before the write */
     int nv = 0, dropped = 0;
     uint64_t got = 0;
     for (blob_t *b = s->lru_head, *next; b && nv < EVICT_BATCH && got < need; b = next) {
@@ -567,6 +571,7 @@ static int evict_some(store_t *s, uint64_t need) {
             b->refs++;
             v[nv] = b;
             off[nv] = o;
+            vneed[nv] = !b->crc_valid;
             nv++;
         }
         got += b->alen;
@@ -578,9 +583,16 @@ static int evict_some(store_t *s, uint64_t need) {
     s->busy_ops++;
     pthread_mutex_unlock(&s->mu);
 
+    /* Blobs are committed without a crc (store_put_commit); the first write
+     * to NVMe computes it, before the write is submitted, so that what
+     * comes back can be checked. The bytes are immutable once READY and the
+     * blob is SPILLING and referenced, so reading them with mu dropped is
+     * safe. */
     batch_t bt = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .pending = nv };
     victim_io_t io[EVICT_BATCH];
+    uint32_t vcrc[EVICT_BATCH];
     for (int i = 0; i < nv; i++) {
+        if (vneed[i]) vcrc[i] = crc32c(0, pool_ptr(s->pool, &v[i]->region), v[i]->length);
         io[i] = (victim_io_t){ .bt = &bt, .res = 0 };
         int rc = tier_submit(s->tier, IO_WRITE, pool_ptr(s->pool, &v[i]->region), v[i]->alen, off[i],
                              victim_done, &io[i]);
@@ -599,6 +611,7 @@ static int evict_some(store_t *s, uint64_t need) {
         blob_t *b = v[i];
         b->refs--;
         b->state = STORE_READY;
+        if (vneed[i]) { b->crc = vcrc[i]; b->crc_valid = true; }
         if (io[i].res != (int64_t)b->alen) {
             log_error("store: spilling a blob of %llu bytes to %s failed: %s", (unsigned long long)b->alen,
                       s->spill_dir, io[i].res < 0 ? strerror((int)-io[i].res) : "short write");
@@ -689,7 +702,7 @@ static store_status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *e
     }
     s->spill_reads++;
     s->spill_rbytes += b->alen;
-    if (crc != b->crc) {
+    if (!b->crc_valid || crc != b->crc) { /* on_nvme implies crc_valid; never trust it blindly */
         pool_free(s->pool, &r);
         s->crc_errors++;
         char path[4300] = "?";
@@ -882,6 +895,7 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
             continue;
         }
         b->crc = r->crc;
+        b->crc_valid = true;
         b->flags = r->flags | STORE_F_PERSISTENT;
         b->state = STORE_READY;
         b->on_nvme = true;
@@ -1245,7 +1259,7 @@ store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key,
     return st;
 }
 
-store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key, uint32_t *crc,
+store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key, store_crc_t *crc,
                                 char *err, size_t errlen) {
     pthread_mutex_lock(&s->mu);
     blob_t *b = lookup(s, key);
@@ -1267,8 +1281,11 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
     void *p = pool_ptr(s->pool, &b->region);
     pthread_mutex_unlock(&s->mu);
 
-    uint32_t c = crc32c(0, p, b->length);
+    /* Only a persistent blob needs its crc now (it goes to NVMe before the
+     * commit is acknowledged); the others get it when first spilled, which
+     * keeps a full pass over the bytes off the put path. */
     bool persistent = b->flags & STORE_F_PERSISTENT;
+    uint32_t c = persistent ? crc32c(0, p, b->length) : 0;
     uint64_t off = 0;
     int rc = 0;
     bool wrote = false, recorded = false;
@@ -1297,6 +1314,7 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
             pthread_mutex_lock(&s->mu);
             b->nvme_off = off;
             b->crc = c;
+            b->crc_valid = true;
             rec_from_blob(s, b, &r, MREC_PUT);
             pthread_mutex_unlock(&s->mu);
             rc = manifest_append_durable(s, &r, b);
@@ -1310,6 +1328,7 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
     b->committing = false;
     b->writer = 0;
     b->crc = c;
+    b->crc_valid = persistent;
     if (wrote && !recorded) tier_free(s->tier, off);
     if (!b->linked) {
         /* Freed (free, release, session drop) while we committed. */
@@ -1344,7 +1363,7 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
     lru_update(s, b);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    if (crc) *crc = c;
+    if (crc) *crc = (store_crc_t){ .value = c, .known = persistent };
     return STORE_OK;
 }
 
@@ -1362,7 +1381,7 @@ store_status_t store_put_abort(store_t *s, uint64_t sid, const store_key_t *key)
 }
 
 store_status_t store_put_copy(store_t *s, uint64_t sid, const store_key_t *key, const void *data,
-                              uint64_t len, uint32_t flags, uint32_t *crc, char *err, size_t errlen) {
+                              uint64_t len, uint32_t flags, store_crc_t *crc, char *err, size_t errlen) {
     pool_region_t r;
     store_status_t st = store_put_alloc(s, sid, key, len, flags, &r, err, errlen);
     if (st != STORE_OK) return st;
@@ -1376,7 +1395,8 @@ static void fill_info(store_t *s, const blob_t *b, store_blob_info_t *o) {
     memset(o, 0, sizeof *o);
     o->key = b->key;
     o->length = b->length;
-    o->crc32c = b->crc;
+    o->crc_known = b->crc_valid;
+    o->crc32c = b->crc_valid ? b->crc : 0;
     o->flags = b->flags;
     o->tier = (store_tier_t)((b->in_pool ? STORE_TIER_POOL : 0) | (b->on_nvme ? STORE_TIER_NVME : 0));
     o->state = b->state;

@@ -10,10 +10,13 @@
  *
  * Blob life cycle:
  *   store_put_alloc   -> ALLOCATED (region handed to the writer)
- *   store_put_commit  -> READY (crc32c computed; a PERSISTENT blob is written
+ *   store_put_commit  -> READY (a PERSISTENT blob gets its crc32c, is written
  *                        to NVMe and fsynced, then its manifest record, before
- *                        this returns)
- *   eviction          READY -> SPILLING -> READY on NVMe only (pool freed)
+ *                        this returns; other blobs get their crc32c only when
+ *                        first written to NVMe, so a commit costs no pass over
+ *                        the bytes)
+ *   eviction          READY -> SPILLING (crc32c computed if not yet known)
+ *                     -> READY on NVMe only (pool freed)
  *   store_get / pin   NVMe-only -> LOADING -> READY in pool (crc checked), pinned
  *   store_free        the key disappears at once; the space is returned when
  *                     the last pin drops
@@ -110,7 +113,9 @@ typedef enum {
 typedef struct {
     store_key_t key;
     uint64_t length;       /* bytes the writer asked for */
-    uint32_t crc32c;       /* of bytes [0, length); valid once READY */
+    uint32_t crc32c;       /* of bytes [0, length); meaningful only when crc_known */
+    bool crc_known;        /* crc32c computed: always for PERSISTENT blobs and for blobs
+                              that have been written to NVMe; false (crc32c 0) before */
     uint32_t flags;        /* STORE_F_PERSISTENT */
     store_tier_t tier;
     store_state_t state;
@@ -217,14 +222,23 @@ store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key,
                                uint64_t len, uint32_t flags, pool_region_t *region,
                                char *err, size_t errlen);
 
-/* Finish a put started by sid: compute the crc32c and make the blob READY.
- * A PERSISTENT blob is written to the NVMe tier, fdatasynced, then recorded
+/* A blob's checksum as reported by commit: known is false when it has not
+ * been computed yet (value is then 0). */
+typedef struct {
+    uint32_t value;        /* crc32c of bytes [0, length) when known */
+    bool known;
+} store_crc_t;
+
+/* Finish a put started by sid and make the blob READY. A PERSISTENT blob
+ * gets its crc32c, is written to the NVMe tier, fdatasynced, then recorded
  * in the manifest (fdatasynced) before this returns STORE_OK; on an I/O error
- * the blob is dropped and STORE_IO_ERROR returned. *crc (may be NULL) gets
- * the checksum. STORE_NOT_FOUND, STORE_NOT_HELD (another session's put),
- * STORE_BUSY (not ALLOCATED). */
+ * the blob is dropped and STORE_IO_ERROR returned. Other blobs are published
+ * without reading their bytes: their crc32c is computed when eviction first
+ * writes them to NVMe. *crc (may be NULL) gets the checksum with known set
+ * for PERSISTENT blobs, {0, false} otherwise. STORE_NOT_FOUND,
+ * STORE_NOT_HELD (another session's put), STORE_BUSY (not ALLOCATED). */
 store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key,
-                                uint32_t *crc, char *err, size_t errlen);
+                                store_crc_t *crc, char *err, size_t errlen);
 
 /* Abandon a put started by sid: the region is freed, the key forgotten
  * (also when the key was already freed by a release meanwhile). */
@@ -233,7 +247,7 @@ store_status_t store_put_abort(store_t *s, uint64_t sid, const store_key_t *key)
 /* Remote mode: put_alloc + copy data[0..len) + put_commit in one call. */
 store_status_t store_put_copy(store_t *s, uint64_t sid, const store_key_t *key,
                               const void *data, uint64_t len, uint32_t flags,
-                              uint32_t *crc, char *err, size_t errlen);
+                              store_crc_t *crc, char *err, size_t errlen);
 
 /* Make the blob resident (reading it back from NVMe if needed, checking its
  * crc32c: STORE_DATA_LOSS on mismatch, nothing returned), pin it for sid and

@@ -104,7 +104,7 @@ int main(int argc, char **argv) {
     double mem_gbps = 2.0 * n / best_mem / 1e9, pool_gbps = 2.0 * n / best_pool / 1e9;
     printf("put+get %zu-byte blob: memcpy %.2f GB/s, pool %.2f GB/s, ratio %.3f\n", n, mem_gbps, pool_gbps,
            best_mem / best_pool);
-    printf("  pool path, best round (us): put_alloc %.0f, memcpy in %.0f, put_commit %.0f (crc32c), get %.0f, "
+    printf("  pool path, best round (us): put_alloc %.0f, memcpy in %.0f, put_commit %.0f, get %.0f, "
            "memcpy out %.0f, get_done %.0f; memcpy path %.0f\n", best_parts[0], best_parts[1], best_parts[2],
            best_parts[3], best_parts[4], best_parts[5], best_mem * 1e6);
     printf("RESULT bench_offload blob=%zu memcpy_gbps=%.3f pool_gbps=%.3f ratio=%.3f\n", n, mem_gbps, pool_gbps,

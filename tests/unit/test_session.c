@@ -123,6 +123,14 @@ Test(session, round_trip_both_modes) {
             cr_assert_eq(oc_get_copy(c, &k, dst, n, &len), OC_OK, "%s", oc_last_error());
             cr_assert_eq(len, n);
             cr_assert_eq(memcmp(src, dst, n), 0, "blob %d (%zu bytes) differs", i, n);
+            /* No spill tier here: a non-persistent blob never reaches NVMe, so
+             * its crc32c is never computed and must be reported unknown (ring
+             * completion flag / GetResponse field), not as a magic value. */
+            oc_buf_t gb;
+            cr_assert_eq(oc_get(c, &k, &gb), OC_OK, "%s", oc_last_error());
+            cr_assert(!gb.crc_known && gb.crc32c == 0, "blob %d: crc reported as known (%08x)", i, gb.crc32c);
+            cr_assert(!gb.persistent);
+            cr_assert_eq(oc_get_done(c, &k, &gb), OC_OK, "%s", oc_last_error());
             cr_assert_eq(oc_put_copy(c, &k, src, n, false), OC_ALREADY_EXISTS);
             cr_assert_eq(oc_free(c, &k), OC_OK, "%s", oc_last_error());
             cr_assert_eq(oc_get_copy(c, &k, dst, n, &len), OC_NOT_FOUND);

@@ -104,9 +104,17 @@ static store_status_t put_gen(store_t *s, uint64_t sid, const store_key_t *k, ui
     if (st != STORE_OK) return st;
     cr_assert(store_session_holds(s, sid, k, r.seg, r.off, len), "writer does not hold its region");
     gen(seed, pool_ptr(store_pool(s), &r), len);
-    uint32_t crc = 0;
+    store_crc_t crc = { 0xdeadbeef, true };
     st = store_put_commit(s, sid, k, &crc, err, sizeof err);
     cr_assert_eq(st, STORE_OK, "commit: %.200s", err);
+    /* Persistent blobs have their crc at commit; others get it when first spilled. */
+    if (flags & STORE_F_PERSISTENT) {
+        cr_assert(crc.known, "persistent commit reported no crc");
+        cr_assert_eq(crc.value, ref_crc32c(pool_ptr(store_pool(s), &r), len));
+    } else {
+        cr_assert(!crc.known, "non-persistent commit claims a crc");
+        cr_assert_eq(crc.value, 0);
+    }
     return st;
 }
 
@@ -122,7 +130,12 @@ static store_status_t get_check(store_t *s, uint64_t sid, const store_key_t *k, 
     cr_assert(info.tier & STORE_TIER_POOL);
     const uint8_t *p = pool_ptr(store_pool(s), &r);
     cr_assert(check_bytes(seed, p, len), "blob index %llu: bytes differ", (unsigned long long)k->index);
-    if (check_crc) cr_assert_eq(info.crc32c, ref_crc32c(p, len));
+    /* A reported crc must be right; check_crc: it must be reported (the blob
+     * is persistent or has been written to NVMe). */
+    if (check_crc || (info.flags & STORE_F_PERSISTENT) || (info.tier & STORE_TIER_NVME))
+        cr_assert(info.crc_known, "blob index %llu: crc not known", (unsigned long long)k->index);
+    if (info.crc_known) cr_assert_eq(info.crc32c, ref_crc32c(p, len));
+    else cr_assert_eq(info.crc32c, 0);
     cr_assert(store_session_holds(s, sid, k, r.seg, r.off, len));
     cr_assert_eq(store_get_done(s, sid, k), STORE_OK);
     return st;
@@ -183,7 +196,13 @@ static void *worker_main(void *arg) {
                 store_get_done(w->s, w->sid, &l->k);
                 break;
             }
-            if (!l->crc_checked) {
+            /* A crc is known exactly when the blob has been on NVMe (these
+             * blobs are not persistent); a known one must be right. */
+            if ((info.tier & STORE_TIER_NVME) && !info.crc_known) {
+                snprintf(w->msg, sizeof w->msg, "blob %llu: on NVMe without a crc", (unsigned long long)l->k.index);
+                w->failures++;
+            }
+            if (!l->crc_checked && info.crc_known) {
                 if (info.crc32c != ref_crc32c(p, l->len)) {
                     snprintf(w->msg, sizeof w->msg, "blob %llu: crc differs from reference", (unsigned long long)l->k.index);
                     w->failures++;
@@ -303,7 +322,7 @@ Test(store, quota_is_per_session) {
     cr_assert_eq(store_session_stats(s, 1, &ss), STORE_OK);
     cr_assert_eq(ss.used_bytes, 0);
     cr_assert_eq(put_gen(s, 1, &b, 13, 600000, 0), STORE_OK);
-    cr_assert_eq(get_check(s, 2, &b, 13, 600000, true), STORE_OK);
+    cr_assert_eq(get_check(s, 2, &b, 13, 600000, false), STORE_OK); /* never spilled: crc unknown */
     cr_assert_eq(store_status_grpc(STORE_QUOTA), 8, "quota must map to RESOURCE_EXHAUSTED");
     store_close(s);
     remove_dir();
@@ -381,6 +400,69 @@ static void corrupt_at(uint64_t nvme_off, uint64_t file_bytes, uint64_t delta) {
     close(fd);
 }
 
+/* The crc32c of a non-persistent blob is computed when it is first written
+ * to NVMe, not at commit: unknown before, right after the spill and after
+ * the read-back. A persistent blob has it at commit (put_gen checks that). */
+Test(store, crc_known_at_commit_for_persistent_at_first_spill_otherwise) {
+    make_dir();
+    store_config_t c = small_cfg(2u << 20, true);
+    store_t *s = open_store(&c);
+    cr_assert_eq(store_session_open(s, 1, 0), STORE_OK);
+    const uint64_t vlen = 300001, plen = 123457;
+    uint8_t *want = malloc(vlen);
+    cr_assert_not_null(want);
+    store_key_t v = key_of(4, 0, 500), pk = key_of(4, 0, 501);
+    cr_assert_eq(put_gen(s, 1, &v, 777, vlen, 0), STORE_OK);
+    cr_assert_eq(put_gen(s, 1, &pk, 778, plen, STORE_F_PERSISTENT), STORE_OK);
+    store_blob_info_t info;
+    cr_assert_eq(store_info(s, &v, &info), STORE_OK);
+    cr_assert(info.tier == STORE_TIER_POOL && !info.crc_known && info.crc32c == 0,
+              "fresh non-persistent blob: tier %d, crc_known %d, crc %08x", info.tier, info.crc_known, info.crc32c);
+    gen(778, want, plen);
+    cr_assert_eq(store_info(s, &pk, &info), STORE_OK);
+    cr_assert(info.crc_known, "persistent blob without a crc after commit");
+    cr_assert_eq(info.crc32c, ref_crc32c(want, plen));
+    /* Push v out of the 2 MiB pool. */
+    for (int i = 0; i < 12; i++) {
+        store_key_t k = key_of(4, 0, (uint64_t)i);
+        cr_assert_eq(put_gen(s, 1, &k, 900 + (uint64_t)i, 256u << 10, 0), STORE_OK);
+    }
+    gen(777, want, vlen);
+    cr_assert_eq(store_info(s, &v, &info), STORE_OK);
+    cr_assert_eq(info.tier, STORE_TIER_NVME, "blob not spilled (tier %d)", info.tier);
+    cr_assert(info.crc_known, "spilled blob without a crc");
+    cr_assert_eq(info.crc32c, ref_crc32c(want, vlen));
+    /* Read back (checked against that crc), still known and right. */
+    cr_assert_eq(get_check(s, 1, &v, 777, vlen, true), STORE_OK);
+    cr_assert_eq(store_info(s, &v, &info), STORE_OK);
+    cr_assert(info.crc_known && (info.tier & STORE_TIER_POOL));
+    cr_assert_eq(info.crc32c, ref_crc32c(want, vlen));
+    /* The listing (ListKeys) reports the same: v and pk known, a blob still
+     * only in the pool unknown with crc 0. */
+    store_blob_info_t *list = NULL;
+    size_t n = 0;
+    store_filter_t f = { .job_id = 4, .rank = -1 };
+    cr_assert_eq(store_list(s, &f, &list, &n), STORE_OK);
+    int seen = 0, unknown = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (list[i].key.index == 500 || list[i].key.index == 501) {
+            seen++;
+            cr_assert(list[i].crc_known);
+        }
+        if (!list[i].crc_known) {
+            unknown++;
+            cr_assert_eq(list[i].crc32c, 0);
+            cr_assert(!(list[i].tier & STORE_TIER_NVME), "blob on NVMe listed without a crc");
+        }
+    }
+    cr_assert_eq(seen, 2);
+    cr_assert_gt(unknown, 0, "every blob was spilled: the pool-only case is not covered");
+    free(list);
+    free(want);
+    store_close(s);
+    remove_dir();
+}
+
 Test(store, corrupt_spill_file_gives_data_loss_not_data) {
     make_dir();
     store_config_t c = small_cfg(2u << 20, true);
@@ -395,6 +477,7 @@ Test(store, corrupt_spill_file_gives_data_loss_not_data) {
     store_blob_info_t info;
     cr_assert_eq(store_info(s, &v, &info), STORE_OK);
     cr_assert_eq(info.tier, STORE_TIER_NVME, "victim not spilled (tier %d)", info.tier);
+    cr_assert(info.crc_known, "spilled blob without a crc");
     corrupt_at(info.nvme_off, c.spill_file_bytes, 123457);
     pool_region_t r = { .seg = 77, .off = 77, .len = 77 };
     char err[STORE_ERR_LEN] = "";
@@ -562,7 +645,7 @@ Test(store, drop_session_frees_its_blobs_and_pins) {
     store_stats(s, &st);
     cr_assert_eq(used_before - st.pool.used_bytes, 102400, "a's region not returned after its last pin");
     cr_assert_eq(get_check(s, 2, &p, 3, 300000, true), STORE_OK);
-    cr_assert_eq(get_check(s, 2, &d, 4, 400000, true), STORE_OK);
+    cr_assert_eq(get_check(s, 2, &d, 4, 400000, false), STORE_OK); /* in pool only: crc unknown */
     cr_assert_eq(store_get(s, 1, &d, &r, NULL, err, sizeof err), STORE_NO_SESSION);
     store_close(s);
     remove_dir();
