@@ -42,7 +42,16 @@ int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen) {
     const char *job = o->job_id ? o->job_id : "";
     int rc = 0;
     if (o->rank == 0 && o->rdzv_serve) {
-        rdzv_server_opts_t so = { .listen = o->rdzv_listen ? o->rdzv_listen : o->rdzv_addr,
+        /* Like torchrun's store, rank 0 listens on every interface at the
+         * rendezvous port: its own host name may not resolve to itself. */
+        char any[64];
+        const char *listen = o->rdzv_listen;
+        const char *colon = strrchr(o->rdzv_addr, ':');
+        if (!listen && strncmp(o->rdzv_addr, "unix:", 5) != 0 && colon && colon[1]) {
+            snprintf(any, sizeof any, "0.0.0.0:%s", colon + 1);
+            listen = any;
+        }
+        rdzv_server_opts_t so = { .listen = listen ? listen : o->rdzv_addr,
                                   .job_id = job, .world = o->world };
         if (!(d->server = rdzv_server_start(&so, NULL, e, sizeof e))) {
             snprintf(err, errlen, "rank 0 cannot serve the rendezvous store: %s", e);
