@@ -33,9 +33,11 @@ t_expect_fail() {
     else t_fail "$name" "message did not match /$pat/: $(echo "$out" | tail -3)"; fi
 }
 
-T_TMPDIRS=()
-t_tmpdir() { local d; d=$(mktemp -d /tmp/ballast-test.XXXXXX); T_TMPDIRS+=("$d"); echo "$d"; }
-t_cleanup() { for d in "${T_TMPDIRS[@]:-}"; do [ -n "$d" ] && rm -rf "$d"; done; }
-trap t_cleanup EXIT
+# Every t_tmpdir lives under one directory made when this file is sourced,
+# so that t_tmpdir works in $(...) subshells and one rm removes them all.
+T_TMPROOT=$(mktemp -d /tmp/ballast-test.XXXXXX)
+t_tmpdir() { mktemp -d "$T_TMPROOT/t.XXXXXX"; }
+t_cleanup() { [ -n "${T_TMPROOT:-}" ] && rm -rf "$T_TMPROOT"; }
+trap t_cleanup EXIT   # a script that sets its own EXIT trap must call t_cleanup in it
 
 t_done() { [ "$T_COUNT" -gt 0 ] || { echo "not ok - $(basename "$0") ran no check"; exit 1; }; [ "$T_FAILED" -eq 0 ]; }

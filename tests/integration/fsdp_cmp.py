@@ -26,9 +26,15 @@ def read_st(path):
     return out
 
 
+def step_losses(path):
+    """Losses of the step records of a --log-json file (not its settings record)."""
+    recs = (json.loads(l) for l in open(path) if l.strip())
+    return [r["loss"] for r in recs if "step" in r and "loss" in r]
+
+
 def losses(ref, run, tol):
-    r = [json.loads(l)["loss"] for l in open(ref)]
-    x = [json.loads(l)["loss"] for l in open(run)]
+    r = step_losses(ref)
+    x = step_losses(run)
     if len(r) != len(x) or not r:
         print(f"step counts differ: {len(r)} vs {len(x)}")
         return 1
