@@ -7,6 +7,7 @@
  * ranges hold. Each value carries its origin so that every message names the
  * flags and variables it came from. */
 #include "topology.h"
+#include "errbuf.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -62,15 +63,6 @@ void topo_flags_init(topo_flags_t *f) {
     f->master_addr = NULL;
 }
 
-static void fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* A simple origin (one flag or variable) reads "NAME=V"; a derived or default
  * one reads "<field> V (ORIGIN)". */
 static const char *show(const tval_t *t, topo_field_t f, char *buf, size_t len) {
@@ -87,11 +79,11 @@ static const char *show(const tval_t *t, topo_field_t f, char *buf, size_t len) 
  * name). Sizes must be >= 1, ports 1..65535. */
 static int parse_count(const char *who, const char *s, topo_field_t f, int64_t *out, char *err, size_t errlen) {
     if (!*s) {
-        fail(err, errlen, "%s is set but empty: unset it or give a number", who);
+        errbuf_set(err, errlen, "%s is set but empty: unset it or give a number", who);
         return -1;
     }
     if (f == TOPO_NNODES && strchr(s, ':')) {
-        fail(err, errlen, "%s=%s is an elastic range (min:max); elastic jobs are not supported: "
+        errbuf_set(err, errlen, "%s=%s is an elastic range (min:max); elastic jobs are not supported: "
              "give a fixed node count, e.g. %s=%s", who, s, who, strrchr(s, ':') + 1);
         return -1;
     }
@@ -101,48 +93,48 @@ static int parse_count(const char *who, const char *s, topo_field_t f, int64_t *
     for (const char *q = p; *q; q++)
         if (!isdigit((unsigned char)*q)) goto nonnum;
     if (*s == '-') {
-        fail(err, errlen, "%s=%s is negative: %s must be %s", who, s, field_names[f],
+        errbuf_set(err, errlen, "%s=%s is negative: %s must be %s", who, s, field_names[f],
              is_size(f) ? "at least 1" : f == TOPO_MASTER_PORT ? "in 1..65535" : "0 or more");
         return -1;
     }
     errno = 0;
     long long v = strtoll(p, NULL, 10);
     if (errno == ERANGE || v > INT_MAX) {
-        fail(err, errlen, "%s=%s is too large (at most %d)", who, s, f == TOPO_MASTER_PORT ? 65535 : INT_MAX);
+        errbuf_set(err, errlen, "%s=%s is too large (at most %d)", who, s, f == TOPO_MASTER_PORT ? 65535 : INT_MAX);
         return -1;
     }
     if (f == TOPO_MASTER_PORT && (v < 1 || v > 65535)) {
-        fail(err, errlen, "%s=%s is outside the port range 1..65535", who, s);
+        errbuf_set(err, errlen, "%s=%s is outside the port range 1..65535", who, s);
         return -1;
     }
     if (is_size(f) && v < 1) {
-        fail(err, errlen, "%s=%s: %s must be at least 1", who, s, field_names[f]);
+        errbuf_set(err, errlen, "%s=%s: %s must be at least 1", who, s, field_names[f]);
         return -1;
     }
     *out = v;
     return 0;
 nonnum:
     if (f == TOPO_LOCAL_WORLD_SIZE && (!strcmp(s, "auto") || !strcmp(s, "gpu") || !strcmp(s, "cpu")))
-        fail(err, errlen, "%s=%s: give the number of processes per node as a number (e.g. %s=8)", who, s, who);
+        errbuf_set(err, errlen, "%s=%s: give the number of processes per node as a number (e.g. %s=8)", who, s, who);
     else
-        fail(err, errlen, "%s=%s is not a whole number: %s takes a decimal integer", who, s, field_names[f]);
+        errbuf_set(err, errlen, "%s=%s is not a whole number: %s takes a decimal integer", who, s, field_names[f]);
     return -1;
 }
 
 static int check_addr(const char *who, const char *s, char *err, size_t errlen) {
     size_t n = strlen(s);
     if (n == 0) {
-        fail(err, errlen, "%s is set but empty: give a host name or IP address", who);
+        errbuf_set(err, errlen, "%s is set but empty: give a host name or IP address", who);
         return -1;
     }
     if (n >= TOPO_ADDR_MAX) {
-        fail(err, errlen, "%s is %zu characters long; a host name is at most %d", who, n, TOPO_ADDR_MAX - 1);
+        errbuf_set(err, errlen, "%s is %zu characters long; a host name is at most %d", who, n, TOPO_ADDR_MAX - 1);
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (!isalnum(c) && !strchr(".-_:[]%", c)) {
-            fail(err, errlen, "%s=\"%s\" is not a host name or IP address (character '%c' at %zu); "
+            errbuf_set(err, errlen, "%s=\"%s\" is not a host name or IP address (character '%c' at %zu); "
                  "give only the host, without scheme or port", who, s, isprint(c) ? c : '?', i);
             return -1;
         }
@@ -188,7 +180,7 @@ static int collect_int(const topo_flags_t *fl, topo_field_t f, tval_t *val, char
             val->v = v;
             snprintf(val->origin, sizeof val->origin, "%s", name);
         } else if (!flagged && v != val->v && f != TOPO_MASTER_PORT) {
-            fail(err, errlen, "%s=%lld disagrees with %s=%s: both give the %s; unset the stale one "
+            errbuf_set(err, errlen, "%s=%lld disagrees with %s=%s: both give the %s; unset the stale one "
                  "or pass %s", val->origin, (long long)val->v, name, s, field_names[f], field_flags[f]);
             return -1;
         }
@@ -252,7 +244,7 @@ static const char *nm(const tval_t *t, char *buf, size_t len) {
 /* The world size must split evenly over the nodes. Always returns -1. */
 static int not_multiple(const tval_t *world, const tval_t *by, topo_field_t f, char *err, size_t errlen) {
     char a[160], b[160];
-    fail(err, errlen, "%s is not a multiple of %s%s: every node must run the same number of processes",
+    errbuf_set(err, errlen, "%s is not a multiple of %s%s: every node must run the same number of processes",
          show(world, TOPO_WORLD_SIZE, a, sizeof a), show(by, f, b, sizeof b),
          f == TOPO_LOCAL_WORLD_SIZE ? " (processes per node)" : "");
     return -1;
@@ -268,7 +260,7 @@ static int derive_all(tval_t *v, char *err, size_t errlen) {
         changed = false;
         if (!world->set && nn->set && lws->set) {
             if (nn->v * lws->v > INT_MAX) {
-                fail(err, errlen, "%s x %s overflows the world size", show(nn, TOPO_NNODES, a, sizeof a),
+                errbuf_set(err, errlen, "%s x %s overflows the world size", show(nn, TOPO_NNODES, a, sizeof a),
                      show(lws, TOPO_LOCAL_WORLD_SIZE, b, sizeof b));
                 return -1;
             }
@@ -330,7 +322,7 @@ int topo_resolve(const topo_flags_t *flags, topo_t *out, char *err, size_t errle
     /* Defaults: a single node, and a single process when nothing says more. */
     if (!world->set) {
         if (rank->set) {
-            fail(err, errlen, "%s is set but the world size is not: set WORLD_SIZE (or PET_NNODES and "
+            errbuf_set(err, errlen, "%s is set but the world size is not: set WORLD_SIZE (or PET_NNODES and "
                  "PET_NPROC_PER_NODE, or --world-size)", show(rank, TOPO_RANK, a, sizeof a));
             return -1;
         }
@@ -359,7 +351,7 @@ int topo_resolve(const topo_flags_t *flags, topo_t *out, char *err, size_t errle
             set_default(rank, 0);
             if (derive_all(v, err, errlen)) return -1;
         } else {
-            fail(err, errlen, "%s but this process's rank is unknown: set RANK (or LOCAL_RANK together with "
+            errbuf_set(err, errlen, "%s but this process's rank is unknown: set RANK (or LOCAL_RANK together with "
                  "PET_NODE_RANK or JOB_COMPLETION_INDEX, or --rank)", show(world, TOPO_WORLD_SIZE, a, sizeof a));
             return -1;
         }
@@ -369,30 +361,30 @@ int topo_resolve(const topo_flags_t *flags, topo_t *out, char *err, size_t errle
      * the user set rather than one derived from it. */
     for (int pass = 0; pass < 2; pass++) {
         if ((pass || is_direct(node)) && node->v >= nn->v) {
-            fail(err, errlen, "%s must be less than %s: set the node count (PET_NNODES or --nnodes)",
+            errbuf_set(err, errlen, "%s must be less than %s: set the node count (PET_NNODES or --nnodes)",
                  show(node, TOPO_NODE_RANK, a, sizeof a), show(nn, TOPO_NNODES, b, sizeof b));
             return -1;
         }
         if ((pass || is_direct(rank)) && rank->v >= world->v) {
-            fail(err, errlen, "%s must be less than %s: ranks run from 0 to world size - 1",
+            errbuf_set(err, errlen, "%s must be less than %s: ranks run from 0 to world size - 1",
                  show(rank, TOPO_RANK, a, sizeof a), show(world, TOPO_WORLD_SIZE, b, sizeof b));
             return -1;
         }
         if ((pass || is_direct(local)) && local->v >= lws->v) {
-            fail(err, errlen, "%s must be less than %s: local ranks run from 0 to processes per node - 1",
+            errbuf_set(err, errlen, "%s must be less than %s: local ranks run from 0 to processes per node - 1",
                  show(local, TOPO_LOCAL_RANK, a, sizeof a), show(lws, TOPO_LOCAL_WORLD_SIZE, b, sizeof b));
             return -1;
         }
     }
     /* Relations between sources. */
     if (world->v != nn->v * lws->v) {
-        fail(err, errlen, "%s disagrees with %s x %s = %lld: the sources describe different jobs; unset the "
+        errbuf_set(err, errlen, "%s disagrees with %s x %s = %lld: the sources describe different jobs; unset the "
              "stale ones", show(world, TOPO_WORLD_SIZE, a, sizeof a), show(nn, TOPO_NNODES, b, sizeof b),
              show(lws, TOPO_LOCAL_WORLD_SIZE, c, sizeof c), (long long)(nn->v * lws->v));
         return -1;
     }
     if (rank->v != node->v * lws->v + local->v) {
-        fail(err, errlen, "%s disagrees with %s x %s + %s = %lld: the sources describe different processes; "
+        errbuf_set(err, errlen, "%s disagrees with %s x %s + %s = %lld: the sources describe different processes; "
              "unset the stale ones or pass --rank%s", show(rank, TOPO_RANK, a, sizeof a),
              show(node, TOPO_NODE_RANK, b, sizeof b), show(lws, TOPO_LOCAL_WORLD_SIZE, c, sizeof c),
              show(local, TOPO_LOCAL_RANK, d, sizeof d), (long long)(node->v * lws->v + local->v),

@@ -1,6 +1,7 @@
 /* manifest.c: the append-only, checksummed log of persistent blobs (see
  * manifest.h). All integers are little-endian on disk. */
 #include "manifest.h"
+#include "errbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -28,14 +29,6 @@ struct manifest {
     uint64_t nrec;       /* records in the file */
     uint64_t file_bytes; /* from the header */
 };
-
-static void seterr(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- encoding ---- */
 
@@ -114,10 +107,10 @@ static int write_all(int fd, const void *buf, size_t len, off_t off) {
 static int rewrite(manifest_t *m, uint64_t file_bytes, manifest_rec_t *recs, size_t n,
                    char *err, size_t errlen) {
     int fd = open(m->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) { int e = errno; seterr(err, errlen, "creating %s: %s", m->tmp, strerror(e)); return -e; }
+    if (fd < 0) { int e = errno; errbuf_set(err, errlen, "creating %s: %s", m->tmp, strerror(e)); return -e; }
     size_t bytes = MANIFEST_HDR_SIZE + n * MANIFEST_REC_SIZE;
     unsigned char *buf = malloc(bytes);
-    if (!buf) { close(fd); seterr(err, errlen, "out of memory"); return -ENOMEM; }
+    if (!buf) { close(fd); errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
     encode_header(buf, file_bytes);
     uint64_t seq = m->seq;
     for (size_t i = 0; i < n; i++) {
@@ -130,7 +123,7 @@ static int rewrite(manifest_t *m, uint64_t file_bytes, manifest_rec_t *recs, siz
     if (rc == 0 && rename(m->tmp, m->path) != 0) rc = -errno;
     if (rc == 0 && fsync(m->dirfd) != 0) rc = -errno;
     if (rc) {
-        seterr(err, errlen, "writing manifest %s: %s (is the spill filesystem full or read-only?)",
+        errbuf_set(err, errlen, "writing manifest %s: %s (is the spill filesystem full or read-only?)",
                m->path, strerror(-rc));
         close(fd);
         unlink(m->tmp);
@@ -155,14 +148,14 @@ int manifest_open(manifest_t **out, const char *dir, uint64_t spill_file_bytes,
     if (!info) info = &dummy;
     memset(info, 0, sizeof *info);
     manifest_t *m = calloc(1, sizeof *m);
-    if (!m) { seterr(err, errlen, "out of memory"); return -ENOMEM; }
+    if (!m) { errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
     m->fd = -1;
     snprintf(m->path, sizeof m->path, "%s/manifest", dir);
     snprintf(m->tmp, sizeof m->tmp, "%s/manifest.tmp", dir);
     m->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (m->dirfd < 0) {
         int e = errno;
-        seterr(err, errlen, "opening spill directory %s: %s", dir, strerror(e));
+        errbuf_set(err, errlen, "opening spill directory %s: %s", dir, strerror(e));
         free(m);
         return -e;
     }
@@ -171,7 +164,7 @@ int manifest_open(manifest_t **out, const char *dir, uint64_t spill_file_bytes,
     int fd = open(m->path, O_RDWR | O_CLOEXEC);
     if (fd < 0 && errno != ENOENT) {
         int e = errno;
-        seterr(err, errlen, "opening %s: %s", m->path, strerror(e));
+        errbuf_set(err, errlen, "opening %s: %s", m->path, strerror(e));
         manifest_close(m);
         return -e;
     }
@@ -179,7 +172,7 @@ int manifest_open(manifest_t **out, const char *dir, uint64_t spill_file_bytes,
     if (fd >= 0 && fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        seterr(err, errlen, "stat %s: %s", m->path, strerror(e));
+        errbuf_set(err, errlen, "stat %s: %s", m->path, strerror(e));
         manifest_close(m);
         return -e;
     }
@@ -200,7 +193,7 @@ int manifest_open(manifest_t **out, const char *dir, uint64_t spill_file_bytes,
     m->fd = fd;
     size_t size = (size_t)st.st_size;
     unsigned char *buf = malloc(size);
-    if (!buf) { seterr(err, errlen, "out of memory reading %s", m->path); manifest_close(m); return -ENOMEM; }
+    if (!buf) { errbuf_set(err, errlen, "out of memory reading %s", m->path); manifest_close(m); return -ENOMEM; }
     size_t got = 0;
     while (got < size) {
         ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
@@ -210,14 +203,14 @@ int manifest_open(manifest_t **out, const char *dir, uint64_t spill_file_bytes,
     }
     if (got < MANIFEST_HDR_SIZE || memcmp(buf, HDR_MAGIC, 8) != 0 ||
         get32(buf + 60) != crc32c(0, buf, 60)) {
-        seterr(err, errlen, "%s is not a ballast manifest (bad magic or header checksum); move the "
+        errbuf_set(err, errlen, "%s is not a ballast manifest (bad magic or header checksum); move the "
                "spill directory aside or point --spill-dir at an empty directory", m->path);
         free(buf);
         manifest_close(m);
         return -EPROTO;
     }
     if (get32(buf + 8) != MANIFEST_VERSION || get32(buf + 12) != MANIFEST_REC_SIZE) {
-        seterr(err, errlen, "%s has manifest version %u (record size %u); this ballastd reads "
+        errbuf_set(err, errlen, "%s has manifest version %u (record size %u); this ballastd reads "
                "version %d: use the ballastd that wrote it or an empty --spill-dir",
                m->path, get32(buf + 8), get32(buf + 12), MANIFEST_VERSION);
         free(buf);
@@ -245,7 +238,7 @@ int manifest_open(manifest_t **out, const char *dir, uint64_t spill_file_bytes,
                  m->path, size - pos, (unsigned long long)m->nrec);
         if (ftruncate(fd, (off_t)pos) != 0 || fdatasync(fd) != 0) {
             int e = errno;
-            seterr(err, errlen, "truncating the torn tail of %s: %s", m->path, strerror(e));
+            errbuf_set(err, errlen, "truncating the torn tail of %s: %s", m->path, strerror(e));
             manifest_close(m);
             return -e;
         }

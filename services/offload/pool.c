@@ -20,6 +20,7 @@
  * Offsets: segment i occupies [base_i, base_i + bytes_i) of the allocator's
  * offset space, base_i = sum of the sizes before it. */
 #include "pool.h"
+#include "errbuf.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -49,14 +50,6 @@ struct pool {
     bool mlocked, huge;
 };
 
-static void seterr(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- segments ---- */
 
 /* mlock every segment; on refusal warn once with the limit and the fix
@@ -83,24 +76,24 @@ int pool_open(pool_t **out, const pool_config_t *cfg, char *err, size_t errlen) 
     long pg = sysconf(_SC_PAGESIZE);
     if (pg <= 0) pg = 4096;
     if (cfg->pool_bytes == 0) {
-        seterr(err, errlen, "pool size is 0: give --pool-bytes a size such as 256M");
+        errbuf_set(err, errlen, "pool size is 0: give --pool-bytes a size such as 256M");
         return -EINVAL;
     }
     uint64_t segb = cfg->segment_bytes ? cfg->segment_bytes : cfg->pool_bytes;
     if (segb > cfg->pool_bytes) segb = cfg->pool_bytes;
     pool_t *p = calloc(1, sizeof *p);
-    if (!p) { seterr(err, errlen, "out of memory"); return -ENOMEM; }
+    if (!p) { errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
     pthread_mutex_init(&p->mu, NULL);
     for (int i = 0; i < POOL_MAX_SEGS; i++) p->seg[i].shm.fd = -1;
     p->ext = ext_new(POOL_ALIGN);
-    if (!p->ext) { free(p); seterr(err, errlen, "out of memory"); return -ENOMEM; }
+    if (!p->ext) { free(p); errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
 
     bool huge = cfg->huge != POOL_HUGE_OFF;
     const char *name = cfg->name ? cfg->name : "ballast-pool";
     uint64_t left = cfg->pool_bytes;
     uint64_t nseg_needed = (cfg->pool_bytes + segb - 1) / segb;
     if (nseg_needed > POOL_MAX_SEGS) {
-        seterr(err, errlen, "pool of %llu bytes in segments of %llu bytes needs %llu segments; "
+        errbuf_set(err, errlen, "pool of %llu bytes in segments of %llu bytes needs %llu segments; "
                "at most %d: raise --segment-bytes", (unsigned long long)cfg->pool_bytes,
                (unsigned long long)segb, (unsigned long long)nseg_needed, POOL_MAX_SEGS);
         pool_close(p);
@@ -134,7 +127,7 @@ int pool_open(pool_t **out, const pool_config_t *cfg, char *err, size_t errlen) 
     for (uint32_t i = 0; i < p->nsegs; i++) {
         rc = ext_add_span(p->ext, p->seg[i].start, p->seg[i].shm.bytes);
         if (rc < 0) {
-            seterr(err, errlen, "pool allocator: %s", strerror(-rc));
+            errbuf_set(err, errlen, "pool allocator: %s", strerror(-rc));
             pool_close(p);
             return rc;
         }

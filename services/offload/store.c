@@ -20,6 +20,7 @@
  * Invariant: a blob is on the LRU list iff it is linked, READY, in the pool,
  * unpinned and no thread holds it (refs == 0). Only LRU blobs are evicted. */
 #include "store.h"
+#include "errbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -130,14 +131,6 @@ struct store {
     uint64_t spill_writes, spill_reads, spill_wbytes, spill_rbytes;
     uint64_t evictions, prefetches, crc_errors, persistent_live;
 };
-
-static void seterr(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- status names ---- */
 
@@ -647,7 +640,7 @@ static store_status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, b
         int e = evict_some(s, alen);
         if (e > 0) continue;
         if (e < 0) {
-            seterr(err, errlen, "pool full and spilling to %s failed (I/O error; see the log)", s->spill_dir);
+            errbuf_set(err, errlen, "pool full and spilling to %s failed (I/O error; see the log)", s->spill_dir);
             return STORE_IO_ERROR;
         }
         uint64_t now = now_ms();
@@ -663,7 +656,7 @@ static store_status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, b
     }
     pool_stats_t ps;
     pool_stats(s->pool, &ps);
-    seterr(err, errlen, "no room for %llu bytes: pool %llu/%llu bytes used, largest free extent %llu, "
+    errbuf_set(err, errlen, "no room for %llu bytes: pool %llu/%llu bytes used, largest free extent %llu, "
            "nothing evictable (pinned or uncommitted)%s", (unsigned long long)alen,
            (unsigned long long)ps.used_bytes, (unsigned long long)ps.total_bytes,
            (unsigned long long)ps.largest_free,
@@ -696,7 +689,7 @@ static store_status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *e
     pthread_cond_broadcast(&s->cv);
     if (n != (int64_t)b->alen) {
         pool_free(s->pool, &r);
-        seterr(err, errlen, "reading a blob of %llu bytes back from %s failed: %s",
+        errbuf_set(err, errlen, "reading a blob of %llu bytes back from %s failed: %s",
                (unsigned long long)b->length, s->spill_dir, n < 0 ? strerror((int)-n) : "short read");
         return STORE_IO_ERROR;
     }
@@ -711,7 +704,7 @@ static store_status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *e
         log_error("store: crc32c mismatch reading back a blob of %llu bytes from %s at offset %llu "
                   "(expected %08x, got %08x): the spilled copy is damaged",
                   (unsigned long long)b->length, path, (unsigned long long)fo, b->crc, crc);
-        seterr(err, errlen, "data loss: the blob's copy on NVMe (%s, offset %llu) fails its crc32c "
+        errbuf_set(err, errlen, "data loss: the blob's copy on NVMe (%s, offset %llu) fails its crc32c "
                "check (expected %08x, got %08x)", path, (unsigned long long)fo, b->crc, crc);
         return STORE_DATA_LOSS;
     }
@@ -810,7 +803,7 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
     const store_config_t *cfg = &s->cfg;
     if (mkdir(s->spill_dir, 0700) != 0 && errno != EEXIST) {
         int e = errno;
-        seterr(err, errlen, "creating spill directory %s: %s", s->spill_dir, strerror(e));
+        errbuf_set(err, errlen, "creating spill directory %s: %s", s->spill_dir, strerror(e));
         return -e;
     }
     char lp[4200];
@@ -818,7 +811,7 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
     s->lock_fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (s->lock_fd < 0) {
         int e = errno;
-        seterr(err, errlen, "opening %s: %s", lp, strerror(e));
+        errbuf_set(err, errlen, "opening %s: %s", lp, strerror(e));
         return -e;
     }
     if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
@@ -826,7 +819,7 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
         ssize_t n = pread(s->lock_fd, pid, sizeof pid - 1, 0);
         if (n > 0) pid[n] = 0;
         pid[strcspn(pid, "\n")] = 0;
-        seterr(err, errlen, "spill directory %s is in use by another ballastd (pid %s); give each "
+        errbuf_set(err, errlen, "spill directory %s is in use by another ballastd (pid %s); give each "
                "instance its own --spill-dir", s->spill_dir, *pid ? pid : "unknown");
         return -EBUSY;
     }
@@ -844,7 +837,7 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
     manifest_open_info_t info;
     int rc = manifest_open(&s->man, s->spill_dir, fb, replay_fn, &rp, &info, err, errlen);
     if (rc) { free(rp.recs); return rc; }
-    if (rp.oom) { free(rp.recs); seterr(err, errlen, "out of memory replaying the manifest"); return -ENOMEM; }
+    if (rp.oom) { free(rp.recs); errbuf_set(err, errlen, "out of memory replaying the manifest"); return -ENOMEM; }
     if (info.file_bytes != fb)
         log_info("store: %s was made with %llu-byte spill files; keeping that size",
                  s->spill_dir, (unsigned long long)info.file_bytes);
@@ -917,7 +910,7 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
 int store_open(store_t **out, const store_config_t *cfg, char *err, size_t errlen) {
     *out = NULL;
     store_t *s = calloc(1, sizeof *s);
-    if (!s) { seterr(err, errlen, "out of memory"); return -ENOMEM; }
+    if (!s) { errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
     s->cfg = *cfg;
     if (!s->cfg.evict_wait_ms) s->cfg.evict_wait_ms = 5000;
     s->lock_fd = -1;
@@ -929,15 +922,15 @@ int store_open(store_t **out, const store_config_t *cfg, char *err, size_t errle
     s->nhash = 1024;
     s->hash = calloc(s->nhash, sizeof *s->hash);
     s->jobs = calloc(MAX_JOBS, sizeof *s->jobs);
-    if (!s->hash || !s->jobs) { store_close(s); seterr(err, errlen, "out of memory"); return -ENOMEM; }
+    if (!s->hash || !s->jobs) { store_close(s); errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
 
     int rc = pool_open(&s->pool, &cfg->pool, err, errlen);
     if (rc) { store_close(s); return rc; }
     if (cfg->spill_dir && *cfg->spill_dir) {
-        if (strlen(cfg->spill_dir) > 4000) { store_close(s); seterr(err, errlen, "--spill-dir path too long"); return -ENAMETOOLONG; }
+        if (strlen(cfg->spill_dir) > 4000) { store_close(s); errbuf_set(err, errlen, "--spill-dir path too long"); return -ENAMETOOLONG; }
         if (cfg->spill_bytes == 0) {
             store_close(s);
-            seterr(err, errlen, "--spill-dir given with --spill-bytes 0: give the tier a size such as 64G");
+            errbuf_set(err, errlen, "--spill-dir given with --spill-bytes 0: give the tier a size such as 64G");
             return -EINVAL;
         }
         snprintf(s->spill_dir, sizeof s->spill_dir, "%s", cfg->spill_dir);
@@ -949,7 +942,7 @@ int store_open(store_t **out, const store_config_t *cfg, char *err, size_t errle
     s->cfg.pool.name = NULL;
     if (s->tier) {
         rc = pthread_create(&s->pf_thread, NULL, prefetch_main, s);
-        if (rc) { store_close(s); seterr(err, errlen, "starting the prefetch thread: %s", strerror(rc)); return -rc; }
+        if (rc) { store_close(s); errbuf_set(err, errlen, "starting the prefetch thread: %s", strerror(rc)); return -rc; }
         s->pf_started = true;
     }
     *out = s;
@@ -1000,7 +993,7 @@ pool_t *store_pool(store_t *s) { return s->pool; }
 
 store_status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char *err, size_t errlen) {
     if (!name || !job_name_ok(name)) {
-        seterr(err, errlen, "bad job name \"%.80s\": use 1..%d characters of A-Z a-z 0-9 . _ -",
+        errbuf_set(err, errlen, "bad job name \"%.80s\": use 1..%d characters of A-Z a-z 0-9 . _ -",
                name ? name : "(null)", STORE_JOB_NAME_MAX);
         return STORE_INVALID;
     }
@@ -1011,7 +1004,7 @@ store_status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char
     for (uint64_t salt = 1; job_by_id(s, id); salt++) id = fnv1a(name, salt);
     if (job_add(s, id, name) != 0) {
         pthread_mutex_unlock(&s->mu);
-        seterr(err, errlen, "too many jobs (%d); Release finished jobs", MAX_JOBS);
+        errbuf_set(err, errlen, "too many jobs (%d); Release finished jobs", MAX_JOBS);
         return STORE_NO_SPACE;
     }
     if (s->man) {
@@ -1024,7 +1017,7 @@ store_status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char
         if (rc) {
             s->njobs--;
             pthread_mutex_unlock(&s->mu);
-            seterr(err, errlen, "recording job %s in the manifest: %s", name, strerror(-rc));
+            errbuf_set(err, errlen, "recording job %s in the manifest: %s", name, strerror(-rc));
             return STORE_IO_ERROR;
         }
     }
@@ -1174,22 +1167,22 @@ static void free_blobs(store_t *s, blob_t **v, size_t n, bool release_job, uint6
 store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint64_t len,
                                uint32_t flags, pool_region_t *region, char *err, size_t errlen) {
     if (len == 0 || len > pool_max_alloc(s->pool)) {
-        seterr(err, errlen, "blob length %llu out of range: 1..%llu bytes (one pool segment; raise "
+        errbuf_set(err, errlen, "blob length %llu out of range: 1..%llu bytes (one pool segment; raise "
                "--segment-bytes for larger blobs)", (unsigned long long)len,
                (unsigned long long)pool_max_alloc(s->pool));
         return STORE_INVALID;
     }
     if (key->kind < STORE_KIND_ACTIVATION || key->kind > STORE_KIND_OTHER) {
-        seterr(err, errlen, "unknown blob kind %u: use 1 (activation), 2 (optimizer state), 3 (param) "
+        errbuf_set(err, errlen, "unknown blob kind %u: use 1 (activation), 2 (optimizer state), 3 (param) "
                "or 4 (other)", key->kind);
         return STORE_INVALID;
     }
     if (flags & ~(uint32_t)(STORE_F_PERSISTENT | STORE_F_REPLACE)) {
-        seterr(err, errlen, "unknown put flags 0x%x", flags);
+        errbuf_set(err, errlen, "unknown put flags 0x%x", flags);
         return STORE_INVALID;
     }
     if ((flags & STORE_F_PERSISTENT) && !s->tier) {
-        seterr(err, errlen, "persistent blob refused: this ballastd has no NVMe tier (start it with "
+        errbuf_set(err, errlen, "persistent blob refused: this ballastd has no NVMe tier (start it with "
                "--spill-dir)");
         return STORE_INVALID;
     }
@@ -1198,27 +1191,27 @@ store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key,
     store_status_t st = STORE_OK;
     session_t *se = session_find(s, sid);
     if (s->draining) {
-        seterr(err, errlen, "ballastd is draining: no new puts");
+        errbuf_set(err, errlen, "ballastd is draining: no new puts");
         st = STORE_UNAVAILABLE;
     } else if (!se) {
-        seterr(err, errlen, "unknown session %llu (expired lease? open a new session)", (unsigned long long)sid);
+        errbuf_set(err, errlen, "unknown session %llu (expired lease? open a new session)", (unsigned long long)sid);
         st = STORE_NO_SESSION;
     }
     blob_t *old = st == STORE_OK ? lookup(s, key) : NULL;
     if (old) {
         if (old->state == STORE_ALLOCATED || old->committing) {
-            seterr(err, errlen, "key is being written by a put that has not committed");
+            errbuf_set(err, errlen, "key is being written by a put that has not committed");
             st = STORE_BUSY;
         } else if (!(flags & STORE_F_REPLACE)) {
-            seterr(err, errlen, "key exists (free it first or put with the replace flag)");
+            errbuf_set(err, errlen, "key exists (free it first or put with the replace flag)");
             st = STORE_EXISTS;
         } else if (old->pins) {
-            seterr(err, errlen, "key exists and is pinned by %u get(s); cannot replace it now", old->pins);
+            errbuf_set(err, errlen, "key exists and is pinned by %u get(s); cannot replace it now", old->pins);
             st = STORE_BUSY;
         }
     }
     if (st == STORE_OK && se->quota && se->used + alen > se->quota) {
-        seterr(err, errlen, "session quota exceeded: %llu of %llu bytes used, this put needs %llu "
+        errbuf_set(err, errlen, "session quota exceeded: %llu of %llu bytes used, this put needs %llu "
                "(free blobs or open the session with a larger quota)", (unsigned long long)se->used,
                (unsigned long long)se->quota, (unsigned long long)alen);
         st = STORE_QUOTA;
@@ -1229,7 +1222,7 @@ store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key,
     se->used += alen;
     se->blobs++;
     blob_t *b = calloc(1, sizeof *b);
-    if (!b) { st = STORE_NO_SPACE; seterr(err, errlen, "out of memory"); }
+    if (!b) { st = STORE_NO_SPACE; errbuf_set(err, errlen, "out of memory"); }
     else {
         b->key = *key;
         b->length = len;
@@ -1246,7 +1239,7 @@ store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key,
             b->writer = sid;
             *region = b->region;
         } else {
-            if (st == STORE_OK) { pool_free(s->pool, &b->region); st = STORE_NOT_FOUND; seterr(err, errlen, "freed while allocating"); }
+            if (st == STORE_OK) { pool_free(s->pool, &b->region); st = STORE_NOT_FOUND; errbuf_set(err, errlen, "freed while allocating"); }
             if (b->linked) blob_unlink(s, b);
             else blob_maybe_destroy(s, b);
         }
@@ -1268,13 +1261,13 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
         /* Freed (free, release) while sid was writing it: let the region go now. */
         if (writer_release(s, sid, key)) {
             pthread_mutex_unlock(&s->mu);
-            seterr(err, errlen, "the key was freed (free or release) before this put committed");
+            errbuf_set(err, errlen, "the key was freed (free or release) before this put committed");
             return STORE_NOT_FOUND;
         }
     }
-    if (!b) { st = STORE_NOT_FOUND; seterr(err, errlen, "no put in progress for this key"); }
-    else if (b->state != STORE_ALLOCATED || b->committing) { st = STORE_BUSY; seterr(err, errlen, "key is not waiting for a commit"); }
-    else if (b->owner != sid) { st = STORE_NOT_HELD; seterr(err, errlen, "this put belongs to another session"); }
+    if (!b) { st = STORE_NOT_FOUND; errbuf_set(err, errlen, "no put in progress for this key"); }
+    else if (b->state != STORE_ALLOCATED || b->committing) { st = STORE_BUSY; errbuf_set(err, errlen, "key is not waiting for a commit"); }
+    else if (b->owner != sid) { st = STORE_NOT_HELD; errbuf_set(err, errlen, "this put belongs to another session"); }
     if (st != STORE_OK) { pthread_mutex_unlock(&s->mu); return st; }
     b->committing = true;
     s->busy_ops++;
@@ -1294,7 +1287,7 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
         if (rc) {
             pthread_mutex_lock(&s->mu);
             if (!reclaim_nvme_copies(s, b->alen, &off)) {
-                seterr(err, errlen, "NVMe tier full: no room for a persistent blob of %llu bytes "
+                errbuf_set(err, errlen, "NVMe tier full: no room for a persistent blob of %llu bytes "
                        "(raise --spill-bytes or free persistent blobs)", (unsigned long long)b->length);
                 rc = -ENOSPC;
             } else rc = 0;
@@ -1306,7 +1299,7 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
             if (rc == 0) rc = tier_sync_file(s->tier, off);
             if (rc) {
                 tier_free(s->tier, off);
-                seterr(err, errlen, "writing a persistent blob to %s: %s", s->spill_dir, strerror(-rc));
+                errbuf_set(err, errlen, "writing a persistent blob to %s: %s", s->spill_dir, strerror(-rc));
             } else wrote = true;
         }
         if (rc == 0) {
@@ -1318,7 +1311,7 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
             rec_from_blob(s, b, &r, MREC_PUT);
             pthread_mutex_unlock(&s->mu);
             rc = manifest_append_durable(s, &r, b);
-            if (rc) seterr(err, errlen, "recording a persistent blob in %s/manifest: %s", s->spill_dir, strerror(-rc));
+            if (rc) errbuf_set(err, errlen, "recording a persistent blob in %s/manifest: %s", s->spill_dir, strerror(-rc));
             else recorded = true;
         }
     }
@@ -1342,7 +1335,7 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
         }
         blob_maybe_destroy(s, b);
         pthread_mutex_unlock(&s->mu);
-        seterr(err, errlen, "the key was freed before its commit finished");
+        errbuf_set(err, errlen, "the key was freed before its commit finished");
         return STORE_NOT_FOUND;
     }
     if (rc) {
@@ -1412,14 +1405,14 @@ static void fill_info(store_t *s, const blob_t *b, store_blob_info_t *o) {
 static store_status_t get_locked(store_t *s, uint64_t sid, const store_key_t *key, pool_region_t *region,
                                  store_blob_info_t *info, char *err, size_t errlen) {
     if (!session_find(s, sid)) {
-        seterr(err, errlen, "unknown session %llu (expired lease? open a new session)", (unsigned long long)sid);
+        errbuf_set(err, errlen, "unknown session %llu (expired lease? open a new session)", (unsigned long long)sid);
         return STORE_NO_SESSION;
     }
     for (;;) {
         blob_t *b = lookup(s, key);
-        if (!b) { seterr(err, errlen, "no blob with this key"); return STORE_NOT_FOUND; }
+        if (!b) { errbuf_set(err, errlen, "no blob with this key"); return STORE_NOT_FOUND; }
         if (b->state == STORE_ALLOCATED || b->committing) {
-            seterr(err, errlen, "blob not committed yet");
+            errbuf_set(err, errlen, "blob not committed yet");
             return STORE_BUSY;
         }
         if (b->state == STORE_SPILLING || b->state == STORE_LOADING) {
@@ -1437,14 +1430,14 @@ static store_status_t get_locked(store_t *s, uint64_t sid, const store_key_t *ke
             if (!b->linked) {
                 if (st == STORE_OK) { pool_free(s->pool, &b->region); b->in_pool = false; }
                 blob_maybe_destroy(s, b);
-                seterr(err, errlen, "blob freed while it was being read back");
+                errbuf_set(err, errlen, "blob freed while it was being read back");
                 return STORE_NOT_FOUND;
             }
             if (st != STORE_OK) { lru_update(s, b); return st; }
         }
         if (pin_add(s, b, sid) != 0) {
             lru_update(s, b);
-            seterr(err, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             return STORE_NO_SPACE;
         }
         if (region) *region = b->region;
@@ -1486,7 +1479,7 @@ store_status_t store_get_copy(store_t *s, uint64_t sid, const store_key_t *key, 
     void *buf = malloc(info.length ? info.length : 1);
     if (buf) memcpy(buf, pool_ptr(s->pool, &r), info.length);
     store_get_done(s, sid, key);
-    if (!buf) { seterr(err, errlen, "out of memory copying %llu bytes", (unsigned long long)info.length); return STORE_NO_SPACE; }
+    if (!buf) { errbuf_set(err, errlen, "out of memory copying %llu bytes", (unsigned long long)info.length); return STORE_NO_SPACE; }
     *data = buf;
     *len = info.length;
     return STORE_OK;
@@ -1663,13 +1656,13 @@ int store_drain(store_t *s, char *err, size_t errlen) {
     int rc = 0;
     if (s->tier) {
         rc = tier_sync(s->tier, true);
-        if (rc) seterr(err, errlen, "fdatasync of the spill files in %s: %s", s->spill_dir, strerror(-rc));
+        if (rc) errbuf_set(err, errlen, "fdatasync of the spill files in %s: %s", s->spill_dir, strerror(-rc));
     }
     if (rc == 0 && s->man) {
         pthread_mutex_lock(&s->mmu);
         rc = msync_locked(s);
         pthread_mutex_unlock(&s->mmu);
-        if (rc) seterr(err, errlen, "fdatasync of %s/manifest: %s", s->spill_dir, strerror(-rc));
+        if (rc) errbuf_set(err, errlen, "fdatasync of %s/manifest: %s", s->spill_dir, strerror(-rc));
     }
     return rc;
 }

@@ -2,6 +2,7 @@
  * limit, short-transfer logic, statistics) and the spill-file tier on top of
  * it. The backends live in tier_uring.c and tier_threads.c. */
 #include "tier_nvme.h"
+#include "errbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,20 +19,12 @@
 #include "log.h"
 #include "tier_io.h"
 
-static void seterr(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- engine ---- */
 
 int io_engine_open(io_engine_t **out, const io_config_t *cfg, char *err, size_t errlen) {
     *out = NULL;
     io_engine_t *e = calloc(1, sizeof *e);
-    if (!e) { seterr(err, errlen, "out of memory"); return -ENOMEM; }
+    if (!e) { errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
     e->cfg = *cfg;
     if (e->cfg.queue_depth == 0) e->cfg.queue_depth = 64;
     if (e->cfg.queue_depth < 32) e->cfg.queue_depth = 32;
@@ -49,7 +42,7 @@ int io_engine_open(io_engine_t **out, const io_config_t *cfg, char *err, size_t 
         rc = e->ops->open(e, why, sizeof why);
         if (rc == 0) { *out = e; return 0; }
         if (cfg->backend == IO_BACKEND_URING) {
-            seterr(err, errlen, "io_uring forced by --io-backend io_uring but unavailable: %s "
+            errbuf_set(err, errlen, "io_uring forced by --io-backend io_uring but unavailable: %s "
                    "(use --io-backend auto or threads)", why);
             pthread_mutex_destroy(&e->mu);
             pthread_cond_destroy(&e->cv);
@@ -243,19 +236,19 @@ static int open_file(tier_t *t, uint32_t i, bool want_direct, char *err, size_t 
     if (fd < 0) {
         if (want_direct && t->direct) {
             int e = errno;
-            seterr(err, errlen, "opening spill file %s: %s (check --spill-dir permissions)", path, strerror(e));
+            errbuf_set(err, errlen, "opening spill file %s: %s (check --spill-dir permissions)", path, strerror(e));
             return -e;
         }
         t->direct = false;
         fd = open(path, base, 0600);
         if (fd < 0) {
             int e = errno;
-            seterr(err, errlen, "opening spill file %s: %s (check --spill-dir permissions)", path, strerror(e));
+            errbuf_set(err, errlen, "opening spill file %s: %s (check --spill-dir permissions)", path, strerror(e));
             return -e;
         }
     }
     struct stat stb;
-    if (fstat(fd, &stb) != 0) { int e = errno; close(fd); seterr(err, errlen, "stat %s: %s", path, strerror(e)); return -e; }
+    if (fstat(fd, &stb) != 0) { int e = errno; close(fd); errbuf_set(err, errlen, "stat %s: %s", path, strerror(e)); return -e; }
     if ((uint64_t)stb.st_size < t->file_bytes) {
         int rc = fallocate(fd, 0, 0, (off_t)t->file_bytes);
         if (rc != 0 && (errno == EOPNOTSUPP || errno == ENOSYS)) {
@@ -267,7 +260,7 @@ static int open_file(tier_t *t, uint32_t i, bool want_direct, char *err, size_t 
         }
         if (rc != 0) {
             int e = errno;
-            seterr(err, errlen, "preallocating %llu bytes for %s: %s (free space on the spill "
+            errbuf_set(err, errlen, "preallocating %llu bytes for %s: %s (free space on the spill "
                    "filesystem or lower --spill-bytes)", (unsigned long long)t->file_bytes, path, strerror(e));
             close(fd);
             return -e;
@@ -279,25 +272,25 @@ static int open_file(tier_t *t, uint32_t i, bool want_direct, char *err, size_t 
 
 int tier_open(tier_t **out, const tier_config_t *cfg, char *err, size_t errlen) {
     *out = NULL;
-    if (!cfg->dir || !*cfg->dir) { seterr(err, errlen, "no spill directory given (--spill-dir)"); return -EINVAL; }
-    if (cfg->capacity == 0) { seterr(err, errlen, "spill capacity is 0: give --spill-bytes a size such as 64G"); return -EINVAL; }
-    if (strlen(cfg->dir) > 4000) { seterr(err, errlen, "spill directory path too long"); return -ENAMETOOLONG; }
+    if (!cfg->dir || !*cfg->dir) { errbuf_set(err, errlen, "no spill directory given (--spill-dir)"); return -EINVAL; }
+    if (cfg->capacity == 0) { errbuf_set(err, errlen, "spill capacity is 0: give --spill-bytes a size such as 64G"); return -EINVAL; }
+    if (strlen(cfg->dir) > 4000) { errbuf_set(err, errlen, "spill directory path too long"); return -ENAMETOOLONG; }
     uint64_t fb = cfg->file_bytes;
     if (fb == 0) fb = cfg->capacity < (1ull << 30) ? cfg->capacity : (1ull << 30);
     fb = (fb + TIER_ALIGN - 1) / TIER_ALIGN * TIER_ALIGN;
     uint64_t nf = (cfg->capacity + fb - 1) / fb;
     if (nf > 65536) {
-        seterr(err, errlen, "spill capacity %llu in files of %llu bytes needs %llu files; at most 65536",
+        errbuf_set(err, errlen, "spill capacity %llu in files of %llu bytes needs %llu files; at most 65536",
                (unsigned long long)cfg->capacity, (unsigned long long)fb, (unsigned long long)nf);
         return -EINVAL;
     }
     if (mkdir(cfg->dir, 0700) != 0 && errno != EEXIST) {
         int e = errno;
-        seterr(err, errlen, "creating spill directory %s: %s", cfg->dir, strerror(e));
+        errbuf_set(err, errlen, "creating spill directory %s: %s", cfg->dir, strerror(e));
         return -e;
     }
     tier_t *t = calloc(1, sizeof *t);
-    if (!t) { seterr(err, errlen, "out of memory"); return -ENOMEM; }
+    if (!t) { errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
     snprintf(t->dir, sizeof t->dir, "%s", cfg->dir);
     t->file_bytes = fb;
     t->nfiles = (uint32_t)nf;
@@ -305,13 +298,13 @@ int tier_open(tier_t **out, const tier_config_t *cfg, char *err, size_t errlen) 
     pthread_mutex_init(&t->mu, NULL);
     t->fds = malloc(nf * sizeof *t->fds);
     t->ext = ext_new(TIER_ALIGN);
-    if (!t->fds || !t->ext) { free(t->fds); ext_destroy(t->ext); free(t); seterr(err, errlen, "out of memory"); return -ENOMEM; }
+    if (!t->fds || !t->ext) { free(t->fds); ext_destroy(t->ext); free(t); errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
     for (uint32_t i = 0; i < t->nfiles; i++) t->fds[i] = -1;
     int rc = 0;
     for (uint32_t i = 0; i < t->nfiles && rc == 0; i++) {
         rc = open_file(t, i, cfg->direct, err, errlen);
         if (rc == 0 && ext_add_span(t->ext, (uint64_t)i * fb, fb) < 0) {
-            seterr(err, errlen, "out of memory");
+            errbuf_set(err, errlen, "out of memory");
             rc = -ENOMEM;
         }
     }
@@ -320,7 +313,7 @@ int tier_open(tier_t **out, const tier_config_t *cfg, char *err, size_t errlen) 
     for (uint32_t i = 0; rc == 0 && !t->direct && cfg->direct && i < t->nfiles; i++) {
         int fl = fcntl(t->fds[i], F_GETFL);
         if (fl >= 0 && (fl & O_DIRECT) && fcntl(t->fds[i], F_SETFL, fl & ~O_DIRECT) != 0) {
-            seterr(err, errlen, "clearing O_DIRECT on spill file %u: %s", i, strerror(errno));
+            errbuf_set(err, errlen, "clearing O_DIRECT on spill file %u: %s", i, strerror(errno));
             rc = -errno;
         }
     }
