@@ -265,17 +265,28 @@ static grpc_status_code h_drain(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
 
 /* ---- remote-mode data ---- */
 
+/* The common start of Put, Get and Free: the session must be live (its lease
+ * is renewed) and the key valid; a bad key counts as a failed request of
+ * that session. Fills *k from the session's job. */
+static grpc_status_code session_key(rpc_ctx_t *ctx, offload_svc_t *svc, uint64_t session_id,
+                                    const pb_key_t *pk, store_key_t *k) {
+    char err[STORE_ERR_LEN] = "";
+    uint64_t job_id;
+    int code = sess_use(svc->sessions, session_id, &job_id, err, sizeof err);
+    if (code) return sess_fail(ctx, code, err);
+    grpc_status_code gc = key_from_pb(ctx, pk, job_id, k);
+    if (gc) sess_count(svc->sessions, session_id, true, false);
+    return gc;
+}
+
 static grpc_status_code h_put(rpc_ctx_t *ctx, const ProtobufCMessage *rq, ProtobufCMessage *rs) {
     offload_svc_t *svc = ctx->user;
     const Ballast__Offload__V1__PutRequest *req = (const void *)rq;
     Ballast__Offload__V1__PutResponse *resp = (void *)rs;
     char err[STORE_ERR_LEN] = "";
-    uint64_t job_id;
-    int code = sess_use(svc->sessions, req->session_id, &job_id, err, sizeof err);
-    if (code) return sess_fail(ctx, code, err);
     store_key_t k;
-    grpc_status_code gc = key_from_pb(ctx, req->key, job_id, &k);
-    if (gc) { sess_count(svc->sessions, req->session_id, true, false); return gc; }
+    grpc_status_code gc = session_key(ctx, svc, req->session_id, req->key, &k);
+    if (gc) return gc;
     uint64_t max = pool_max_alloc(store_pool(svc->store));
     if (req->data.len == 0 || req->data.len > max) {
         sess_count(svc->sessions, req->session_id, true, false);
@@ -299,12 +310,9 @@ static grpc_status_code h_get(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Protob
     const Ballast__Offload__V1__GetRequest *req = (const void *)rq;
     Ballast__Offload__V1__GetResponse *resp = (void *)rs;
     char err[STORE_ERR_LEN] = "";
-    uint64_t job_id;
-    int code = sess_use(svc->sessions, req->session_id, &job_id, err, sizeof err);
-    if (code) return sess_fail(ctx, code, err);
     store_key_t k;
-    grpc_status_code gc = key_from_pb(ctx, req->key, job_id, &k);
-    if (gc) { sess_count(svc->sessions, req->session_id, true, false); return gc; }
+    grpc_status_code gc = session_key(ctx, svc, req->session_id, req->key, &k);
+    if (gc) return gc;
     store_blob_info_t info;
     store_status_t st = store_info(svc->store, &k, &info);
     if (st == STORE_OK && info.length + 64 > svc->max_msg_bytes) {
@@ -335,13 +343,9 @@ static grpc_status_code h_free(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
     offload_svc_t *svc = ctx->user;
     const Ballast__Offload__V1__FreeRequest *req = (const void *)rq;
     Ballast__Offload__V1__FreeResponse *resp = (void *)rs;
-    char err[STORE_ERR_LEN] = "";
-    uint64_t job_id;
-    int code = sess_use(svc->sessions, req->session_id, &job_id, err, sizeof err);
-    if (code) return sess_fail(ctx, code, err);
     store_key_t k;
-    grpc_status_code gc = key_from_pb(ctx, req->key, job_id, &k);
-    if (gc) { sess_count(svc->sessions, req->session_id, true, false); return gc; }
+    grpc_status_code gc = session_key(ctx, svc, req->session_id, req->key, &k);
+    if (gc) return gc;
     store_blob_info_t info;
     uint64_t len = store_info(svc->store, &k, &info) == STORE_OK ? info.length : 0;
     store_status_t st = store_free(svc->store, req->session_id, &k);
