@@ -7,7 +7,7 @@
 #   make asan       unit + integration tests under ASan + UBSan (build-asan/)
 #   make tsan       the concurrency tests under ThreadSanitizer (build-tsan/)
 #   make valgrind   unit tests under valgrind memcheck
-#   make deps       install missing Debian packages (as root)
+#   make deps       install missing Debian packages (as root), npm packages of tests/k8s-schema
 #
 # Each part of the tree adds itself through a module.mk fragment; see
 # "Adding code" in README.md.
@@ -93,6 +93,7 @@ deps:
 	    echo "deps: run as root: apt-get install -y $$missing" >&2; exit 1; \
 	  fi; \
 	fi
+	$(Q)sh tests/k8s-schema/install.sh
 
 include common/module.mk
 include $(wildcard services/*/module.mk)

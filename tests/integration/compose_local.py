@@ -11,6 +11,11 @@ How it is mapped:
   a named volume or bind mount  -> a directory under --workdir
   a container path in an argument or environment value -> the mapped path
   /usr/local/bin/NAME (or a bare NAME) -> BIN/NAME (the tree's build/bin)
+A worker's BALLAST_<OPTION> variables must be flags of `ballast-worker
+--help`; the offload ones (--activation-offload, --optimizer-offload,
+--offload-socket, ...) are reported as skipped and left out while the
+worker does not have them yet, anything else unknown fails. With offload
+on, ballastd must have opened a session per worker (ballast status).
 Services are started in dependency order: service_completed_successfully
 means run to the end and require exit 0, service_healthy means start in the
 background and run the healthcheck test until it passes.
@@ -226,6 +231,34 @@ def multi_rank_available(bindir):
     return "--world-size" in out
 
 
+# Worker options that talk to ballastd (workers/train.c); their flags come
+# with the offload work and may be missing from an older ballast-worker.
+OFFLOAD_OPTS = ("activation-offload", "activation-loading-horizon", "optimizer-offload", "offload-socket",
+                "offload-remote", "offload-job", "resume-from-service")
+
+
+def worker_flags(bindir):
+    """The long flags `ballast-worker --help` lists."""
+    try:
+        out = subprocess.run([os.path.join(bindir, "ballast-worker"), "--help"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except OSError:
+        return set()
+    return set(re.findall(r"^\s*--([a-z0-9-]+)", out, re.M))
+
+
+def env_option(key):
+    """BALLAST_MICRO_BATCH -> micro-batch; None for other variables."""
+    return key[len("BALLAST_"):].lower().replace("_", "-") if key.startswith("BALLAST_") else None
+
+
+def offload_on(env):
+    """Does this environment turn an offload path on?"""
+    act = str(env.get("BALLAST_ACTIVATION_OFFLOAD", "false")).lower() in ("1", "true", "yes")
+    opt = str(env.get("BALLAST_OPTIMIZER_OFFLOAD", "none")).lower() not in ("", "none")
+    return act or opt
+
+
 def flag(argv, name):
     for i, x in enumerate(argv[:-1]):
         if x == name:
@@ -273,12 +306,21 @@ def static_checks(cfg, root):
                      flag(service_argv(m, t, svcs, root), "--out") == data]
         if not producers or any((dep.get(m) or {}).get("condition") != "service_completed_successfully" for m in producers):
             report("FAIL", f"{n} waits for the service that writes {data}", f"producers {producers}, depends_on {dep}")
+        env = s.get("environment") or {}
+        want = "unix:" + sock
+        got = flag(argv, "--offload-socket") or env.get("BALLAST_OFFLOAD_SOCKET")
+        if env.get("BALLAST_OFFLOAD_REMOTE") or flag(argv, "--offload-remote"):
+            report("FAIL", f"{n}: offload through the shared socket", "BALLAST_OFFLOAD_REMOTE is set: compose has no remote ballastd")
+        elif offload_on(env) or got:
+            if (got or "unix:/run/ballast/ballastd.sock") in (want, sock):
+                report("OK", f"{n}: offload socket {got or '(default)'} is ballastd's --socket")
+            else:
+                report("FAIL", f"{n}: offload socket is ballastd's --socket", f"worker uses {got!r}, ballastd serves {want!r}")
         backend = flag(argv, "--backend") or "cpu"
         gpus = [d for d in (((s.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices") or []
                 if d.get("driver") == "nvidia" and "gpu" in (d.get("capabilities") or [])]
         if (backend == "cuda") != bool(gpus):
             report("FAIL", f"{n}: GPU reservation matches --backend {backend}", f"nvidia devices: {gpus}")
-        env = s.get("environment") or {}
         for p in s.get("profiles") or [""]:
             by_profile.setdefault(p, []).append((n, int(env.get("RANK", -1)), int(env.get("WORLD_SIZE", 1)),
                                                  env.get("MASTER_ADDR")))
@@ -321,6 +363,7 @@ def main():
     report("OK", f"services in dependency order for profile {a.profile}: {' '.join(names)}")
     multi = multi_rank_available(a.bin)
     running = {}
+    offloaded = []   # workers run with an offload path on
     ranks = []
     logs = {}
     status = {}
@@ -341,6 +384,23 @@ def main():
                 status[name] = "not started"
                 continue
             env = env_of(svc, mapper)
+            argv0 = os.path.basename(service_argv(name, svc, cfg["services"], a.root)[0])
+            if argv0 == "ballast-worker":
+                known = worker_flags(a.bin)
+                unknown = sorted(k for k in env if env_option(k) and env_option(k) not in known)
+                pending = [k for k in unknown if env_option(k) in OFFLOAD_OPTS]
+                typos = [k for k in unknown if k not in pending]
+                if typos:
+                    report("FAIL", f"{name}: every BALLAST_ variable is a ballast-worker option",
+                           f"{', '.join(typos)} match no flag of `ballast-worker --help` (the worker ignores them)")
+                if pending:
+                    report("SKIP", f"{name}: offload through ballastd ({', '.join(pending)})",
+                           f"ballast-worker has no --{env_option(pending[0])} yet (the offload work adds it); "
+                           "this run trains without offload")
+                    for k in pending:
+                        del env[k]
+                elif offload_on(env):
+                    offloaded.append(name)
             world = int(env.get("WORLD_SIZE", "1") or 1)
             rank = int(env.get("RANK", "0") or 0)
             if world > 1 and not multi:
@@ -450,6 +510,22 @@ def main():
                 report("FAIL", f"{name}: loss falls", f"mean {head:.4f} -> {tail:.4f} (needs < 0.85x)")
         if trained == 0:
             report("FAIL", "a worker trained", "no ballast-worker service ran to the end with a step log")
+        if offloaded and "ballastd" in running and running["ballastd"].poll() is None:
+            d_argv = Mapper(volume_mounts(services["ballastd"], a.workdir), a.bin).argv(
+                service_argv("ballastd", services["ballastd"], cfg["services"], a.root))
+            sock = flag(d_argv, "--socket")
+            r = subprocess.run([os.path.join(a.bin, "ballast"), "status", "--socket", sock, "--json"],
+                               capture_output=True, text=True, timeout=30)
+            try:
+                opened = json.loads(r.stdout)["sessions_opened"]
+            except (ValueError, KeyError):
+                opened = None
+            done = [n for n in offloaded if status.get(n) == "exited 0"]
+            if opened is not None and opened >= len(done) > 0:
+                report("OK", f"ballastd served the workers' offload: {opened} session(s) opened for {len(done)} worker(s)")
+            else:
+                report("FAIL", "the workers offloaded through ballastd",
+                       f"ballast status: sessions_opened {opened} for {len(done)} finished worker(s) with offload on; {r.stderr.strip()[-200:]}")
     finally:
         # stop what is still running (ballastd) the way docker stops it: SIGTERM
         for name, p in list(running.items()):

@@ -55,12 +55,13 @@ tap() {
     done
 }
 mkdir -p "$D/run"
-# The static checks must catch a broken config: rank 1 renumbered to 0, and
-# ballastd's memlock limit dropped.
+# The static checks must catch a broken config: rank 1 renumbered to 0,
+# worker-0's offload socket elsewhere, and ballastd's memlock limit dropped.
 /usr/bin/python3 - "$D/config.yml" "$D/broken.yml" <<'PY'
 import sys, yaml
 c = yaml.safe_load(open(sys.argv[1]))
 c["services"]["worker-1"]["environment"]["RANK"] = "0"
+c["services"]["worker-0"]["environment"]["BALLAST_OFFLOAD_SOCKET"] = "unix:/run/elsewhere/ballastd.sock"
 del c["services"]["ballastd"]["ulimits"]
 yaml.safe_dump(c, open(sys.argv[2], "w"))
 PY
@@ -68,6 +69,9 @@ out=$(/usr/bin/python3 "$ROOT/tests/integration/compose_local.py" --config "$D/b
       --bin "$BIN" --workdir "$D/run" --static-only 2>&1)
 echo "$out" | grep -q '^FAIL|profile cpu: ranks and world size agree' &&
     t_ok "the check catches two workers with rank 0" || t_fail "the check catches two workers with rank 0" "$out"
+echo "$out" | grep -q '^FAIL|worker-0: offload socket is ballastd' &&
+    t_ok "the check catches a worker whose offload socket is not ballastd's" ||
+    t_fail "the check catches a worker whose offload socket is not ballastd's" "$out"
 echo "$out" | grep -q '^FAIL|ballastd: memlock unlimited' &&
     t_ok "the check catches ballastd without memlock" || t_fail "the check catches ballastd without memlock" "$out"
 if [ -n "$missing" ]; then

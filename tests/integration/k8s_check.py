@@ -2,8 +2,8 @@
 """k8s_check.py: check rendered Kubernetes manifests (the output of
 `kubectl kustomize`) for what parses fine but breaks at run time.
 
-Not a schema validation against the Kubernetes OpenAPI (no schemas are
-available offline here); it checks a subset by hand:
+Not a schema validation (tests/k8s-schema/validate.js does that); it
+checks what the schemas cannot see:
   - every object: a known apiVersion/kind pair, metadata.name a DNS-1123 name,
     required fields of its kind (selector, template, containers, images);
   - workload selectors match their pod template labels; every Service
@@ -12,7 +12,8 @@ available offline here); it checks a subset by hand:
     ballastd's probes at its --health-port;
   - configMapRef/secretRef/volume references resolve (Secrets may be external:
     reported, not failed);
-  - ballastd: memory request >= --pool-bytes; its --socket directory is the
+  - ballastd: memory request >= --pool-bytes; --metrics-port (and the
+    worker's BALLAST_METRICS_PORT) a declared container port; its --socket directory is the
     mount of a hostPath (DaemonSet) and every worker mounts the same host
     path at the same directory; both run as the same uid (the fd socket's
     peer check);
@@ -20,7 +21,14 @@ available offline here); it checks a subset by hand:
     BALLAST_BACKEND is cuda; an Indexed Job whose completions and parallelism
     equal WORLD_SIZE (LOCAL_WORLD_SIZE 1); MASTER_ADDR is index 0 of the Job
     under a headless Service with publishNotReadyAddresses that is the pod
-    template's subdomain.
+    template's subdomain;
+  - offload: every worker-image container reading the training options
+    (the worker and the `ballast doctor` init step) uses ballastd's --socket
+    (BALLAST_OFFLOAD_SOCKET / --offload-socket), or in remote mode
+    BALLAST_OFFLOAD_REMOTE names a Service port that reaches a remote
+    ballastd's --listen port, whose API is guarded by --token-file or a
+    NetworkPolicy; the doctor step skips the rendezvous check and mounts the
+    worker's /dev/shm and socket directory.
 Prints "OK|name" / "FAIL|name|why" lines; exit 1 if any check failed.
 """
 import re
@@ -31,7 +39,7 @@ import yaml
 KINDS = {
     ("v1", "ConfigMap"), ("v1", "Service"), ("v1", "Secret"), ("v1", "ServiceAccount"),
     ("apps/v1", "DaemonSet"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
-    ("batch/v1", "Job"), ("policy/v1", "PodDisruptionBudget"),
+    ("batch/v1", "Job"), ("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"),
     ("jobset.x-k8s.io/v1alpha2", "JobSet"),
 }
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -223,6 +231,8 @@ def main(path, label):
                 ballastd.append((w, c))
     check(len(ballastd) > 0, f"{P}a ballastd container exists", "no container runs the ballast-offload image")
     sock_host = None
+    sock_path = None      # ballastd's --socket (node-local mode)
+    remote_d = []         # (workload, container, --listen port) of remote-mode ballastds
     uid = {}
     for w, c in ballastd:
         tag = f"{P}{w['kind']}/{w['metadata']['name']}"
@@ -232,6 +242,10 @@ def main(path, label):
         check(req is not None and quantity(req) >= pool, f"{tag}: memory request >= --pool-bytes",
               f"request {req}, pool {flag(args, '--pool-bytes')}")
         uid["ballastd"] = ((pod_spec(w).get("securityContext") or {}).get("runAsUser"))
+        mp = flag(args, "--metrics-port")
+        cports = [str(cp["containerPort"]) for cp in c.get("ports") or []]
+        check(mp is not None and mp != "0" and mp in cports, f"{tag}: --metrics-port {mp} is a container port",
+              f"container ports {cports}")
         sockdir = (flag(args, "--socket") or "/run/ballast/ballastd.sock").rsplit("/", 1)[0]
         vols = {v["name"]: v for v in pod_spec(w).get("volumes") or []}
         mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
@@ -240,10 +254,32 @@ def main(path, label):
             hp = (vols.get(mounts[sockdir]) or {}).get("hostPath")
             if check(hp is not None, f"{tag}: the socket directory is a hostPath", "node-local ballastd needs one"):
                 sock_host = (hp["path"], sockdir)
+                sock_path = flag(args, "--socket") or "/run/ballast/ballastd.sock"
         if w["kind"] != "DaemonSet":
             check(flag(args, "--listen") is not None, f"{tag}: a ballastd outside the nodes listens on TCP",
                   "remote mode needs --listen")
-            check(flag(args, "--token-file") is not None, f"{tag}: remote mode has a token", "--token-file missing")
+            labels = (w["spec"]["template"].get("metadata") or {}).get("labels") or {}
+            listen_port = (flag(args, "--listen") or ":").rpartition(":")[2]
+            # a NetworkPolicy on ballastd's pods that admits the worker pods to
+            # the --listen port and nobody else
+            worker_labels = [(pod_spec(j_) and (j_["spec"]["template"].get("metadata") or {}).get("labels")) or {}
+                             for j_ in by_kind.get("Job", []) if any(
+                                 c_.get("image", "").split(":")[0].endswith("ballast-worker")
+                                 for c_ in pod_spec(j_).get("containers") or [])]
+            covers = lambda r: not r.get("ports") or any(str(pp.get("port")) == listen_port for pp in r["ports"])
+            rules = [r for n in by_kind.get("NetworkPolicy", [])
+                     if all(labels.get(k) == v for k, v in
+                            (((n.get("spec") or {}).get("podSelector") or {}).get("matchLabels") or {}).items())
+                     and "Ingress" in ((n.get("spec") or {}).get("policyTypes") or ["Ingress"])
+                     for r in (n["spec"].get("ingress") or [])]
+            from_workers = any(covers(r) and any(
+                all(wl.get(k) == v for k, v in ((f.get("podSelector") or {}).get("matchLabels") or {}).items())
+                for f in r.get("from") or [] for wl in worker_labels) for r in rules)
+            open_all = any(covers(r) and not r.get("from") for r in rules)
+            check(flag(args, "--token-file") is not None or (from_workers and not open_all),
+                  f"{tag}: remote mode's API is guarded (--token-file, or a NetworkPolicy admitting only the workers to port {listen_port})",
+                  f"no --token-file; NetworkPolicy admits the workers to {listen_port}: {from_workers}, anyone: {open_all}")
+            remote_d.append((w, c, listen_port))
 
     # ---- workers ----
     jobs = [w for w in by_kind.get("Job", []) if any(c.get("image", "").split(":")[0].endswith("ballast-worker")
@@ -260,6 +296,10 @@ def main(path, label):
             check((shm.get("emptyDir") or {}).get("medium") == "Memory", f"{tag}/{c['name']}: /dev/shm is a memory emptyDir",
                   f"/dev/shm volume {shm}")
             env = env_of(c, configmaps)
+            wmp = flag(c.get("args") or [], "--metrics-port") or env.get("BALLAST_METRICS_PORT", "0")
+            if wmp != "0":
+                check(wmp in [str(cp["containerPort"]) for cp in c.get("ports") or []],
+                      f"{tag}/{c['name']}: the worker's metrics port {wmp} is a container port", f"ports {c.get('ports')}")
             backend = env.get("BALLAST_BACKEND", "cpu")
             limits = (c.get("resources") or {}).get("limits") or {}
             gpus = int(limits.get("nvidia.com/gpu", 0))
@@ -286,11 +326,54 @@ def main(path, label):
             want = f"{j['metadata']['name']}-0.{sub}"
             ma = env.get("MASTER_ADDR", "")
             check(ma == want or ma.startswith(want + "."), f"{tag}: MASTER_ADDR is index 0 ({want})", f"MASTER_ADDR {ma!r}")
-            if "BALLASTD_ADDR" in env:
-                host, _, port = env["BALLASTD_ADDR"].rpartition(":")
+        # every container of the worker pod that reads the training options
+        # (the worker, the doctor init container) finds ballastd
+        for c in containers(j):
+            if not c.get("image", "").split(":")[0].endswith("ballast-worker") or not c.get("envFrom"):
+                continue
+            ctag = f"{tag}/{c['name']}"
+            env = env_of(c, configmaps)
+            args = (c.get("command") or [])[1:] + (c.get("args") or [])
+            remote = flag(args, "--offload-remote") or env.get("BALLAST_OFFLOAD_REMOTE")
+            sock = flag(args, "--offload-socket") or env.get("BALLAST_OFFLOAD_SOCKET") or "unix:/run/ballast/ballastd.sock"
+            offload = (env.get("BALLAST_ACTIVATION_OFFLOAD", "false").lower() in ("1", "true", "yes")
+                       or env.get("BALLAST_OPTIMIZER_OFFLOAD", "none") not in ("", "none"))
+            if remote:
+                host, _, port = remote.rpartition(":")
                 svc = [s for s in by_kind.get("Service", []) if s["metadata"]["name"] == host]
-                check(bool(svc) and any(str(p["port"]) == port for p in svc[0]["spec"].get("ports") or []),
-                      f"{tag}: BALLASTD_ADDR {env['BALLASTD_ADDR']} is a Service port", f"services {[s['metadata']['name'] for s in by_kind.get('Service', [])]}")
+                hits = []
+                for s_ in svc:
+                    for p in s_["spec"].get("ports") or []:
+                        if str(p.get("port")) != port:
+                            continue
+                        tp = p.get("targetPort", p.get("port"))
+                        sel = s_["spec"].get("selector") or {}
+                        for w, dc, lp in remote_d:
+                            lab = (w["spec"]["template"].get("metadata") or {}).get("labels") or {}
+                            if sel and all(lab.get(k) == v for k, v in sel.items()):
+                                cps = {cp.get("name"): cp["containerPort"] for cp in dc.get("ports") or []}
+                                num = cps.get(tp, tp)
+                                if str(num) == lp:
+                                    hits.append(w["metadata"]["name"])
+                check(bool(hits), f"{ctag}: BALLAST_OFFLOAD_REMOTE {remote} reaches a remote ballastd's --listen port",
+                      f"Services {[x['metadata']['name'] for x in by_kind.get('Service', [])]}, remote ballastds "
+                      f"{[(w['metadata']['name'], lp) for w, _, lp in remote_d]}")
+            elif sock_path:
+                path = sock[5:] if sock.startswith("unix:") else sock
+                check(path == sock_path, f"{ctag}: offload socket {sock} is ballastd's --socket",
+                      f"ballastd serves {sock_path}")
+            elif offload:
+                fail(f"{ctag}: offload has a ballastd", "offload is on but no node-local or remote ballastd is rendered")
+            if c.get("command") and c["command"][-1:] == ["doctor"] or (c.get("command") or [])[1:2] == ["doctor"]:
+                skip = (flag(args, "--skip") or env.get("BALLAST_SKIP") or "").split(",")
+                check("rendezvous" in skip, f"{ctag}: the doctor init step skips the rendezvous check",
+                      "rank 0 serves the rendezvous only once its worker runs: every pod would wait for it")
+                mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
+                wmounts = {m["mountPath"]: m["name"] for w_ in ps.get("containers") or [] for m in w_.get("volumeMounts") or []}
+                for mp in ("/dev/shm", (sock_host or (None, None))[1]):
+                    if mp and mp in wmounts:
+                        check(mounts.get(mp) == wmounts[mp], f"{ctag}: the doctor sees the worker's {mp}",
+                              f"doctor mounts {mounts.get(mp)!r}, the worker {wmounts[mp]!r}")
     if "ballastd" in uid and "workers" in uid and sock_host:
         check(uid["ballastd"] == uid["workers"] and uid["ballastd"] is not None,
               f"{P}ballastd and the workers run as the same uid (fd socket peer check)", f"uids {uid}")
