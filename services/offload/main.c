@@ -158,7 +158,8 @@ static void read_svc(void *arg, svc_metrics_sample_t *out) {
     out->evictions = st.evictions;
     out->crc_errors = st.crc_errors;
     out->quota_refusals = sc.quota_refusals;
-    /* put_bytes / get_bytes stay 0 until store_stats_t counts them */
+    out->put_bytes = st.put_bytes;
+    out->get_bytes = st.get_bytes;
 }
 
 int main(int argc, char **argv) {

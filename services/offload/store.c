@@ -129,6 +129,8 @@ struct store {
 
     /* counters */
     uint64_t spill_writes, spill_reads, spill_wbytes, spill_rbytes;
+    uint64_t puts, put_bytes;  /* committed puts and their bytes (length, not the 4 KiB rounding) */
+    uint64_t gets, get_bytes;  /* gets that handed a blob's region to a client, and its bytes */
     uint64_t evictions, prefetches, crc_errors, persistent_live;
 };
 
@@ -1344,6 +1346,8 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
         return rc == -ENOSPC ? STORE_NO_SPACE : STORE_IO_ERROR;
     }
     b->state = STORE_READY;
+    s->puts++;
+    s->put_bytes += b->length;
     if (persistent) {
         b->on_nvme = true;
         b->durable = true;
@@ -1440,7 +1444,11 @@ static store_status_t get_locked(store_t *s, uint64_t sid, const store_key_t *ke
             errbuf_set(err, errlen, "out of memory");
             return STORE_NO_SPACE;
         }
-        if (region) *region = b->region;
+        if (region) { /* a get (store_pin asks for no region and moves no bytes) */
+            *region = b->region;
+            s->gets++;
+            s->get_bytes += b->length;
+        }
         if (info) fill_info(s, b, info);
         return STORE_OK;
     }
@@ -1682,6 +1690,10 @@ void store_stats(store_t *s, store_stats_t *out) {
     out->spill_reads = s->spill_reads;
     out->spill_write_bytes = s->spill_wbytes;
     out->spill_read_bytes = s->spill_rbytes;
+    out->puts = s->puts;
+    out->put_bytes = s->put_bytes;
+    out->gets = s->gets;
+    out->get_bytes = s->get_bytes;
     out->evictions = s->evictions;
     out->prefetches = s->prefetches;
     out->crc_errors = s->crc_errors;

@@ -336,6 +336,10 @@ typedef struct {
     uint64_t spill_reads;     /* blobs read back from NVMe */
     uint64_t spill_write_bytes; /* bytes */
     uint64_t spill_read_bytes;  /* bytes */
+    uint64_t puts;            /* puts committed (store_put_commit, store_put_copy) */
+    uint64_t put_bytes;       /* their blob lengths, bytes: what clients moved into the service */
+    uint64_t gets;            /* gets served (store_get, store_get_copy; not store_pin) */
+    uint64_t get_bytes;       /* their blob lengths, bytes: what clients were handed back */
     uint64_t evictions;       /* blobs whose pool copy was dropped to make room */
     uint64_t prefetches;      /* read-backs started by store_prefetch */
     uint64_t crc_errors;      /* read-backs whose crc32c did not match */

@@ -10,7 +10,7 @@ struct svc_metrics {
     svc_metrics_read_fn read;
     void *arg;
     metric_t *pool_used, *pool_capacity, *spill_used, *blobs, *sessions;  /* gauges */
-    metric_family_t *offload;    /* its two series appear with the first bytes counted */
+    metric_family_t *offload;    /* ballast_offload_bytes_total{direction} */
     metric_t *to_host, *to_device, *spill_write, *spill_read, *evictions, *crc_errors, *quota; /* counters */
 };
 
@@ -23,10 +23,6 @@ static void collect(void *p) {
     metric_set(m->spill_used, (double)s.spill_used_bytes);
     metric_set(m->blobs, (double)s.blobs);
     metric_set(m->sessions, (double)s.sessions);
-    if (!m->to_host && (s.put_bytes || s.get_bytes)) { /* runs outside the registry lock: may create series */
-        m->to_host = metrics_series(m->offload, (const char *[]){ "to_host" });
-        m->to_device = metrics_series(m->offload, (const char *[]){ "to_device" });
-    }
     metric_set_total(m->to_host, s.put_bytes);
     metric_set_total(m->to_device, s.get_bytes);
     metric_set_total(m->spill_write, s.spill_write_bytes);
@@ -59,9 +55,17 @@ svc_metrics_t *svc_metrics_init(metrics_registry_t *r, svc_metrics_read_fn read,
 #undef GAUGE
 #undef COUNTER
     metric_family_t *off = m->offload = metrics_register(r, METRIC_COUNTER, "ballast_offload_bytes_total",
-                                            "Bytes clients moved into (to_host) and out of (to_device) ballastd",
+                                            "Bytes of blobs clients put into (to_host) and got back from (to_device) ballastd",
                                             (const char *[]){ "direction" }, 1, NULL, 0, err, errlen);
     if (!off) goto fail;
+    /* Both series exist from the start (at 0), so a rate() over them works
+     * from the first scrape. */
+    m->to_host = metrics_series(off, (const char *[]){ "to_host" });
+    m->to_device = metrics_series(off, (const char *[]){ "to_device" });
+    if (!m->to_host || !m->to_device) {
+        snprintf(err, errlen, "out of memory creating the ballast_offload_bytes_total series");
+        goto fail;
+    }
     if (metrics_add_collector(r, collect, m) != 0) {
         snprintf(err, errlen, "too many collectors on this metrics registry");
         goto fail;

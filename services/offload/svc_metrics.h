@@ -20,9 +20,8 @@ typedef struct {
     uint64_t spill_used_bytes;    /* NVMe tier space in use */
     uint64_t blobs;               /* blobs in the index */
     uint64_t sessions;            /* open client sessions */
-    uint64_t put_bytes;           /* total bytes clients put (device -> host); 0 = not counted: */
-    uint64_t get_bytes;           /* total bytes clients got back; ballast_offload_bytes_total has
-                                     no samples until one of the two is non-zero */
+    uint64_t put_bytes;           /* total bytes of committed puts (into the service, "to_host") */
+    uint64_t get_bytes;           /* total bytes of blobs handed back by gets ("to_device") */
     uint64_t spill_write_bytes;   /* total bytes written to NVMe */
     uint64_t spill_read_bytes;    /* total bytes read back from NVMe */
     uint64_t evictions;           /* total blobs dropped from the pool to make room */

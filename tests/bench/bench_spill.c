@@ -1,21 +1,34 @@
 /* bench_spill.c: spill throughput of the NVMe tier, for comparison with fio
- * on the same directory, block size and queue depth.
+ * on the same directory, block size, queue depth and file size.
  *
  * Writes --bytes sequentially through the tier (blocks of --block, --depth
  * requests in flight, buffers inside a registered pool segment), then reads
  * them back the same way, and prints MB/s (10^6 bytes per second) for each
- * phase plus one machine-readable line:
- *   RESULT bench_spill write_mbps=W read_mbps=R block=B depth=D backend=X direct=0|1
+ * phase plus machine-readable lines:
+ *   RESULT bench_spill phase=write|read mbps=M dev_mb=D block=B depth=D backend=X direct=0|1
+ *   RESULT bench_spill write_mbps=W read_mbps=R block=B depth=D backend=X direct=0|1  (--phase both)
  * fio's equivalent: --ioengine=io_uring --direct=1 --rw=write|read --bs=B
- * --iodepth=D --size=S --filename=<dir>/fio.dat. With --verify every block
- * carries its index and is checked after the read (off by default: it costs
- * CPU that fio does not spend). */
+ * --iodepth=D --size=S --filename=<dir>/fio.dat.
+ *
+ * --phase write|read runs one phase only, on the spill files in --spill-dir
+ * (kept after a write), so that a harness can interleave ours and fio phase
+ * by phase (tests/bench/offload.sh). dev_mb is what the block device under
+ * the directory moved during the phase (its /sys/dev/block/M:m/stat; other
+ * processes add to it, -1 when the directory is not on a block device): a
+ * read phase with dev_mb well under the bytes read was served from a cache,
+ * not from the disk.
+ *
+ * With --verify every block carries its index and is checked after the read
+ * (off by default: it costs CPU that fio does not spend; a read-only phase
+ * checks what a write phase with --verify wrote). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -24,21 +37,28 @@
 #include "services/offload/pool.h"
 #include "services/offload/tier_nvme.h"
 
-static const char *o_dir;
+static const char *o_dir, *o_spill_dir;
 static uint64_t o_bytes, o_block;
 static int64_t o_depth;
-static int o_backend;
-static bool o_direct, o_verify, o_keep;
+static int o_backend, o_phase;
+static bool o_direct, o_verify, o_keep, o_fixed;
+
+enum { PHASE_BOTH, PHASE_WRITE, PHASE_READ };
 
 static const opt_t opts[] = {
-    { "dir", OPT_STRING, "/tmp", 0, 0, NULL, "directory for the spill files (the NVMe under test)", &o_dir },
+    { "dir", OPT_STRING, "/tmp", 0, 0, NULL, "parent directory for the spill files (the NVMe under test)", &o_dir },
+    { "spill-dir", OPT_STRING, NULL, 0, 0, NULL,
+      "exact spill directory (default <dir>/ballast-bench-spill-PID); needed by --phase read", &o_spill_dir },
+    { "phase", OPT_ENUM, "both", 0, 0, "both|write|read",
+      "write then read back, or one of them (write keeps its files for a later read)", &o_phase },
     { "bytes", OPT_SIZE, "1G", 1 << 20, 1e15, NULL, "bytes to write and read back", &o_bytes },
     { "block", OPT_SIZE, "1M", 4096, 1 << 30, NULL, "bytes per request (multiple of 4K)", &o_block },
     { "depth", OPT_INT, "32", 1, 4096, NULL, "requests in flight", &o_depth },
     { "io-backend", OPT_ENUM, "auto", 0, 0, "auto|io_uring|threads", "I/O engine", &o_backend },
     { "direct", OPT_BOOL, "true", 0, 0, NULL, "O_DIRECT (as fio --direct=1)", &o_direct },
+    { "fixed", OPT_BOOL, "true", 0, 0, NULL, "register the pool with io_uring (fixed-buffer requests), as ballastd does", &o_fixed },
     { "verify", OPT_BOOL, "false", 0, 0, NULL, "tag every block and check it after the read", &o_verify },
-    { "keep", OPT_BOOL, "false", 0, 0, NULL, "keep the spill files afterwards", &o_keep },
+    { "keep", OPT_BOOL, "false", 0, 0, NULL, "keep the spill files afterwards (always with --phase write)", &o_keep },
 };
 
 /* One in-flight slot: a buffer and whether its request is running. */
@@ -83,6 +103,24 @@ static bool tag_ok(const char *buf, uint64_t block) {
     return true;
 }
 
+/* Bytes read and written so far by the block device holding dir (512-byte
+ * sectors in /sys/dev/block/M:m/stat); false when there is none. */
+static bool dev_bytes(const char *dir, uint64_t *rd, uint64_t *wr) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || major(sb.st_dev) == 0) return false;
+    char path[128];
+    snprintf(path, sizeof path, "/sys/dev/block/%u:%u/stat", major(sb.st_dev), minor(sb.st_dev));
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    unsigned long long v[7];
+    int n = fscanf(f, "%llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]);
+    fclose(f);
+    if (n != 7) return false;
+    *rd = v[2] * 512;
+    *wr = v[6] * 512;
+    return true;
+}
+
 /* Run one phase over all blocks; returns seconds. */
 static double phase(tier_t *t, slot_t *slots, uint64_t nblocks, io_op_t op, uint64_t *bad) {
     double t0 = now_s();
@@ -119,6 +157,25 @@ static double phase(tier_t *t, slot_t *slots, uint64_t nblocks, io_op_t op, uint
     return dt;
 }
 
+/* One timed phase with the device's traffic around it; prints its lines.
+ * Returns MB/s. */
+static double run_phase(tier_t *t, const char *dir, slot_t *slots, uint64_t nblocks, io_op_t op,
+                        uint64_t *bad, const tier_stats_t *st) {
+    uint64_t r0 = 0, w0 = 0, r1 = 0, w1 = 0;
+    bool dev = dev_bytes(dir, &r0, &w0);
+    double dt = phase(t, slots, nblocks, op, bad);
+    dev = dev && dev_bytes(dir, &r1, &w1);
+    double mb = (double)(nblocks * o_block) / 1e6;
+    double dev_mb = dev ? (double)(op == IO_READ ? r1 - r0 : w1 - w0) / 1e6 : -1;
+    const char *name = op == IO_READ ? "read" : "write";
+    printf("  %-5s %9.1f MB/s  (%.3f s", name, mb / dt, dt);
+    if (dev) printf("; the device %s %.0f MB meanwhile", op == IO_READ ? "read" : "wrote", dev_mb);
+    printf(")\n");
+    printf("RESULT bench_spill phase=%s mbps=%.1f dev_mb=%.0f block=%llu depth=%lld backend=%s direct=%d\n", name,
+           mb / dt, dev_mb, (unsigned long long)o_block, (long long)o_depth, st->backend, st->direct ? 1 : 0);
+    return mb / dt;
+}
+
 int main(int argc, char **argv) {
     log_init("bench_spill", -1);
     char err[OPT_ERR_LEN];
@@ -133,22 +190,38 @@ int main(int argc, char **argv) {
                             (unsigned long long)o_block);
     uint64_t nblocks = o_bytes / o_block;
     if (nblocks == 0) die("--bytes must be at least one --block");
+    if (o_phase == PHASE_READ && (!o_spill_dir || !*o_spill_dir))
+        die("--phase read needs --spill-dir: the directory a --phase write filled");
+    if (o_phase == PHASE_WRITE) o_keep = true;
 
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/ballast-bench-spill-%d", o_dir, (int)getpid());
-    uint64_t file_bytes = 1ull << 30;
-    while (file_bytes % o_block) file_bytes += 4096; /* a block never straddles two files */
+    if (o_spill_dir && *o_spill_dir) snprintf(dir, sizeof dir, "%s", o_spill_dir);
+    else snprintf(dir, sizeof dir, "%s/ballast-bench-spill-%d", o_dir, (int)getpid());
+    /* One file of exactly the bytes moved (as fio's --size), rounded to whole blocks. */
+    uint64_t file_bytes = nblocks * o_block;
+    if (o_phase == PHASE_READ) {
+        /* A larger tier would grow the file with unwritten extents, which
+         * read as zeros without touching the disk. */
+        char f0[4200];
+        struct stat sb;
+        snprintf(f0, sizeof f0, "%s/spill-0000.dat", dir);
+        if (stat(f0, &sb) != 0)
+            die("--phase read: %s does not exist (run --phase write with the same --spill-dir first)", f0);
+        if ((uint64_t)sb.st_size != file_bytes)
+            die("--phase read: %s holds %llu bytes, not the %llu of --bytes (use the --bytes and --block "
+                "of the write phase)", f0, (unsigned long long)sb.st_size, (unsigned long long)file_bytes);
+    }
     pool_config_t pc = { .pool_bytes = (uint64_t)o_depth * o_block, .mlock = true, .name = "bench-spill" };
     pool_t *pool;
     if (pool_open(&pool, &pc, err, sizeof err) != 0) die("pool: %s", err);
-    tier_config_t tc = { .dir = dir, .capacity = nblocks * o_block, .file_bytes = file_bytes,
+    tier_config_t tc = { .dir = dir, .capacity = file_bytes, .file_bytes = file_bytes,
                          .io = { .backend = (io_backend_t)o_backend, .queue_depth = (uint32_t)o_depth },
                          .direct = o_direct };
     if (tc.io.queue_depth < 32) tc.io.queue_depth = 32; /* the engine's floor; --depth still limits */
     tier_t *t;
     if (tier_open(&t, &tc, err, sizeof err) != 0) die("tier: %s", err);
     struct iovec iov = { pool_seg_base(pool, 0), pool_seg_bytes(pool, 0) };
-    int reg = tier_register(t, &iov, 1);
+    int reg = o_fixed ? tier_register(t, &iov, 1) : -1;
 
     slot_t *slots = calloc((size_t)o_depth, sizeof *slots);
     CHECK_ALLOC(slots);
@@ -159,25 +232,28 @@ int main(int argc, char **argv) {
         slots[i].off = UINT64_MAX;
         memset(slots[i].buf, 0x5A + i, o_block);
     }
-    uint64_t bad = 0;
-    double tw = phase(t, slots, nblocks, IO_WRITE, &bad);
-    double ts0 = now_s();
-    if (tier_sync(t, true) != 0) die("fdatasync failed");
-    double tsync = now_s() - ts0;
-    double tr = phase(t, slots, nblocks, IO_READ, &bad);
     tier_stats_t st;
     tier_stats(t, &st);
-    double mb = (double)(nblocks * o_block) / 1e6;
-    printf("bench_spill: %llu MiB in %llu-byte blocks, depth %lld, backend %s, O_DIRECT %s, fixed buffers %s\n",
+    printf("bench_spill: %llu MiB in %llu-byte blocks, depth %lld, backend %s, O_DIRECT %s, fixed buffers %s, %s\n",
            (unsigned long long)(nblocks * o_block >> 20), (unsigned long long)o_block, (long long)o_depth,
            st.backend, st.direct ? "on" : "off (filesystem refused it)",
-           reg == 0 && st.io.registered ? "yes" : "no");
+           reg == 0 && st.io.registered ? "yes" : "no", dir);
     if (st.fallback[0]) printf("  io_uring not used: %s\n", st.fallback);
-    printf("  write: %9.1f MB/s  (%.3f s; the final fdatasync took %.3f s more)\n", mb / tw, tw, tsync);
-    printf("  read:  %9.1f MB/s  (%.3f s)\n", mb / tr, tr);
-    if (o_verify) printf("  verify: %llu bad blocks\n", (unsigned long long)bad);
-    printf("RESULT bench_spill write_mbps=%.1f read_mbps=%.1f block=%llu depth=%lld backend=%s direct=%d\n",
-           mb / tw, mb / tr, (unsigned long long)o_block, (long long)o_depth, st.backend, st.direct ? 1 : 0);
+    uint64_t bad = 0;
+    double wm = 0, rm = 0;
+    if (o_phase != PHASE_READ) {
+        wm = run_phase(t, dir, slots, nblocks, IO_WRITE, &bad, &st);
+        double ts0 = now_s();
+        if (tier_sync(t, true) != 0) die("fdatasync failed");
+        printf("  (the fdatasync after the writes took %.3f s, not counted: fio does not sync either)\n",
+               now_s() - ts0);
+    }
+    if (o_phase != PHASE_WRITE) rm = run_phase(t, dir, slots, nblocks, IO_READ, &bad, &st);
+    tier_stats(t, &st);
+    if (o_verify && o_phase != PHASE_WRITE) printf("  verify: %llu bad blocks\n", (unsigned long long)bad);
+    if (o_phase == PHASE_BOTH)
+        printf("RESULT bench_spill write_mbps=%.1f read_mbps=%.1f block=%llu depth=%lld backend=%s direct=%d\n",
+               wm, rm, (unsigned long long)o_block, (long long)o_depth, st.backend, st.direct ? 1 : 0);
     tier_close(t);
     pool_close(pool);
     free(slots);

@@ -150,6 +150,7 @@ typedef struct {
     uint64_t seed;
     uint64_t budget;     /* bytes to put */
     int puts, gets, frees, prefetches, verified;
+    uint64_t put_b, get_b; /* bytes committed and bytes handed back by gets, as the client counts them */
     int failures;
     char msg[256];
 } worker_t;
@@ -182,6 +183,7 @@ static void *worker_main(void *arg) {
             if (st != STORE_OK) { snprintf(w->msg, sizeof w->msg, "commit: %.200s", err); w->failures++; break; }
             live[n++] = l;
             put_bytes += len;
+            w->put_b += len;
             w->puts++;
         } else if (dice < 75) {
             live_t *l = &live[xs(&rs) % (uint64_t)n];
@@ -210,6 +212,7 @@ static void *worker_main(void *arg) {
                 l->crc_checked = true;
             }
             store_get_done(w->s, w->sid, &l->k);
+            w->get_b += info.length;
             w->gets++;
             w->verified++;
         } else if (dice < 85) {
@@ -232,7 +235,10 @@ static void *worker_main(void *arg) {
             snprintf(w->msg, sizeof w->msg, "final check of blob %llu: %s %.200s", (unsigned long long)live[i].k.index,
                      store_status_name(st), err);
             w->failures++;
-        } else w->verified++;
+        } else {
+            w->verified++;
+            w->get_b += len;
+        }
         free(data);
     }
     free(live);
@@ -258,12 +264,22 @@ Test(store, concurrent_random_traffic_through_a_small_pool, .timeout = 60) {
     for (int i = 0; i < T; i++) pthread_create(&th[i], NULL, worker_main, &w[i]);
     for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
     int verified = 0;
+    uint64_t put_b = 0, get_b = 0;
     for (int i = 0; i < T; i++) {
         cr_assert_eq(w[i].failures, 0, "worker %d: %s", i, w[i].msg);
         verified += w[i].verified;
+        put_b += w[i].put_b;
+        get_b += w[i].get_b;
     }
     store_stats_t st;
     store_stats(s, &st);
+    /* The byte totals behind ballast_offload_bytes_total match what the
+     * clients moved (blob lengths, not the 4 KiB rounding). */
+    cr_assert_eq(st.put_bytes, put_b, "put bytes %llu, clients committed %llu", (unsigned long long)st.put_bytes,
+                 (unsigned long long)put_b);
+    cr_assert_eq(st.get_bytes, get_b, "get bytes %llu, clients got %llu", (unsigned long long)st.get_bytes,
+                 (unsigned long long)get_b);
+    cr_assert_gt(st.spill_write_bytes, 0);
     cr_log_info("verified %d gets; evictions %llu, spill writes %llu (%llu MiB), reads %llu, prefetches %llu, "
                 "backend %s, direct %d", verified, (unsigned long long)st.evictions,
                 (unsigned long long)st.spill_writes, (unsigned long long)(st.spill_write_bytes >> 20),
