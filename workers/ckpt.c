@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "workers/data.h"
+#include "workers/fsdp.h"
 #include "workers/safetensors.h"
 
 #define SHARD_FMT "shard-%05d-of-%05d.safetensors"
@@ -389,7 +390,8 @@ out:
 /* Exported for `ballast ckpt export`: weights of a step directory into host
  * memory in m's layout (m from model_layout). */
 int ckpt_read_weights(const char *path, const model_t *m, float *host, char *err, size_t errlen) {
-    return ckpt_read_host(path, m, host, NULL, NULL, NULL, err, errlen);
+    /* any layout: one file, or the parts of a sharded / tensor-parallel run */
+    return fsdp_ckpt_read_full(path, m, host, NULL, NULL, NULL, err, errlen);
 }
 
 int ckpt_mkdirs(const char *path, char *err, size_t errlen) { return mkdir_p(path, err, errlen); }

@@ -1,13 +1,16 @@
-/* fsdp.h: hybrid-sharded data parallelism (FSDP HYBRID_SHARD) for T = 1 on
- * the CPU backend.
+/* fsdp.h: hybrid-sharded data parallelism (FSDP HYBRID_SHARD) with tensor
+ * parallelism on the CPU backend.
  *
- * The model's parameters are split into L + 1 flat units: unit l < L is
- * transformer block l (its contiguous buffer, model_t.blk_off), and unit L
- * ("the rest") packs [ embed (V*D) | final norm (D) | lm_head (V*D), absent
- * when tied ]. Each unit is padded with zeros to a multiple of S and cut
- * into S equal chunks; shard-group index i keeps chunk i of every unit's
- * fp32 master weights, gradient and AdamW moments (1/S of each, the padding
- * included and never updated).
+ * The rank's TP-local parameters (model.h, model_tp_t: the whole model when
+ * T = 1) are split into L + 1 flat units: unit l < L is transformer block l
+ * (its contiguous local buffer, model_tp_t.blk_off), and unit L ("the rest")
+ * packs [ embed (Vt*D) | final norm (D) | lm_head (Vt*D), absent when tied ]
+ * with Vt = ceil(V / T) vocab rows. Each unit is padded with zeros to a
+ * multiple of S and cut into S equal chunks; shard-group index i keeps chunk
+ * i of every unit's fp32 master weights, gradient and AdamW moments (1/S of
+ * each, the padding included and never updated). The norms are replicated
+ * over the TP group: their gradients (partial over each rank's token rows)
+ * are all-reduced in the TP group before the shard group's reduce-scatter.
  *
  * One micro-step (fsdp_micro_step):
  *   forward   block l's chunks are all-gathered in the shard group into one
@@ -45,7 +48,9 @@ typedef struct {
     model_t *m;                /* activations and layout; its full params/grads are dropped */
     const backend_t *be;       /* the CPU backend (act_t is float) */
     comm_t *shard, *replica;   /* shard group (S ranks), replica group (R ranks) */
+    comm_t *tp;                /* TP group (T ranks; the model's, NULL when T == 1) */
     int S, sidx;               /* shard degree and this rank's index in its shard group */
+    int T, tidx;               /* tensor-parallel degree and this rank's index in its TP group */
     int n_units;               /* L + 1 */
     size_t *numel;             /* (n_units) floats of each unit, unpadded */
     size_t *chunk;             /* (n_units) floats of each unit's chunk: ceil(numel / S) */
@@ -66,10 +71,11 @@ typedef struct {
     optim_t opt;               /* AdamW moments over shard_total floats */
 } fsdp_t;
 
-/* Set up sharding over m (created by model_create; this drops its full
+/* Set up sharding over m (created by model_create_tp; this drops its full
  * parameter and gradient buffers) from the full host parameters `full`
- * (model layout, n_params floats, identical on every rank). shard and
- * replica are this rank's communicators. Returns 0 or a negative errno. */
+ * (full model layout, n_params floats, identical on every rank): the rank
+ * keeps its chunk of its TP slice. shard and replica are this rank's
+ * communicators (the TP one is m->tp.comm). Returns 0 or a negative errno. */
 int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t *replica,
                 const optim_config_t *ocfg, char *err, size_t errlen);
 void fsdp_destroy(fsdp_t *f);
@@ -87,7 +93,8 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
 int fsdp_end_step(fsdp_t *f, char *err, size_t errlen);
 
 /* Global L2 norm of the gradient (each parameter once): the chunks'
- * sums of squares added over the shard group (replicas hold the same). */
+ * sums of squares added over the TP and shard groups (replicas hold the
+ * same; the replicated norms count on TP rank 0 only). */
 int fsdp_grad_norm(fsdp_t *f, double *norm, char *err, size_t errlen);
 
 /* AdamW on the local chunks, gradients scaled by grad_scale first. */
@@ -98,7 +105,7 @@ void fsdp_optim_step(fsdp_t *f, double lr, float grad_scale);
 int fsdp_sum_all(fsdp_t *f, double x, double *out, char *err, size_t errlen);
 
 /* The full master parameters in model layout (n_params floats) on every
- * rank, gathered from the chunks. */
+ * rank, gathered from the chunks (and the TP slices). */
 int fsdp_gather_params(fsdp_t *f, float *full, char *err, size_t errlen);
 
 /* The parts of the model's tensors inside chunk sidx (any shard index):
@@ -108,19 +115,36 @@ int fsdp_gather_params(fsdp_t *f, float *full, char *err, size_t errlen);
  * in the flat tensor. Returns the count. */
 int fsdp_segments(const fsdp_t *f, int sidx, model_tensor_t *segs, size_t *start);
 
-/* Sharded checkpoints (workers/fsdp_ckpt.c). Collective over every rank.
- * Save: DIR/step-NNNNNNNN/ with one file per shard index
- * (shard-SSSSS-of-NNNNN.safetensors, written by the ranks of replica 0:
- * each tensor part as NAME, NAME.exp_avg, NAME.exp_avg_sq, 1-D), config.json
- * and a manifest whose layout is (world, S, T) and whose shards list each
- * part's flat element range; rank 0 writes the manifest and renames the
- * directory once every file is complete. */
+/* Replace the rank's state with its part of full tensors (full model
+ * layout, n_params floats each): master weights, both AdamW moments, and
+ * the optimizer's step count. Local, no collective. */
+void fsdp_set_full_state(fsdp_t *f, const float *params, const float *exp_avg, const float *exp_avg_sq,
+                         int64_t step);
+
+/* Sharded checkpoints (workers/fsdp_ckpt.c, format in docs/parallel.md).
+ * Collective over every rank. Save: DIR/step-NNNNNNNN/ with one file per
+ * (shard index, TP rank) pair, file index shard * T + tp
+ * (shard-IIIII-of-NNNNN.safetensors with NNNNN = S * T, written by the ranks
+ * of replica 0: each tensor part as NAME, NAME.exp_avg, NAME.exp_avg_sq,
+ * 1-D), config.json and a manifest whose layout is (world, S, T) and whose
+ * shards list each part's TP split (dimension, rank, local shape) and flat
+ * element range in the TP-local tensor; rank 0 writes the manifest and
+ * renames the directory once every file is complete. */
 int fsdp_ckpt_save(fsdp_t *f, const char *dir, const ckpt_meta_t *meta, int rank, int world, char *err,
                    size_t errlen);
-/* Load a step directory written with the same S and T (any number of
- * replicas): every rank reads its shard file, checks its size and crc32,
- * and sets its chunks, moments and optimizer step. */
+/* Load a step directory. Same S and T (any number of replicas): every rank
+ * reads its own file. Another layout: every rank reads every part,
+ * rebuilds the full weights and moments (fsdp_ckpt_read_full) and keeps its
+ * TP slice and chunk (fsdp_set_full_state). Sizes and crc32 are checked. */
 int fsdp_ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen);
+
+/* The full tensors of a checkpoint of any layout (sharded or not) in m's
+ * full layout (m may come from model_layout): weights into params, the
+ * AdamW moments into exp_avg / exp_avg_sq when not NULL, the optimizer step
+ * into *step when not NULL. Every element must be covered by some part.
+ * Returns 0 or -1 with a message. */
+int fsdp_ckpt_read_full(const char *path, const model_t *m, float *params, float *exp_avg, float *exp_avg_sq,
+                        int64_t *step, char *err, size_t errlen);
 
 /* Bytes of sharded state this rank holds: master, gradient and moments. */
 size_t fsdp_state_bytes(const fsdp_t *f);

@@ -12,6 +12,17 @@
  * (out, in) as in PyTorch. Gradients (and the optimizer's moments) use the
  * same layout. Every tensor has its Hugging Face name in the tensor table.
  *
+ * Tensor parallelism (T > 1, Megatron style, workers/tp.h): rank t of a TP
+ * group of T holds a TP-local copy of that layout: wq/wk/wv and gate/up
+ * keep rows t*out/T.. (column-parallel: heads t*H/T.., kv heads t*Hkv/T..,
+ * MLP rows t*F/T..), wo and down keep columns t*in/T.. (row-parallel), the
+ * norms are replicated, embed and lm_head keep vocab rows t*Vt.. with
+ * Vt = ceil(V / T) (rows past V are zero padding). Between blocks a rank
+ * holds N/T of the N = B*seq token rows of the residual stream (sequence
+ * parallelism); model_tp_t says how the local layout maps onto the full one.
+ * With T = 1 the local layout is the full one and every op runs exactly as
+ * without tensor parallelism.
+ *
  * One training micro-step is model_forward() then model_backward(); each
  * block's forward and backward need only the block's input, so with
  * activation checkpointing the model keeps the L+1 block inputs and
@@ -24,6 +35,7 @@
 #include <stdint.h>
 
 #include "workers/backend.h"
+#include "workers/comm.h"
 #include "workers/llama_config.h"
 
 /* The tensors of one block, in their order inside the block buffer. */
@@ -42,17 +54,38 @@ typedef struct {
     size_t numel;
     int block;                 /* block index, -1 outside blocks */
     bool decay;                /* weight decay applies (2-D tensors) */
+    int tp_dim;                /* split across TP ranks: -1 replicated, 0 rows (column-parallel, vocab), 1 columns (row-parallel) */
 } model_tensor_t;
 
-/* Activations of one block for its backward. Buffers named act_t hold
- * backend act storage (bf16 on CUDA); float ones fp32 (backend.h). */
+/* Tensor-parallel context: the TP group and this rank's local layout. */
 typedef struct {
-    act_t *xn1; float *rstd1;  /* (N, D), (N): attention RMSNorm output and 1/rms */
+    int size;                  /* T: ranks of the TP group (1 = no tensor parallelism) */
+    int rank;                  /* this rank's index in the group, 0..size-1 */
+    comm_t *comm;              /* the TP group's communicator; NULL when size == 1 */
+    int H, Hkv, F, V;          /* local query heads, kv heads, MLP rows, vocab rows (ceil(vocab / size)) */
+    int N;                     /* token rows held between blocks: B*T / size */
+    size_t n_params;           /* floats of the TP-local layout */
+    size_t embed_off, blocks_off, norm_off, lm_head_off; /* floats, local layout (lm_head_off == embed_off when tied) */
+    size_t block_numel;        /* floats per local block */
+    size_t blk_off[BLK_NT];    /* offsets inside a local block */
+    model_tensor_t *tensors;   /* n_tensors entries, as model_t.tensors but local shapes and offsets */
+    act_t *rows;               /* (N/tp, D) scratch: local rows before a gather / after a reduce-scatter; NULL when size == 1 */
+    float *lse;                /* (N) log-sum-exp of each row's logits over the whole vocabulary; NULL when size == 1 */
+    int rc;                    /* first collective failure (negative errno), 0 when none */
+    char err[COMM_ERR_LEN];    /* its message */
+} model_tp_t;
+
+/* Activations of one block for its backward. Buffers named act_t hold
+ * backend act storage (bf16 on CUDA); float ones fp32 (backend.h). With
+ * tensor parallelism (tp = tp.size ranks) H, Hkv and F are the rank's
+ * (model_tp_t) and the rows of the residual stream are the rank's N/tp. */
+typedef struct {
+    act_t *xn1; float *rstd1;  /* (N, D) gathered over all rows, (N/tp): attention RMSNorm output and 1/rms */
     act_t *q, *k, *v;          /* (N, H*Dh), (N, Hkv*Dh) x2, after RoPE */
     float *att;                /* attention_state_numel(B, T, H): probabilities (CPU) or log-sum-exp rows */
     act_t *ao;                 /* (N, H*Dh) attention output before wo */
-    act_t *xmid;               /* (N, D) residual after attention */
-    act_t *xn2; float *rstd2;  /* (N, D), (N): MLP RMSNorm */
+    act_t *xmid;               /* (N/tp, D) residual after attention */
+    act_t *xn2; float *rstd2;  /* (N, D) gathered, (N/tp): MLP RMSNorm */
     act_t *gate, *up, *h;      /* (N, F) each */
 } block_acts_t;
 
@@ -61,6 +94,7 @@ typedef struct model {
     const backend_t *be;
     int B, T;                  /* micro-batch rows and sequence length */
     bool act_ckpt;             /* keep only block inputs; recompute in backward */
+    model_tp_t tp;             /* tensor parallelism; tp.size == 1 without */
 
     /* layout */
     size_t n_params;           /* floats in params (and grads) */
@@ -75,13 +109,13 @@ typedef struct model {
     float *master;             /* (n_params) fp32 master weights; == params when act_bytes == 4 */
     float *grads;              /* (n_params), accumulated over micro-steps */
     int32_t *tokens, *targets; /* (N) current micro-batch */
-    act_t **xs;                /* L+1 block inputs (N, D); xs[L] is the last block's output */
+    act_t **xs;                /* L+1 block inputs (N/tp, D): this rank's rows; xs[L] is the last block's output */
     block_acts_t *acts;        /* L sets, or 1 scratch set with act_ckpt */
-    act_t *xf; float *rstdf;   /* (N, D), (N): final RMSNorm */
-    act_t *logits;             /* (N, V); becomes dlogits in backward */
+    act_t *xf; float *rstdf;   /* (N, D) final RMSNorm (all rows, gathered), (N/tp) */
+    act_t *logits;             /* (N, tp.V) this rank's vocab columns; becomes dlogits in backward */
     float *losses;             /* (N) per-token loss */
     /* backward scratch */
-    act_t *dx, *dtmp;          /* (N, D) */
+    act_t *dx, *dtmp;          /* (N/tp, D) this rank's rows; (N, D) */
     act_t *dq, *dk, *dv, *dao; /* (N, H*Dh), (N, Hkv*Dh) x2, (N, H*Dh) */
     act_t *dgate, *dup, *dh;   /* (N, F) */
     act_t *ftmp;               /* (N, D) forward scratch */
@@ -93,6 +127,27 @@ typedef struct model {
  * or -1 with a message (bad config, T > max_seq, out of memory). */
 int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
                  char *err, size_t errlen);
+
+/* model_create for rank tp_rank of a TP group of tp_size ranks (comm: the
+ * group's communicator, NULL when tp_size == 1). Parameters, master and
+ * gradients keep the full layout (for initialisation and I/O; a sharding
+ * driver drops them); activations, logits and scratch are TP-local.
+ * tp_size > 1 needs the CPU backend, and H, Hkv, F and B*T divisible by
+ * tp_size; otherwise -1 with a message naming the numbers. The whole-model
+ * model_forward / model_backward need tp_size == 1. */
+int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+                    int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen);
+
+/* The flat index in the full tensor full (of the model's tensor table) of
+ * element i of TP rank tp_rank's part, whose local shape is lshape; -1 for
+ * vocab padding. tp_size is implied by the shapes. */
+int64_t model_tp_full_index(const model_tensor_t *full, const int64_t lshape[2], int tp_rank, size_t i);
+
+/* Cut this rank's TP-local parameters (local layout, tp.n_params floats,
+ * padding zero) out of full ones (full layout), or write them back:
+ * model_tp_unslice writes the parts of TP rank tp_rank into full. */
+void model_tp_slice(const model_t *m, const float *full, float *local);
+void model_tp_unslice(const model_t *m, int tp_rank, const float *local, float *full);
 
 /* Bytes model_create would allocate (parameters, gradients, activations
  * and scratch), plus the optimizer's two moment buffers. */
@@ -154,6 +209,13 @@ double model_head_forward(model_t *m, const act_t *norm, const act_t *lm_head);
 void model_head_backward(model_t *m, const act_t *norm, const act_t *lm_head, float *dnorm, float *dlm_head,
                          float loss_scale);
 void model_embed_backward(model_t *m, float *dembed);
+
+/* With T > 1: model_embed_forward / model_block_* / model_head_* run the
+ * TP collectives themselves (a failure is kept in m->tp.rc / m->tp.err, and
+ * later collectives are skipped); parameter pointers are TP-local; norm
+ * gradients are partial (this rank's rows) and the caller sums them over the
+ * TP group; model_head_forward returns the loss sum over this rank's N/tp
+ * rows, so adding it over every rank gives the batch's sum. */
 
 /* Block-level pieces (also used by the tests and by sharded training):
  * forward of block l from x_in (N, D) into x_out (N, D) keeping activations

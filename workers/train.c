@@ -73,7 +73,7 @@ static const opt_t train_options[] = {
     { "dump-params", OPT_STRING, NULL, 0, 0, NULL, "test hook: write the fp32 master parameters after the last step as safetensors (HF names)", &g_opts.dump_params },
     { "dump-batches", OPT_STRING, NULL, 0, 0, NULL, "test hook: append each micro-batch's input tokens (int32) to DIR/tokens-rank-NNNNN.bin", &g_opts.dump_batches },
     { "hybrid-shard-degree", OPT_INT, "0", 0, 65536, NULL, "S: ranks sharing one copy of the model state (0: the largest that fits; world / T on the CPU)", &g_opts.shard_degree },
-    { "tensor-parallel-degree", OPT_INT, "1", 1, 65536, NULL, "T: tensor-parallel ranks (only 1 in this build)", &g_opts.tp_degree },
+    { "tensor-parallel-degree", OPT_INT, "1", 1, 65536, NULL, "T: tensor-parallel ranks (Megatron-style splits with sequence parallelism; must divide the world, heads, kv heads, MLP width and micro-batch tokens)", &g_opts.tp_degree },
     { "comm", OPT_ENUM, "auto", 0, 0, "auto|shm|nccl", "collectives backend: shm between CPU processes of one node, nccl between GPUs", &g_opts.comm },
     { "rdzv-timeout", OPT_DURATION, "300s", 0.001, 1e9, NULL, "how long every rank has to join the job (a missing rank is named)", &g_opts.rdzv_timeout },
     { "rank", OPT_INT, "-1", -1, 1 << 30, NULL, "this process's rank (-1: RANK or the other topology variables)", &g_opts.rank },
@@ -199,13 +199,14 @@ static int resolve_topology(const train_opts_t *o, topo_t *t, char *err, size_t 
 
 int train_run(const train_opts_t *o) {
     char err[1024];
-    if (o->tp_degree != 1) {
-        log_error("--tensor-parallel-degree %lld: tensor parallelism is not implemented yet; use "
-                  "--tensor-parallel-degree 1 (shard the model with --hybrid-shard-degree instead)", (long long)o->tp_degree);
-        return 1;
-    }
     topo_t topo;
     if (resolve_topology(o, &topo, err, sizeof err)) { log_error("%s", err); return 1; }
+    if (o->tp_degree > 1 && topo.world_size == 1) {
+        log_error("--tensor-parallel-degree %lld needs %lld or more processes (e.g. ballast train --nproc %lld); "
+                  "one process trains with --tensor-parallel-degree 1", (long long)o->tp_degree,
+                  (long long)o->tp_degree, (long long)o->tp_degree);
+        return 1;
+    }
     if (topo.world_size > 1) {
         char addr[TOPO_ADDR_MAX + 16];
         snprintf(addr, sizeof addr, "%s:%d", topo.master_addr, topo.master_port);

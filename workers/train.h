@@ -50,7 +50,7 @@ typedef struct {
     const char *dump_batches; /* test hook: directory for each rank's micro-batch inputs */
     /* several processes (workers/train_dist.c) */
     int64_t shard_degree;     /* --hybrid-shard-degree S; 0 = largest that fits */
-    int64_t tp_degree;        /* --tensor-parallel-degree T (only 1 for now) */
+    int64_t tp_degree;        /* --tensor-parallel-degree T */
     int comm;                 /* comm_kind_t: auto|shm|nccl */
     double rdzv_timeout;      /* seconds every rank has to join */
     int64_t rank, world_size; /* -1 = from the environment (common/topology.h) */

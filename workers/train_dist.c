@@ -1,5 +1,6 @@
 /* train_dist.c: the training loop of one rank among several: hybrid
- * sharding (workers/fsdp.h) for T = 1 on the CPU backend.
+ * sharding (workers/fsdp.h) with tensor parallelism (workers/tp.h) on the
+ * CPU backend.
  *
  * The global batch of a step is A micro-steps x dp data-parallel ranks x B
  * rows of T tokens (dp = world / T); rank r reads rows r*B .. r*B+B-1 of
@@ -99,7 +100,8 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         log_error("%s: %lld tokens, fewer than seq-len + 1 = %d", o->data, (long long)data_num_tokens(data), T + 1);
         goto out;
     }
-    if (model_create(&model, &cfg, backend_cpu((int)o->threads), B, T, o->act_ckpt, err, sizeof err)) {
+    if (model_create_tp(&model, &cfg, backend_cpu((int)o->threads), B, T, o->act_ckpt, g->T, g->tp, d.comm[GROUP_TP],
+                        err, sizeof err)) {
         log_error("%s", err);
         goto out;
     }
@@ -135,12 +137,18 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
             ckpt_meta_t meta;
             if (ckpt_read_meta(ck, &meta, err, sizeof err)) {
                 bad = 1;
-            } else if (meta.B != B || meta.T != T || meta.accum != A || meta.dp != dp ||
+            } else if ((int64_t)meta.accum * meta.dp * meta.B != (int64_t)A * dp * B || meta.T != T ||
                        meta.data_order != o->data_order || meta.data_seed != (uint64_t)o->data_seed) {
-                snprintf(err, sizeof err, "%s: saved with micro-batch %d, seq-len %d, grad-accum %d, %d data-parallel ranks, "
-                         "data-order %s, data-seed %llu; resume with the same values to continue the same data stream",
-                         ck, meta.B, meta.T, meta.accum, meta.dp, meta.data_order == DATA_SEQUENTIAL ? "sequential" : "shuffled",
-                         (unsigned long long)meta.data_seed);
+                /* step k reads samples k*G .. k*G+G-1 (G = grad-accum x dp x micro-batch rows) whatever the
+                 * split, so only G, seq-len and the order must stay */
+                snprintf(err, sizeof err, "%s: saved with grad-accum %d x %d data-parallel ranks x micro-batch %d = %lld rows "
+                         "per step, seq-len %d, data-order %s, data-seed %llu; this run has %d x %d x %d = %lld rows, "
+                         "seq-len %d: resume with the same seq-len, order and seed, and --grad-accum / --micro-batch "
+                         "whose product with the %d data-parallel ranks is %lld, to continue the same data stream",
+                         ck, meta.accum, meta.dp, meta.B, (long long)meta.accum * meta.dp * meta.B, meta.T,
+                         meta.data_order == DATA_SEQUENTIAL ? "sequential" : "shuffled",
+                         (unsigned long long)meta.data_seed, A, dp, B, (long long)A * dp * B, T, dp,
+                         (long long)meta.accum * meta.dp * meta.B);
                 bad = 1;
             } else if (fsdp_ckpt_load(&fs, ck, err, sizeof err)) {
                 bad = 1;
@@ -180,6 +188,13 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     if (o->log_json && rank == 0) {
         jlog = !strcmp(o->log_json, "-") ? stdout : fopen(o->log_json, start > 0 ? "a" : "w");
         if (!jlog) { log_error("--log-json %s: cannot open for writing", o->log_json); goto out; }
+        /* the first record of a fresh log: the layout and the per-rank sharded state (tests read it) */
+        if (start == 0) {
+            fprintf(jlog, "{\"kind\": \"layout\", \"world\": %d, \"replicas\": %d, \"shard_degree\": %d, "
+                          "\"tensor_parallel_degree\": %d, \"state_bytes_per_rank\": %zu, \"model_state_bytes\": %llu}\n",
+                    world, g->R, g->S, g->T, fsdp_state_bytes(&fs), (unsigned long long)model.n_params * 16);
+            fflush(jlog);
+        }
     }
     size_t N = (size_t)B * T;
     inputs = malloc(N * sizeof(int32_t));
@@ -252,7 +267,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
                 log_error("rank %d: checkpoint of step %lld: %s", rank, (long long)s, err);
                 goto out;
             }
-            if (rank == 0) log_info("saved checkpoint %s/step-%08lld (%d shard files)", o->ckpt_dir, (long long)s, g->S);
+            if (rank == 0) log_info("saved checkpoint %s/step-%08lld (%d shard files)", o->ckpt_dir, (long long)s, g->S * g->T);
         }
         if (stop > 0) {
             if (rank == 0) log_warn("stopping after step %lld on a signal", (long long)s);

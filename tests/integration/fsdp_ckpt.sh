@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# fsdp_ckpt.sh: sharded checkpoints of a hybrid-sharded run (world 4, S 2).
-#   - every 4 steps a step directory with one shard file per shard index
-#     and a manifest whose layout is (4, 2, 1) and whose tensor ranges cover
-#     every tensor exactly once;
-#   - --resume from step 4 logs exactly the losses, lr and grad norms of an
-#     uninterrupted run (bit for bit) and leaves the same final parameters;
-#   - `ballast ckpt info` verifies the shard files;
-#   - a different S, one process, or a damaged shard are refused with a
-#     message naming the problem.
+# fsdp_ckpt.sh: sharded checkpoints of hybrid-sharded, tensor-parallel runs
+# (world 4).
+#   - every 4 steps a step directory with one shard file per (shard, TP
+#     rank) and a manifest whose layout is (4, S, T) and whose parts, mapped
+#     through their TP split onto the full tensors, cover every element
+#     exactly once (the replicated norms once per TP rank);
+#   - --resume from step 4 in the same layout logs exactly the losses, lr and
+#     grad norms of an uninterrupted run (bit for bit) and leaves the same
+#     final parameters;
+#   - resharding: a checkpoint of (1, 4, 1) resumes at (2, 1, 2), one of
+#     (1, 1, 4) at (4, 1, 1), with the next losses of the uninterrupted run
+#     (relative difference <= 1e-5, the sums run in another order) when the
+#     global batch (grad-accum x dp x micro-batch) stays the same; another
+#     global batch is refused;
+#   - `ballast ckpt info` verifies the shard files; `ballast ckpt export` of
+#     a tensor-parallel checkpoint gives the run's final weights bit for bit;
+#   - one process, or a damaged shard, are refused with a message naming
+#     the problem.
 source "$(dirname "$0")/../lib.sh"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 B=$BIN/ballast
@@ -18,9 +27,14 @@ D=$(t_tmpdir)
 
 "$B" data synth --out "$D/c.bin" --tokens 60000 --vocab 256 --seed 4 >/dev/null 2>&1 ||
     { t_fail "synth corpus" "ballast data synth failed"; t_done; exit 1; }
-ARGS=(--model tiny --init-seed 3 --data "$D/c.bin" --seq-len 32 --micro-batch 2 --grad-accum 2 --steps 8
+# heads 8 / kv 4, MLP 128, vocab 256: T = 2 and 4 divide everything
+printf '%s\n' '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,' \
+    ' "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128,' \
+    ' "rms_norm_eps": 1e-5}' > "$D/m.json"
+CMP="$ROOT/tests/integration/fsdp_cmp.py"
+ARGS=(--model "$D/m.json" --init-seed 3 --data "$D/c.bin" --seq-len 32 --micro-batch 2 --grad-accum 2 --steps 8
       --lr 3e-3 --warmup-steps 2 --min-lr 1e-4 --grad-clip 0.5 --threads 1 --rdzv-timeout 60s)
-fields() { sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/' "$1"; }
+fields() { grep '"step"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/'; }
 train4() { timeout 120 "$B" train --nproc 4 "${ARGS[@]}" "$@"; }
 
 train4 --hybrid-shard-degree 2 --log-json "$D/full.jsonl" --dump-params "$D/full.st" > "$D/full.out" 2>&1 ||
@@ -58,7 +72,7 @@ else t_fail "manifest layout and ranges" "see above"; fi
 
 # resume from step 4: the same bits as the uninterrupted run
 rm -rf "$D/ck/step-00000008"
-head -4 "$D/a.jsonl" > "$D/b.jsonl"
+head -5 "$D/a.jsonl" > "$D/b.jsonl"   # the layout record and steps 1-4
 if train4 --hybrid-shard-degree 2 --ckpt-dir "$D/ck" --resume --log-json "$D/b.jsonl" --dump-params "$D/b.st" > "$D/b.out" 2>&1 &&
    grep -q "resumed from .*step-00000004 (step 4)" "$D/b.out" &&
    cmp -s <(fields "$D/full.jsonl") <(fields "$D/b.jsonl") && cmp -s "$D/full.st" "$D/b.st"; then
@@ -68,8 +82,67 @@ else t_fail "--resume bit-exact" "$(tail -3 "$D/b.out"; diff <(fields "$D/full.j
 t_check "ballast ckpt info verifies both shard files" bash -c \
     "'$B' ckpt info '$D/ck/step-00000004' | grep -c 'of-00002.safetensors: .*: ok' | grep -qx 2"
 
-t_expect_fail "resume with another S is refused" "hybrid shard degree 2 .*not implemented yet.*--hybrid-shard-degree 2" \
-    train4 --hybrid-shard-degree 4 --ckpt-dir "$D/ck" --resume
+# resharding: the uninterrupted runs, then a checkpoint at step 4 resumed in another layout
+reshard() {  # name from-S from-T from-MB to-S to-T to-MB
+    local n=$1
+    train4 --hybrid-shard-degree $2 --tensor-parallel-degree $3 --micro-batch $4 --log-json "$D/$n-full.jsonl" \
+        --dump-params "$D/$n-full.st" --ckpt-dir "$D/$n-ck" --ckpt-every 4 > "$D/$n-full.out" 2>&1 ||
+        { t_fail "$n: uninterrupted run at S $2, T $3" "$(tail -3 "$D/$n-full.out")"; return; }
+    mv "$D/$n-ck/step-00000008" "$D/$n-final"
+    if train4 --hybrid-shard-degree $5 --tensor-parallel-degree $6 --micro-batch $7 --ckpt-dir "$D/$n-ck" --resume \
+        --log-json "$D/$n-res.jsonl" --dump-params "$D/$n-res.st" > "$D/$n-res.out" 2>&1 &&
+       grep -q "resumed from .*step-00000004 (step 4)" "$D/$n-res.out" && [ "$(fields "$D/$n-res.jsonl" | wc -l)" -eq 4 ]; then
+        t_ok "$n: a checkpoint of (S $2, T $3) resumes at (S $5, T $6)"
+    else t_fail "$n: resume at (S $5, T $6)" "$(tail -3 "$D/$n-res.out")"; return; fi
+    grep '"step"' "$D/$n-full.jsonl" | tail -4 > "$D/$n-full-tail.jsonl"
+    t_check "$n: steps 5-8 after resharding: losses within 1e-5 of the uninterrupted run" \
+        $PY "$CMP" losses "$D/$n-full-tail.jsonl" "$D/$n-res.jsonl" 1e-5
+    t_check "$n: final parameters within 1e-4 of the uninterrupted run" \
+        $PY "$CMP" params "$D/$n-full.st" "$D/$n-res.st" 1e-4
+}
+# (1, 4, 1) -> (2, 1, 2): dp 4 -> 2, micro-batch 2 -> 4 keeps 2 x dp x B = 16 rows per step
+reshard s4-to-r2t2 4 1 2 1 2 4
+# (1, 1, 4) -> (4, 1, 1): dp 1 -> 4, micro-batch 8 -> 2
+reshard t4-to-r4 1 4 8 1 1 2
+
+# the manifest of a tensor-parallel checkpoint: TP splits and ranges rebuild every tensor
+if $PY - "$D/t4-to-r4-ck/step-00000004/manifest.json" <<'PYEOF'
+import json, sys
+import numpy as np
+m = json.load(open(sys.argv[1]))
+lay = m["layout"]
+assert (lay["world"], lay["shard_degree"], lay["tensor_parallel_degree"]) == (4, 1, 4), lay
+assert len(m["shards"]) == 4 and [s["tp_rank"] for s in m["shards"]] == [0, 1, 2, 3]
+count, tpdim = {}, {}
+for sh in m["shards"]:
+    for t in sh["tensors"]:
+        shape = t["shape"] + [1] * (2 - len(t["shape"]))
+        ls = t["local_shape"] + [1] * (2 - len(t["local_shape"]))
+        c = count.setdefault(t["name"], np.zeros(shape, dtype=np.int64))
+        tpdim[t["name"]] = t["tp_dim"]
+        assert t["tp_size"] == 4 and t["tp_rank"] == sh["tp_rank"], t
+        for j in range(*t["range"]):
+            r, col = divmod(j, ls[1])
+            if t["tp_dim"] == 0: r += t["tp_rank"] * ls[0]
+            if t["tp_dim"] == 1: col += t["tp_rank"] * ls[1]
+            c[r, col] += 1
+assert len(count) == 21, len(count)
+for name, c in count.items():
+    want = 4 if tpdim[name] < 0 else 1
+    assert (c == want).all(), (name, c.min(), c.max())
+assert tpdim["model.layers.0.self_attn.q_proj.weight"] == 0 and tpdim["model.layers.0.mlp.down_proj.weight"] == 1
+PYEOF
+then t_ok "manifest (4, 1, 4): parts mapped through their TP split cover every element once (norms once per TP rank)"
+else t_fail "TP manifest covers the tensors" "see above"; fi
+
+# export of a TP checkpoint: the run's final weights, bit for bit
+if "$B" ckpt export --from "$D/t4-to-r4-final" --out "$D/hf" > "$D/exp.out" 2>&1; then
+    t_check "ckpt export of a (1, 1, 4) checkpoint equals the run's --dump-params bit for bit" \
+        $PY "$CMP" params "$D/t4-to-r4-full.st" "$D/hf/model.safetensors" 0
+else t_fail "ckpt export of a TP checkpoint" "$(tail -3 "$D/exp.out")"; fi
+
+t_expect_fail "resharding with another global batch is refused" "16 rows per step.*this run has 2 x 2 x 2 = 8 rows" \
+    train4 --hybrid-shard-degree 1 --tensor-parallel-degree 2 --micro-batch 2 --ckpt-dir "$D/s4-to-r2t2-ck" --resume
 t_expect_fail "one process refuses a sharded checkpoint" "4 data-parallel ranks .*not implemented yet" \
     "$W" "${ARGS[@]}" --micro-batch 8 --ckpt-dir "$D/ck" --resume
 cp -r "$D/ck/step-00000004" "$D/bad" && mkdir -p "$D/badck" && mv "$D/bad" "$D/badck/step-00000004"

@@ -3,9 +3,14 @@
 
   losses REF.jsonl RUN.jsonl TOL      every step's loss: |run - ref| / |ref| <= TOL
   params REF.st RUN.st TOL            every tensor: ||run - ref|| / ||ref|| <= TOL
-  batches REFDIR RUNDIR DP B T A STEPS
-        rank r's rows of each micro-step are rows r*B..r*B+B-1 of the
-        reference's (micro-batch DP*B) and no two ranks share a row
+  batches REFDIR RUNDIR DP B T A STEPS [TP]
+        rank r (data-parallel rank d = r // TP) reads rows d*B..d*B+B-1 of
+        each micro-step of the reference's (micro-batch DP*B): the TP ranks
+        of a group read the same rows, no two data-parallel ranks share one
+  memory RUN.jsonl CONFIG.json S T     the layout record's state_bytes_per_rank
+        is 16 bytes x sum over units of ceil(TP-local unit floats / S),
+        counted here from the config, and S*T times it is within 10% of the
+        whole model's (1/(S*T) up to padding and replicated norms)
 Prints the largest difference; exits 1 on a failure."""
 import json, struct, sys
 import numpy as np
@@ -62,24 +67,46 @@ def params(ref, run, tol):
     return 0 if worst <= tol and moved > 0 else 1
 
 
-def batches(refdir, rundir, dp, B, T, A, steps):
+def batches(refdir, rundir, dp, B, T, A, steps, tp=1):
     ref = np.fromfile(f"{refdir}/tokens-rank-00000.bin", dtype=np.int32).reshape(steps * A, dp * B, T)
     rows = []
-    for r in range(dp):
+    for r in range(dp * tp):
+        d = r // tp
         x = np.fromfile(f"{rundir}/tokens-rank-{r:05d}.bin", dtype=np.int32)
         if x.size != steps * A * B * T:
             print(f"rank {r}: {x.size} tokens, expected {steps * A * B * T}")
             return 1
         x = x.reshape(steps * A, B, T)
-        if not np.array_equal(x, ref[:, r * B:(r + 1) * B, :]):
-            print(f"rank {r}: rows differ from the reference's rows {r * B}..{(r + 1) * B - 1}")
+        if not np.array_equal(x, ref[:, d * B:(d + 1) * B, :]):
+            print(f"rank {r} (data-parallel rank {d}): rows differ from the reference's rows {d * B}..{(d + 1) * B - 1}")
             return 1
-        rows += [bytes(row) for row in x.reshape(-1, T)]
+        if r % tp == 0:
+            rows += [bytes(row) for row in x.reshape(-1, T)]
     if len(set(rows)) != len(rows):
-        print(f"{len(rows) - len(set(rows))} rows read by more than one rank or twice")
+        print(f"{len(rows) - len(set(rows))} rows read by more than one data-parallel rank or twice")
         return 1
-    print(f"{len(rows)} rows over {dp} ranks: disjoint, and together the reference's batches")
+    print(f"{len(rows)} rows over {dp} data-parallel ranks x {tp} TP ranks: disjoint, and together the reference's batches")
     return 0
+
+
+def memory(run, config, S, T):
+    rec = next(json.loads(l) for l in open(run) if l.strip())
+    if rec.get("kind") != "layout":
+        print(f"the first record is not the layout: {rec}")
+        return 1
+    c = json.load(open(config))
+    D, L, H, F, V = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["intermediate_size"], c["vocab_size"]
+    Hkv = c.get("num_key_value_heads", H)
+    Dh = c.get("head_dim", D // H)
+    tied = c.get("tie_word_embeddings", False)
+    block = (H * Dh * D + 2 * Hkv * Dh * D + D * H * Dh + 3 * F * D) // T + 2 * D
+    Vt = -(-V // T)
+    rest = Vt * D * (1 if tied else 2) + D
+    want = 16 * (L * -(-block // S) + -(-rest // S))
+    got, whole = rec["state_bytes_per_rank"], rec["model_state_bytes"]
+    ratio = got * S * T / whole
+    print(f"S {S}, T {T}: {got} bytes per rank (expected {want}), x S*T = {ratio:.4f} of the whole model's {whole}")
+    return 0 if got == want and 1.0 <= ratio <= 1.1 else 1
 
 
 if __name__ == "__main__":
@@ -90,4 +117,6 @@ if __name__ == "__main__":
         sys.exit(params(a[0], a[1], float(a[2])))
     if cmd == "batches":
         sys.exit(batches(a[0], a[1], *map(int, a[2:])))
+    if cmd == "memory":
+        sys.exit(memory(a[0], a[1], int(a[2]), int(a[3])))
     sys.exit(f"unknown command {cmd}")

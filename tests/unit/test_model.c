@@ -116,3 +116,69 @@ Test(model, block_chain_and_activation_checkpointing) {
     model_destroy(&m);
     model_destroy(&mc);
 }
+
+/* Tensor parallelism: every TP rank's local elements map onto the full
+ * tensor so that together they cover each element once (vocab padding
+ * maps nowhere), with the split the table declares. */
+Test(model, tp_split_covers_every_element_once) {
+    llama_config_t c = small_cfg(false);   /* vocab 37: padded at T = 2 and 4 */
+    c.n_kv_heads = 4;
+    c.ffn_dim = 44;
+    model_t m;
+    char err[256];
+    cr_assert_eq(model_layout(&m, &c, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(model_find(&m, "model.layers.0.self_attn.q_proj.weight")->tp_dim, 0);
+    cr_assert_eq(model_find(&m, "model.layers.0.self_attn.o_proj.weight")->tp_dim, 1);
+    cr_assert_eq(model_find(&m, "model.layers.0.mlp.down_proj.weight")->tp_dim, 1);
+    cr_assert_eq(model_find(&m, "model.layers.0.mlp.up_proj.weight")->tp_dim, 0);
+    cr_assert_eq(model_find(&m, "model.norm.weight")->tp_dim, -1);
+    cr_assert_eq(model_find(&m, "lm_head.weight")->tp_dim, 0);
+    for (int T = 1; T <= 4; T *= 2) {
+        for (int i = 0; i < m.n_tensors; i++) {
+            const model_tensor_t *t = &m.tensors[i];
+            int64_t ls[2] = { t->shape[0], t->shape[1] };
+            if (t->tp_dim == 0) ls[0] = t->block < 0 ? (t->shape[0] + T - 1) / T : t->shape[0] / T;
+            if (t->tp_dim == 1) ls[1] /= T;
+            int *seen = calloc(t->numel, sizeof *seen);
+            int pads = 0;
+            for (int r = 0; r < T; r++)
+                for (size_t j = 0; j < (size_t)(ls[0] * ls[1]); j++) {
+                    int64_t k = model_tp_full_index(t, ls, r, j);
+                    if (k < 0) { pads++; continue; }
+                    cr_assert(k < (int64_t)t->numel, "%s: index %lld out of range", t->name, (long long)k);
+                    seen[k]++;
+                    /* the split dimension moves with the rank, the other stays */
+                    int64_t row = k / t->shape[1], col = k % t->shape[1];
+                    if (t->tp_dim == 0) cr_assert_eq(row / ls[0], r, "%s", t->name);
+                    if (t->tp_dim == 1) cr_assert_eq(col / ls[1], r, "%s", t->name);
+                }
+            int want = t->tp_dim < 0 ? T : 1;
+            for (size_t k = 0; k < t->numel; k++) cr_assert_eq(seen[k], want, "%s element %zu, T %d", t->name, k, T);
+            if (t->block < 0 && t->tp_dim == 0)
+                cr_assert_eq(pads, (int)((ls[0] * T - t->shape[0]) * t->shape[1]), "%s padding at T %d", t->name, T);
+            else
+                cr_assert_eq(pads, 0);
+            free(seen);
+        }
+    }
+    model_destroy(&m);
+}
+
+/* Degrees that do not divide the heads, kv heads, MLP rows or tokens are
+ * refused with the numbers named, before any communicator is needed. */
+Test(model, tp_degree_that_does_not_divide_is_named) {
+    llama_config_t c = small_cfg(false);   /* 4 heads, 2 kv heads, ffn 40 */
+    model_t m;
+    char err[512];
+    cr_assert_neq(model_create_tp(&m, &c, backend_cpu(1), 2, 8, false, 4, 0, NULL, err, sizeof err), 0);
+    cr_assert(strstr(err, "--tensor-parallel-degree 4 does not divide num_key_value_heads 2"), "%s", err);
+    c.n_kv_heads = 4;
+    c.ffn_dim = 42;
+    cr_assert_neq(model_create_tp(&m, &c, backend_cpu(1), 2, 8, false, 4, 0, NULL, err, sizeof err), 0);
+    cr_assert(strstr(err, "does not divide intermediate_size 42"), "%s", err);
+    c.ffn_dim = 40;
+    cr_assert_neq(model_create_tp(&m, &c, backend_cpu(1), 1, 6, false, 4, 0, NULL, err, sizeof err), 0);
+    cr_assert(strstr(err, "does not divide the 1 x 6 = 6 tokens"), "%s", err);
+    cr_assert_neq(model_create_tp(&m, &c, backend_cpu(1), 1, 8, false, 4, 0, NULL, err, sizeof err), 0);
+    cr_assert(strstr(err, "communicator"), "%s", err);
+}
