@@ -35,8 +35,14 @@ t_expect_fail() {
 
 # Every t_tmpdir lives under one directory made when this file is sourced,
 # so that t_tmpdir works in $(...) subshells and one rm removes them all.
-T_TMPROOT=$(mktemp -d /tmp/ballast-test.XXXXXX)
-t_tmpdir() { mktemp -d "$T_TMPROOT/t.XXXXXX"; }
+T_TMPROOT=$(mktemp -d /tmp/ballast-test.XXXXXX) || { echo "not ok - $(basename "$0"): cannot create a temp directory under /tmp (disk full?)"; exit 1; }
+# A fresh directory under the script's temp root. When it cannot be made
+# (disk full), the whole script stops: an empty $D would send its files to /.
+t_tmpdir() {
+    mktemp -d "$T_TMPROOT/t.XXXXXX" && return 0
+    echo "not ok - $(basename "$0"): cannot create a temp directory under $T_TMPROOT (disk full?)" >&2
+    kill -TERM $$; exit 1
+}
 t_cleanup() { [ -n "${T_TMPROOT:-}" ] && rm -rf "$T_TMPROOT"; }
 trap t_cleanup EXIT   # a script that sets its own EXIT trap must call t_cleanup in it
 
