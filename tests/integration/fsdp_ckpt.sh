@@ -20,7 +20,8 @@ D=$(t_tmpdir)
     { t_fail "synth corpus" "ballast data synth failed"; t_done; exit 1; }
 ARGS=(--model tiny --init-seed 3 --data "$D/c.bin" --seq-len 32 --micro-batch 2 --grad-accum 2 --steps 8
       --lr 3e-3 --warmup-steps 2 --min-lr 1e-4 --grad-clip 0.5 --threads 1 --rdzv-timeout 60s)
-fields() { sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/' "$1"; }
+# step records only (the log starts with a settings record; a resumed run appends another)
+fields() { grep '^{"step"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/'; }
 train4() { timeout 120 "$B" train --nproc 4 "${ARGS[@]}" "$@"; }
 
 train4 --hybrid-shard-degree 2 --log-json "$D/full.jsonl" --dump-params "$D/full.st" > "$D/full.out" 2>&1 ||
@@ -58,7 +59,7 @@ else t_fail "manifest layout and ranges" "see above"; fi
 
 # resume from step 4: the same bits as the uninterrupted run
 rm -rf "$D/ck/step-00000008"
-head -4 "$D/a.jsonl" > "$D/b.jsonl"
+head -5 "$D/a.jsonl" > "$D/b.jsonl"   # the settings record and steps 1..4
 if train4 --hybrid-shard-degree 2 --ckpt-dir "$D/ck" --resume --log-json "$D/b.jsonl" --dump-params "$D/b.st" > "$D/b.out" 2>&1 &&
    grep -q "resumed from .*step-00000004 (step 4)" "$D/b.out" &&
    cmp -s <(fields "$D/full.jsonl") <(fields "$D/b.jsonl") && cmp -s "$D/full.st" "$D/b.st"; then
