@@ -61,6 +61,7 @@ struct metrics_registry {
     metric_family_t *fams, *fams_tail;
     int n_collectors;
     struct { void (*fn)(void *); void *arg; } collectors[METRICS_MAX_COLLECTORS]; /* run before each render */
+    char *const_name, *const_value; /* label added to every series (a worker's rank), or NULL */
 };
 
 /* ---- doubles in atomics ---- */
@@ -207,6 +208,8 @@ void metrics_registry_free(metrics_registry_t *r) {
     for (metric_family_t *f = r->fams, *n; f; f = n) { n = f->next; family_free(f); }
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->collect_mu);
+    free(r->const_name);
+    free(r->const_value);
     free(r);
 }
 
@@ -440,17 +443,26 @@ static void sb_sample(sbuf_t *b, const char *name, const char *suffix, const met
     sb_str(b, name);
     sb_str(b, suffix);
     const metric_family_t *f = m->fam;
-    if (f->n_labels || le) {
+    const metrics_registry_t *r = f->reg;
+    bool cl = r->const_name != NULL;
+    for (int i = 0; cl && i < f->n_labels; i++) cl = strcmp(f->labels[i], r->const_name) != 0;
+    if (f->n_labels || le || cl) {
         sb_str(b, "{");
+        if (cl) {
+            sb_str(b, r->const_name);
+            sb_str(b, "=\"");
+            sb_escaped(b, r->const_value, true);
+            sb_str(b, "\"");
+        }
         for (int i = 0; i < f->n_labels; i++) {
-            if (i) sb_str(b, ",");
+            if (i || cl) sb_str(b, ",");
             sb_str(b, f->labels[i]);
             sb_str(b, "=\"");
             sb_escaped(b, m->values[i], true);
             sb_str(b, "\"");
         }
         if (le) {
-            if (f->n_labels) sb_str(b, ",");
+            if (f->n_labels || cl) sb_str(b, ",");
             sb_str(b, "le=\"");
             sb_str(b, le);
             sb_str(b, "\"");
@@ -555,6 +567,44 @@ int metrics_register_build_info(metrics_registry_t *r, char *err, size_t errlen)
     if (!m) { snprintf(err, errlen, "out of memory"); return -1; }
     metric_set(m, 1);
     return 0;
+}
+
+int metrics_set_const_label(metrics_registry_t *r, const char *name, const char *value, char *err, size_t errlen) {
+    if (!r || !name || !value) { snprintf(err, errlen, "metrics_set_const_label: NULL argument"); return -1; }
+    if (metrics_check_label(METRIC_GAUGE, name, err, errlen)) return -1;
+    char *n = strdup(name), *v = strdup(value);
+    if (!n || !v) {
+        free(n);
+        free(v);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_lock(&r->mu);
+    free(r->const_name);
+    free(r->const_value);
+    r->const_name = n;
+    r->const_value = v;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+double metrics_sum(metrics_registry_t *r, const char *name, const char *label, const char *value) {
+    if (!r || !name) return NAN;
+    double sum = NAN;
+    pthread_mutex_lock(&r->mu);
+    for (const metric_family_t *f = r->fams; f; f = f->next) {
+        if (strcmp(f->name, name) != 0) continue;
+        int li = -1;
+        for (int i = 0; label && i < f->n_labels; i++)
+            if (strcmp(f->labels[i], label) == 0) li = i;
+        if (label && li < 0) break; /* no such label: nothing matches */
+        sum = 0;
+        for (const metric_t *m = f->series; m; m = m->next)
+            if (li < 0 || strcmp(m->values[li], value) == 0) sum += metric_value(m);
+        break;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return sum;
 }
 
 static metrics_registry_t *g_default;

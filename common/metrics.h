@@ -53,6 +53,18 @@ metric_family_t *metrics_register(metrics_registry_t *r, metric_type_t type, con
                                   const char *const *labels, int n_labels, const double *buckets, int n_buckets,
                                   char *err, size_t errlen);
 
+/* Add the label name="value" to every series the registry renders, first
+ * (a worker's rank="N", so that families registered by any module carry
+ * it), except in families that have a label of that name themselves.
+ * Setting it again replaces it. 0, or -1 with err (bad name, no memory). */
+int metrics_set_const_label(metrics_registry_t *r, const char *name, const char *value, char *err, size_t errlen);
+
+/* Sum of the values of family `name`'s series whose label `label` is
+ * `value` (label NULL: every series; histograms add their _sum). NAN when
+ * no family has that name, or it has no such label. For reading totals
+ * that another module feeds (the offload client's bytes and waits). */
+double metrics_sum(metrics_registry_t *r, const char *name, const char *label, const char *value);
+
 /* Check a metric or label name against the rules above without registering
  * (0 ok, -1 with the reason in err). */
 int metrics_check_name(metric_type_t type, const char *name, char *err, size_t errlen);

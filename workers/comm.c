@@ -4,9 +4,11 @@
 #include "workers/comm_impl.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- names ---- */
 
@@ -229,11 +231,23 @@ bool comm_test(comm_req_t *r) {
     return d;
 }
 
+/* Nanoseconds this process spent blocked in comm_wait (exposed comm). */
+static _Atomic uint64_t g_wait_ns;
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+double comm_wait_seconds(void) { return 1e-9 * (double)atomic_load_explicit(&g_wait_ns, memory_order_relaxed); }
+
 int comm_wait(comm_req_t *r, char *err, size_t errlen) {
     if (!r) {
         snprintf(err, errlen, "comm_wait: NULL handle");
         return -EINVAL;
     }
+    uint64_t t0 = mono_ns();
     if (r->comm->ops->wait) r->comm->ops->wait(r->comm, r);
     pthread_mutex_lock(&r->mu);
     while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
@@ -243,5 +257,6 @@ int comm_wait(comm_req_t *r, char *err, size_t errlen) {
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
+    atomic_fetch_add_explicit(&g_wait_ns, mono_ns() - t0, memory_order_relaxed);
     return st;
 }

@@ -103,6 +103,11 @@ int comm_barrier(comm_t *c, comm_req_t **req, char *err, size_t errlen);
  * 0, or -ETIMEDOUT / -EPIPE (a peer died or failed) with a message. */
 int comm_wait(comm_req_t *req, char *err, size_t errlen);
 
+/* Seconds this process has spent blocked in comm_wait so far, over every
+ * communicator: the exposed (not overlapped) communication time that the
+ * training loop reports per step as the difference of two readings. */
+double comm_wait_seconds(void);
+
 /* Whether a started collective has finished (comm_wait still required). */
 bool comm_test(comm_req_t *req);
 

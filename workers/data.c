@@ -132,7 +132,8 @@ int data_open(const char *file_or_glob, int vocab, data_t **out, char *err, size
         if (has_glob_chars(file_or_glob))
             return errbuf_set(err, errlen, "%s: no file matches this glob; check the path and quote the glob "
                         "so the shell does not expand it", file_or_glob);
-        return errbuf_set(err, errlen, "%s: cannot open token shard: %s", file_or_glob, strerror(ENOENT));
+        return errbuf_set(err, errlen, "%s: cannot open token shard: %s; check the path given as --data "
+                          "(`ballast data synth --out FILE` makes a test corpus)", file_or_glob, strerror(ENOENT));
     }
     if (gr != 0) {
         globfree(&g);

@@ -106,11 +106,16 @@ bool oc_job_name_ok(const char *job) {
 
 static const char *HINT = "is ballastd running? start it with `ballastd --socket PATH` "
                           "(or `ballast train`, which starts one), or pass the right address";
+static const char *FULL_HINT = "ballastd is out of pool memory (or this session's quota): free blobs the job no "
+                               "longer needs, or restart ballastd with a larger --pool-bytes, a --spill-dir (NVMe "
+                               "tier) or a larger --session-quota";
 
 /* Message for a failed RPC; adds the start hint when the service is unreachable. */
 static oc_status_t rpc_fail(oc_client_t *c, grpc_status_code st, const char *what, const char *msg) {
     if (st == GRPC_STATUS_UNAVAILABLE || st == GRPC_STATUS_DEADLINE_EXCEEDED)
         return fail((oc_status_t)st, "ballastd at %s: %s failed: %s; %s", c->addr, what, msg, HINT);
+    if (st == GRPC_STATUS_RESOURCE_EXHAUSTED)
+        return fail((oc_status_t)st, "ballastd at %s: %s: %s; %s", c->addr, what, msg, FULL_HINT);
     return fail((oc_status_t)st, "ballastd at %s: %s: %s", c->addr, what, msg);
 }
 
@@ -557,13 +562,15 @@ static oc_status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **p
 
 static oc_status_t cpl_status(oc_client_t *c, const rp_cpl_t *p, const oc_key_t *k) {
     if (p->status == RP_OK) return OC_OK;
+    const char *sep = p->status == (uint32_t)OC_RESOURCE_EXHAUSTED ? "; " : "";
+    const char *hint = p->status == (uint32_t)OC_RESOURCE_EXHAUSTED ? FULL_HINT : "";
     if (k)
         return fail((oc_status_t)p->status, "ballastd at %s: %s of key (rank %u, kind %u, index %llu, step %llu) "
-                    "failed: %s: %s", c->addr, rp_op_name(p->op), k->rank, k->kind,
+                    "failed: %s: %s%s%s", c->addr, rp_op_name(p->op), k->rank, k->kind,
                     (unsigned long long)k->index, (unsigned long long)k->step,
-                    oc_status_name((oc_status_t)p->status), rp_detail_text(p->detail));
-    return fail((oc_status_t)p->status, "ballastd at %s: %s failed: %s: %s", c->addr, rp_op_name(p->op),
-                oc_status_name((oc_status_t)p->status), rp_detail_text(p->detail));
+                    oc_status_name((oc_status_t)p->status), rp_detail_text(p->detail), sep, hint);
+    return fail((oc_status_t)p->status, "ballastd at %s: %s failed: %s: %s%s%s", c->addr, rp_op_name(p->op),
+                oc_status_name((oc_status_t)p->status), rp_detail_text(p->detail), sep, hint);
 }
 
 static void fill_req(rp_req_t *q, uint32_t op, const oc_key_t *k) {
@@ -639,8 +646,9 @@ oc_status_t oc_put_alloc(oc_client_t *c, const oc_key_t *k, uint64_t len, bool p
     if (st) return st;
     memset(b, 0, sizeof *b);
     if (len == 0 || (c->max_blob && len > c->max_blob))
-        return fail(OC_INVALID_ARGUMENT, "blob length %llu must be in [1, %llu] bytes", (unsigned long long)len,
-                    (unsigned long long)c->max_blob);
+        return fail(OC_INVALID_ARGUMENT, "blob length %llu must be in [1, %llu] bytes (the largest pool segment): "
+                    "split the blob, or restart ballastd with a larger --pool-bytes / --segment-bytes",
+                    (unsigned long long)len, (unsigned long long)c->max_blob);
     if (!c->shared) {
         b->ptr = malloc(len);
         if (!b->ptr) return fail(OC_RESOURCE_EXHAUSTED, "out of memory for a %llu-byte put buffer", (unsigned long long)len);

@@ -5,6 +5,8 @@
  * JSON lines (escaping and number formatting done by the library). */
 #include "workers/progress.h"
 
+#include "workers/comm.h"
+
 #include <ctype.h>
 #include <glob.h>
 #include <jansson.h>
@@ -32,12 +34,11 @@ struct progress {
     int64_t nonfinite_total;
     uint64_t offload_total;    /* bytes, both directions, whole run */
     /* metrics; NULL without a registry */
-    metric_t *m_steps, *m_tokens, *m_step_s, *m_step, *m_loss, *m_lr, *m_gnorm, *m_tps, *m_flops, *m_mfu;
-    metric_t *m_phase[PROGRESS_NPHASES], *m_off_host, *m_off_dev, *m_nonfinite, *m_mem_gpu, *m_mem_host;
-    metric_family_t *f_mem_gpu, *f_mem_host; /* memory series appear with the first known value */
+    metric_t *m_steps, *m_tokens, *m_step_s, *m_step, *m_loss, *m_lr, *m_gnorm, *m_tps, *m_tps_total, *m_flops, *m_mfu;
+    metric_t *m_phase[PROGRESS_NPHASES], *m_nonfinite, *m_mem_gpu, *m_mem_host;
 };
 
-static const char *const PHASE_NAMES[PROGRESS_NPHASES] = { "compute", "comm", "offload_wait", "data" };
+static const char *const PHASE_NAMES[PROGRESS_NPHASES] = { "compute", "comm", "offload", "data" };
 static const char *const PHASE_JSON[PROGRESS_NPHASES] = { "compute_s", "comm_s", "offload_wait_s", "data_s" };
 
 double progress_now(void) {
@@ -51,8 +52,9 @@ double progress_now(void) {
 /* Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets.
  * More specific names first: an H100 PCIe card is slower than the SXM part. */
 static const struct { const char *match; double tflops; } PEAKS[] = {
-    { "h100 pcie", 756 }, { "h100", 989 }, { "h200", 989 }, { "h800", 989 },
-    { "a100", 312 },      { "a800", 312 },
+    { "h100 pcie", 756 }, { "h100", 989 }, { "h200", 989 }, { "h800", 989 }, { "h20", 148 },
+    { "gb200", 2500 },    { "b200", 2250 }, { "b100", 1750 },
+    { "a100", 312 },      { "a800", 312 },  { "l40s", 362 },  { "l40", 181 },
 };
 
 double progress_peak_tflops(const char *device) {
@@ -105,52 +107,59 @@ int64_t progress_rss_bytes(void) {
 static int register_metrics(progress_t *p, char *err, size_t errlen) {
     metrics_registry_t *r = p->cfg.metrics;
     static const double step_buckets[] = { 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120 };
-    static const char *const L_RANK[] = { "rank" };
-    static const char *const L_PHASE[] = { "rank", "phase" };
-    static const char *const L_DIR[] = { "rank", "direction" };
+    static const char *const L_PART[] = { "part" };
+    static const char *const L_DIR[] = { "direction" };
+    /* rank="N" is the registry's constant label: it also lands on the
+     * families other modules register (the offload client's) */
     char rank[24];
     snprintf(rank, sizeof rank, "%d", p->cfg.rank);
-    const char *rv[] = { rank };
+    if (metrics_set_const_label(r, "rank", rank, err, errlen)) return -1;
 #define FAM(var, type, name, help, labels, nl, b, nb)                                              \
     metric_family_t *var = metrics_register(r, type, name, help, labels, nl, b, nb, err, errlen);  \
     if (!var) return -1;
-    FAM(steps, METRIC_COUNTER, "ballast_train_steps_total", "Optimizer steps finished (skipped ones included)", L_RANK, 1, NULL, 0)
+    FAM(steps, METRIC_COUNTER, "ballast_train_steps_total", "Optimizer steps finished (skipped ones included)", NULL, 0, NULL, 0)
     FAM(tokens, METRIC_COUNTER, "ballast_train_tokens_total",
-        "Training tokens processed, this rank's share (global tokens / world size); sum over ranks for the total", L_RANK, 1, NULL, 0)
-    FAM(step_s, METRIC_HISTOGRAM, "ballast_train_step_duration_seconds", "Wall time of one optimizer step", L_RANK, 1,
+        "Training tokens processed, this rank's share (global tokens / world size); sum over ranks for the total", NULL, 0, NULL, 0)
+    FAM(step_s, METRIC_HISTOGRAM, "ballast_train_step_duration_seconds", "Wall time of one optimizer step", NULL, 0,
         step_buckets, (int)(sizeof step_buckets / sizeof step_buckets[0]))
-    FAM(step, METRIC_GAUGE, "ballast_train_step", "Last optimizer step finished", L_RANK, 1, NULL, 0)
-    FAM(loss, METRIC_GAUGE, "ballast_train_loss", "Mean training loss of the last step (nats per token)", L_RANK, 1, NULL, 0)
-    FAM(lr, METRIC_GAUGE, "ballast_train_learning_rate", "Learning rate of the last step", L_RANK, 1, NULL, 0)
-    FAM(gnorm, METRIC_GAUGE, "ballast_train_grad_norm", "Global gradient norm of the last step, before clipping", L_RANK, 1, NULL, 0)
-    FAM(tps, METRIC_GAUGE, "ballast_train_tokens_per_second", "Training tokens per second of the last step, per GPU", L_RANK, 1, NULL, 0)
+    FAM(step, METRIC_GAUGE, "ballast_train_step", "Last optimizer step finished", NULL, 0, NULL, 0)
+    FAM(loss, METRIC_GAUGE, "ballast_train_loss", "Mean training loss of the last step (nats per token)", NULL, 0, NULL, 0)
+    FAM(lr, METRIC_GAUGE, "ballast_train_learning_rate", "Learning rate of the last step", NULL, 0, NULL, 0)
+    FAM(gnorm, METRIC_GAUGE, "ballast_train_grad_norm", "Global gradient norm of the last step, before clipping", NULL, 0, NULL, 0)
+    FAM(tps, METRIC_GAUGE, "ballast_train_tokens_per_second", "Training tokens per second of the last step, per GPU (rank)", NULL, 0, NULL, 0)
+    FAM(tpst, METRIC_GAUGE, "ballast_train_job_tokens_per_second", "Training tokens per second of the last step, whole job (all ranks)", NULL, 0, NULL, 0)
     FAM(flops, METRIC_GAUGE, "ballast_train_model_flops_per_second",
-        "Model FLOP/s per GPU of the last step (6 x params x tokens + attention; recomputation not counted)", L_RANK, 1, NULL, 0)
-    FAM(mfu, METRIC_GAUGE, "ballast_mfu_ratio", "Model FLOPs utilization of the last step: model FLOP/s over the device's dense bf16 peak", L_RANK, 1, NULL, 0)
-    FAM(phase, METRIC_COUNTER, "ballast_train_phase_seconds_total",
-        "Step time by phase: compute, and the exposed (not overlapped) comm, offload_wait and data time", L_PHASE, 2, NULL, 0)
-    FAM(off, METRIC_COUNTER, "ballast_offload_bytes_total", "Bytes copied between this rank and ballastd, by direction (to_host, to_device)", L_DIR, 2, NULL, 0)
-    FAM(nonf, METRIC_COUNTER, "ballast_train_nonfinite_steps_total", "Steps whose loss was NaN or infinite", L_RANK, 1, NULL, 0)
-    FAM(mg, METRIC_GAUGE, "ballast_gpu_memory_used_bytes", "Device memory in use at the end of the last step", L_RANK, 1, NULL, 0)
-    FAM(mh, METRIC_GAUGE, "ballast_host_memory_used_bytes", "Host memory used by this rank at the end of the last step", L_RANK, 1, NULL, 0)
+        "Model FLOP/s per GPU (rank) of the last step (6 x params x tokens + attention; recomputation not counted)", NULL, 0, NULL, 0)
+    FAM(phase, METRIC_COUNTER, "ballast_train_time_seconds_total",
+        "Step wall time by part: compute, and the exposed (not overlapped) comm, offload and data time", L_PART, 1, NULL, 0)
+    FAM(off, METRIC_COUNTER, "ballast_offload_bytes_total",
+        "Bytes copied between this rank and ballastd, by direction (to_service, from_service)", L_DIR, 1, NULL, 0)
+    FAM(offw, METRIC_COUNTER, "ballast_offload_wait_seconds_total",
+        "Seconds this rank waited on copies to or from ballastd that compute did not hide", NULL, 0, NULL, 0)
+    FAM(nonf, METRIC_COUNTER, "ballast_train_nonfinite_steps_total", "Steps whose loss was NaN or infinite", NULL, 0, NULL, 0)
+    if (p->peak > 0) { /* absent, not NaN or 0, when there is no peak */
+        FAM(mfu, METRIC_GAUGE, "ballast_mfu_ratio",
+            "Model FLOPs utilization of the last step: model FLOP/s over the device's dense bf16 peak", NULL, 0, NULL, 0)
+        p->m_mfu = metrics_series(mfu, NULL);
+    }
 #undef FAM
-    p->m_steps = metrics_series(steps, rv);
-    p->m_tokens = metrics_series(tokens, rv);
-    p->m_step_s = metrics_series(step_s, rv);
-    p->m_step = metrics_series(step, rv);
-    p->m_loss = metrics_series(loss, rv);
-    p->m_lr = metrics_series(lr, rv);
-    p->m_gnorm = metrics_series(gnorm, rv);
-    p->m_tps = metrics_series(tps, rv);
-    p->m_flops = metrics_series(flops, rv);
-    p->m_mfu = p->peak > 0 ? metrics_series(mfu, rv) : NULL; /* absent, not NaN, when there is no peak */
-    for (int i = 0; i < PROGRESS_NPHASES; i++) p->m_phase[i] = metrics_series(phase, (const char *[]){ rank, PHASE_NAMES[i] });
-    p->m_off_host = metrics_series(off, (const char *[]){ rank, "to_host" });
-    p->m_off_dev = metrics_series(off, (const char *[]){ rank, "to_device" });
-    p->m_nonfinite = metrics_series(nonf, rv);
-    p->f_mem_gpu = mg;
-    p->f_mem_host = mh;
-    if (!p->m_steps || !p->m_tokens || !p->m_step_s || !p->m_off_dev || !p->m_nonfinite) {
+    p->m_steps = metrics_series(steps, NULL);
+    p->m_tokens = metrics_series(tokens, NULL);
+    p->m_step_s = metrics_series(step_s, NULL);
+    p->m_step = metrics_series(step, NULL);
+    p->m_loss = metrics_series(loss, NULL);
+    p->m_lr = metrics_series(lr, NULL);
+    p->m_gnorm = metrics_series(gnorm, NULL);
+    p->m_tps = metrics_series(tps, NULL);
+    p->m_tps_total = metrics_series(tpst, NULL);
+    p->m_flops = metrics_series(flops, NULL);
+    for (int i = 0; i < PROGRESS_NPHASES; i++) p->m_phase[i] = metrics_series(phase, (const char *[]){ PHASE_NAMES[i] });
+    /* the offload client adds to these; they show (at 0) without offload too */
+    metric_t *to = metrics_series(off, (const char *[]){ "to_service" });
+    metric_t *from = metrics_series(off, (const char *[]){ "from_service" });
+    p->m_nonfinite = metrics_series(nonf, NULL);
+    if (!p->m_steps || !p->m_tokens || !p->m_step_s || !p->m_phase[PROGRESS_NPHASES - 1] || !to || !from ||
+        !metrics_series(offw, NULL) || !p->m_nonfinite) {
         snprintf(err, errlen, "out of memory creating the training metrics");
         return -1;
     }
@@ -313,6 +322,14 @@ static int write_step(progress_t *p, const progress_step_t *s, const progress_st
 
 /* ---- per step ---- */
 
+/* A gauge without labels, registered when it first has a value (so that it
+ * is absent, not 0, while unknown). */
+static metric_t *lazy_gauge(progress_t *p, const char *name, const char *help) {
+    char err[METRICS_ERR_LEN];
+    metric_family_t *f = metrics_register(p->cfg.metrics, METRIC_GAUGE, name, help, NULL, 0, NULL, 0, err, sizeof err);
+    return f ? metrics_series(f, NULL) : NULL;
+}
+
 static void update_metrics(progress_t *p, const progress_step_t *s, const progress_stats_t *st) {
     if (!p->cfg.metrics) return;
     metric_inc(p->m_steps);
@@ -323,21 +340,39 @@ static void update_metrics(progress_t *p, const progress_step_t *s, const progre
     metric_set(p->m_lr, s->lr);
     if (isfinite(s->grad_norm)) metric_set(p->m_gnorm, s->grad_norm);
     metric_set(p->m_tps, st->tokens_per_s_per_gpu);
+    metric_set(p->m_tps_total, st->tokens_per_s);
     metric_set(p->m_flops, st->tflops_per_gpu * 1e12);
     if (p->m_mfu) metric_set(p->m_mfu, st->mfu);
     for (int i = 0; i < PROGRESS_NPHASES; i++) metric_add(p->m_phase[i], st->phase_s[i]);
-    metric_add_u64(p->m_off_host, s->offload_to_host_bytes);
-    metric_add_u64(p->m_off_dev, s->offload_to_device_bytes);
-    char rank[24];
-    snprintf(rank, sizeof rank, "%d", p->cfg.rank);
     if (s->mem_gpu_bytes >= 0) {
-        if (!p->m_mem_gpu) p->m_mem_gpu = metrics_series(p->f_mem_gpu, (const char *[]){ rank });
+        if (!p->m_mem_gpu)
+            p->m_mem_gpu = lazy_gauge(p, "ballast_gpu_memory_used_bytes", "Device memory in use at the end of the last step");
         metric_set(p->m_mem_gpu, (double)s->mem_gpu_bytes);
     }
     if (s->mem_host_bytes >= 0) {
-        if (!p->m_mem_host) p->m_mem_host = metrics_series(p->f_mem_host, (const char *[]){ rank });
+        if (!p->m_mem_host)
+            p->m_mem_host = lazy_gauge(p, "ballast_host_memory_used_bytes", "Host memory used by this rank at the end of the last step");
         metric_set(p->m_mem_host, (double)s->mem_host_bytes);
     }
+}
+
+void progress_totals(const progress_t *p, progress_totals_t *t) {
+    memset(t, 0, sizeof *t);
+    t->comm_s = comm_wait_seconds();
+    metrics_registry_t *r = p ? p->cfg.metrics : NULL;
+    if (!r) return;
+    double v;
+    if (isfinite(v = metrics_sum(r, "ballast_offload_wait_seconds_total", NULL, NULL))) t->offload_wait_s = v;
+    if (isfinite(v = metrics_sum(r, "ballast_offload_bytes_total", "direction", "to_service"))) t->to_service_bytes = v;
+    if (isfinite(v = metrics_sum(r, "ballast_offload_bytes_total", "direction", "from_service"))) t->from_service_bytes = v;
+}
+
+void progress_step_since(progress_step_t *s, const progress_totals_t *a, const progress_totals_t *b) {
+    s->phase_s[PROGRESS_COMM] = b->comm_s > a->comm_s ? b->comm_s - a->comm_s : 0;
+    s->phase_s[PROGRESS_OFFLOAD] = b->offload_wait_s > a->offload_wait_s ? b->offload_wait_s - a->offload_wait_s : 0;
+    s->offload_to_host_bytes = b->to_service_bytes > a->to_service_bytes ? (uint64_t)(b->to_service_bytes - a->to_service_bytes) : 0;
+    s->offload_to_device_bytes =
+        b->from_service_bytes > a->from_service_bytes ? (uint64_t)(b->from_service_bytes - a->from_service_bytes) : 0;
 }
 
 int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *stats, char *err, size_t errlen) {

@@ -46,8 +46,9 @@ typedef struct {
     FILE *console;           /* stderr normally; NULL = no console output */
     int live;                /* 1 = one rewritten line, 0 = plain lines, -1 = live when console is a tty */
     FILE *json;              /* --log-json stream, or NULL */
-    int rank;                /* "rank" label of the metrics */
-    metrics_registry_t *metrics; /* registry to export to (metrics_default()), or NULL */
+    int rank;                /* rank="N": set as the registry's constant label (on every series) */
+    metrics_registry_t *metrics; /* registry to export to (metrics_default()), or NULL; also where the
+                                    offload client's counters are read (progress_totals) */
 } progress_cfg_t;
 
 /* One step as the loop saw it. progress_step_init() sets the unknowns. */
@@ -58,8 +59,8 @@ typedef struct {
     double grad_norm;                 /* global gradient norm before clipping; NaN = unknown */
     double step_s;                    /* wall time of the whole step, seconds */
     double phase_s[PROGRESS_NPHASES]; /* exposed seconds per phase; compute < 0 = the rest of step_s */
-    uint64_t offload_to_host_bytes;   /* this step, device -> ballastd */
-    uint64_t offload_to_device_bytes; /* this step, ballastd -> device */
+    uint64_t offload_to_host_bytes;   /* this step, rank -> ballastd (to_service) */
+    uint64_t offload_to_device_bytes; /* this step, ballastd -> rank (from_service) */
     int64_t mem_gpu_bytes;            /* device memory in use at the end of the step, -1 = unknown */
     int64_t mem_gpu_peak_bytes;       /* peak device memory during the step, -1 = unknown */
     int64_t mem_host_bytes;           /* host memory of this process (or its ballastd share), -1 = unknown */
@@ -105,6 +106,26 @@ double progress_now(void);
 /* A step record with everything unknown: NaN grad norm, compute = the rest,
  * memory -1, zero bytes. */
 void progress_step_init(progress_step_t *s, int64_t step);
+
+/* Running totals that the step loop reads at the start and at the end of
+ * a step; their differences are the step's exposed communication and
+ * offload figures. */
+typedef struct {
+    double comm_s;             /* comm_wait_seconds(): blocked in comm_wait, every communicator */
+    double offload_wait_s;     /* ballast_offload_wait_seconds_total (fed by the offload client) */
+    double to_service_bytes;   /* ballast_offload_bytes_total{direction="to_service"} */
+    double from_service_bytes; /* ballast_offload_bytes_total{direction="from_service"} */
+} progress_totals_t;
+
+/* Read the totals now (the offload ones from p's registry; 0 without one,
+ * or when nothing feeds them). p may be NULL. */
+void progress_totals(const progress_t *p, progress_totals_t *t);
+
+/* Set s's comm and offload phases and its offload bytes to b - a (two
+ * readings of progress_totals around the step). progress_record() does not
+ * add these bytes and waits to the offload counters: the client that moves
+ * the bytes feeds those. */
+void progress_step_since(progress_step_t *s, const progress_totals_t *a, const progress_totals_t *b);
 
 /* Derive the figures for s, draw the console line, write the JSON line and
  * update the metrics. stats may be NULL. Returns 0, or -1 when writing the

@@ -30,6 +30,7 @@
 /* backend_cuda() comes from libballast_cuda.a, linked into ballast-worker
  * only when the build found nvcc; elsewhere the weak reference is NULL. */
 #pragma weak backend_cuda
+#pragma weak cuda_device_name
 
 /* ---- options ---- */
 
@@ -65,7 +66,7 @@ static const opt_t train_options[] = {
     { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads (0: all cores)", &g_opts.threads },
     { "backend", OPT_ENUM, "cpu", 0, 0, "cpu|cuda", "compute backend: cpu (fp32) or cuda (bf16 on GPU --device)", &g_opts.backend },
     { "device", OPT_INT, "0", 0, 1024, NULL, "GPU index for --backend cuda", &g_opts.device },
-    { "metrics-port", OPT_INT, "0", 0, 65535, NULL, "serve Prometheus /metrics on this port (0: off)", &g_opts.metrics_port },
+    { "metrics-port", OPT_INT, "0", 0, 65535, NULL, "serve Prometheus /metrics on this port + the local rank (0: off)", &g_opts.metrics_port },
     { "metrics-bind", OPT_STRING, "0.0.0.0", 0, 0, NULL, "address the /metrics endpoint binds (127.0.0.1: this machine only)", &g_opts.metrics_bind },
     { "skip-nonfinite", OPT_BOOL, "false", 0, 0, NULL, "skip the update of a step whose loss is NaN/inf instead of stopping (at most 9 in a row)", &g_opts.skip_nonfinite },
     { "peak-tflops", OPT_DOUBLE, "0", 0, 1e6, NULL, "per-device peak TFLOP/s for MFU (0: the device table; the CPU has none)", &g_opts.peak_tflops },
@@ -95,6 +96,11 @@ int train_parse(int argc, char **argv, train_opts_t *o) {
 }
 
 void train_print_settings(FILE *out) { opt_print_table(train_options, N_OPTS, out); }
+
+const opt_t *train_option_table(size_t *n) {
+    *n = N_OPTS;
+    return train_options;
+}
 
 /* ---- run ---- */
 
@@ -337,9 +343,10 @@ static int train_run_single(const train_opts_t *o) {
         log_info("metrics: http://%s:%d/metrics", o->metrics_bind, metrics_server_port(msrv));
     }
     progress_cfg_t pcfg = { .total_steps = o->steps, .start_step = start, .tokens_per_step = (int64_t)A * B * T,
-                            .flops_per_token = llama_flops_per_token(&cfg, T), .n_gpus = 1, .device = be->name,
+                            .flops_per_token = llama_flops_per_token(&cfg, T), .n_gpus = 1,
+                            .device = o->backend == 1 && cuda_device_name && cuda_device_name() ? cuda_device_name() : be->name,
                             .peak_tflops = o->peak_tflops, .log_every = o->log_every, .console = con, .live = -1,
-                            .json = jlog, .rank = 0, .metrics = msrv ? metrics_default() : NULL };
+                            .json = jlog, .rank = 0, .metrics = metrics_default() };
     prog = progress_new(&pcfg, err, sizeof err);
     if (!prog || progress_write_settings(prog, train_options, N_OPTS, cfg.name, llama_total_params(&cfg),
                                          progress_entropy_floor(o->data), err, sizeof err)) {
@@ -360,6 +367,8 @@ static int train_run_single(const train_opts_t *o) {
     int64_t last_saved = start;
     for (int64_t s = start + 1; s <= o->steps; s++) {
         double ts = now_s();
+        progress_totals_t tot0, tot1;
+        progress_totals(prog, &tot0);
         int64_t k = s - 1;
         model_zero_grads(&model);
         double loss_sum = 0, data_s = 0;
@@ -407,6 +416,8 @@ static int train_run_single(const train_opts_t *o) {
 
         progress_step_t ps;
         progress_step_init(&ps, s);
+        progress_totals(prog, &tot1);
+        progress_step_since(&ps, &tot0, &tot1);
         ps.loss = loss;
         ps.lr = lr;
         ps.grad_norm = norm;

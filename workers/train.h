@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "options.h"
 #include "workers/llama_config.h"
 #include "workers/model.h"
 
@@ -64,6 +65,10 @@ int train_parse(int argc, char **argv, train_opts_t *o);
 
 /* Print the effective settings table to out. */
 void train_print_settings(FILE *out);
+
+/* The worker's option table (for the JSON log's settings record); *n gets
+ * its length. */
+const opt_t *train_option_table(size_t *n);
 
 /* Run training; 0 on success, non-zero with a logged message otherwise.
  * With a world of several processes it runs train_run_sharded. */

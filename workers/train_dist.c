@@ -7,7 +7,9 @@
  * each micro-step's dp*B rows (data_batch with rank r of dp), so a run of
  * one process with micro-batch dp*B reads the same tokens. The logged loss
  * is the mean over the global batch (the ranks' sums added in rank order);
- * only rank 0 prints progress and writes --log-json. */
+ * only rank 0 prints progress and writes --log-json (workers/progress.h, the
+ * same records as one process), while every rank keeps its own metrics and,
+ * with --metrics-port P, serves them on P + its local rank. */
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -16,15 +18,22 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "options.h"
+#include "topology.h"
 #include "workers/backend.h"
+#include "workers/backend_cuda/backend_cuda.h"
 #include "workers/ckpt.h"
 #include "workers/data.h"
 #include "workers/dist.h"
 #include "workers/fsdp.h"
 #include "workers/model.h"
 #include "workers/optim.h"
+#include "workers/progress.h"
 #include "workers/train.h"
+
+/* from libballast_cuda.a when the build has CUDA; NULL otherwise */
+#pragma weak cuda_device_name
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
@@ -92,6 +101,8 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     float *full = NULL;
     int32_t *inputs = NULL, *targets = NULL;
     FILE *jlog = NULL;
+    progress_t *prog = NULL;
+    metrics_server_t *msrv = NULL;
     FILE *con = o->log_json && !strcmp(o->log_json, "-") ? stderr : stdout;
 
     if (train_grad_accum(o, dp, &A, err, sizeof err)) { log_error("%s", err); goto out; }
@@ -188,13 +199,47 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     if (o->log_json && rank == 0) {
         jlog = !strcmp(o->log_json, "-") ? stdout : fopen(o->log_json, start > 0 ? "a" : "w");
         if (!jlog) { log_error("--log-json %s: cannot open for writing", o->log_json); goto out; }
-        /* the first record of a fresh log: the layout and the per-rank sharded state (tests read it) */
-        if (start == 0) {
-            fprintf(jlog, "{\"kind\": \"layout\", \"world\": %d, \"replicas\": %d, \"shard_degree\": %d, "
-                          "\"tensor_parallel_degree\": %d, \"state_bytes_per_rank\": %zu, \"model_state_bytes\": %llu}\n",
-                    world, g->R, g->S, g->T, fsdp_state_bytes(&fs), (unsigned long long)model.n_params * 16);
-            fflush(jlog);
+    }
+    if (o->metrics_port > 0) {
+        /* several ranks on one node: P + local rank, so they do not collide */
+        topo_flags_t tf;
+        topo_t topo;
+        topo_flags_init(&tf);
+        tf.rank = rank;
+        tf.world_size = world;
+        int local = topo_resolve(&tf, &topo, err, sizeof err) == 0 ? topo.local_rank : rank;
+        int port = (int)o->metrics_port + local;
+        if (port > 65535) {
+            log_error("rank %d: --metrics-port %lld + local rank %d = %d is past 65535; pick a lower port", rank,
+                      (long long)o->metrics_port, local, port);
+            goto out;
         }
+        msrv = metrics_server_start(metrics_default(), o->metrics_bind, port, err, sizeof err);
+        if (!msrv) { log_error("rank %d: %s (--metrics-port %lld + local rank %d)", rank, err, (long long)o->metrics_port, local); goto out; }
+        log_info("rank %d: metrics: http://%s:%d/metrics", rank, o->metrics_bind, metrics_server_port(msrv));
+    }
+    {
+        progress_cfg_t pcfg = { .total_steps = o->steps, .start_step = start, .tokens_per_step = (int64_t)A * dp * B * T,
+                                .flops_per_token = llama_flops_per_token(&cfg, T), .n_gpus = world,
+                                .device = o->backend == 1 && cuda_device_name && cuda_device_name() ? cuda_device_name() : "cpu",
+                                .peak_tflops = o->peak_tflops, .log_every = o->log_every,
+                                .console = rank == 0 ? con : NULL, .live = -1, .json = jlog, .rank = rank,
+                                .metrics = metrics_default() };
+        size_t nopt;
+        const opt_t *opts = train_option_table(&nopt);
+        prog = progress_new(&pcfg, err, sizeof err);
+        if (!prog || progress_write_settings(prog, opts, nopt, cfg.name, llama_total_params(&cfg),
+                                             rank == 0 ? progress_entropy_floor(o->data) : NAN, err, sizeof err)) {
+            log_error("rank %d: %s", rank, err);
+            goto out;
+        }
+    }
+    /* after the settings record of a fresh log: the layout and the per-rank sharded state (tests read it) */
+    if (jlog && start == 0) {
+        fprintf(jlog, "{\"kind\": \"layout\", \"world\": %d, \"replicas\": %d, \"shard_degree\": %d, "
+                      "\"tensor_parallel_degree\": %d, \"state_bytes_per_rank\": %zu, \"model_state_bytes\": %llu}\n",
+                world, g->R, g->S, g->T, fsdp_state_bytes(&fs), (unsigned long long)model.n_params * 16);
+        fflush(jlog);
     }
     size_t N = (size_t)B * T;
     inputs = malloc(N * sizeof(int32_t));
@@ -204,17 +249,22 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
-    double t0 = now_s();
     double global_tokens = (double)A * dp * B * T;
     float scale = (float)(1.0 / global_tokens);
     for (int64_t s = start + 1; s <= o->steps; s++) {
-        double ts = now_s();
+        double ts = now_s(), data_s = 0;
+        progress_totals_t tot0, tot1;
+        progress_totals(prog, &tot0);
         int64_t k = s - 1;
         double loss_sum = 0;
         if (fsdp_begin_step(&fs, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
         for (int a = 0; a < A; a++) {
-            if (data_batch(data, (data_order_t)o->data_order, (uint64_t)o->data_seed, k, a, A, dp_rank, dp, B, T,
-                           inputs, targets, err, sizeof err)) {
+            double td = now_s();
+            int bad = data_batch(data, (data_order_t)o->data_order, (uint64_t)o->data_seed, k, a, A, dp_rank, dp, B, T,
+                                 inputs, targets, err, sizeof err);
+            data_s += now_s() - td;
+            if (bad) {
+                progress_clear_line(prog);
                 log_error("%s", err);
                 goto out;
             }
@@ -236,27 +286,35 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
             goto out;
         }
         double loss = total / global_tokens;
-        if (!isfinite(loss)) {
-            log_error("step %lld: the loss is not finite (%g); lower --lr or check the data", (long long)s, loss);
-            goto out;
+        /* every rank saw the same summed loss, so all take the same decision */
+        char lmsg[512];
+        progress_loss_action_t act = progress_check_loss(prog, s, loss, o->skip_nonfinite, lmsg, sizeof lmsg);
+        if (act != PROGRESS_LOSS_OK) {
+            progress_clear_line(prog);
+            if (act == PROGRESS_LOSS_STOP) {
+                if (rank == 0) log_error("%s", lmsg);
+                else log_error("rank %d: stopping at step %lld with the others: the loss is not finite (rank 0 says why)",
+                               rank, (long long)s);
+                goto out;
+            }
+            if (rank == 0) log_warn("%s", lmsg);
         }
         float coef = optim_clip_coef(norm, o->grad_clip);
         double lr = optim_lr(&ocfg, k);
-        fsdp_optim_step(&fs, lr, coef);
-        double te = now_s();
-        double tok_s = global_tokens / (te - ts);
-        if (rank == 0) {
-            if (s % o->log_every == 0 || s == o->steps)
-                fprintf(con, "step %6lld/%lld | loss %.6f | lr %.4e | grad norm %.4f | %.0f tok/s | %.1f s\n",
-                        (long long)s, (long long)o->steps, loss, lr, norm, tok_s, te - t0);
-            fflush(con);
-            if (jlog) {
-                fprintf(jlog, "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.1f, "
-                              "\"elapsed_s\": %.3f, \"tokens\": %lld}\n",
-                        (long long)s, loss, lr, norm, tok_s, te - t0, (long long)(s * (int64_t)global_tokens));
-                fflush(jlog);
-            }
-        }
+        if (act == PROGRESS_LOSS_OK) fsdp_optim_step(&fs, lr, coef);
+        else fs.opt.step++; /* skipped: keep the update count equal to the step, as a resume sets it */
+        progress_step_t ps;
+        progress_step_init(&ps, s);
+        progress_totals(prog, &tot1);
+        progress_step_since(&ps, &tot0, &tot1);
+        ps.loss = loss;
+        ps.lr = lr;
+        ps.grad_norm = norm;
+        ps.step_s = now_s() - ts;
+        ps.phase_s[PROGRESS_DATA] = data_s;
+        ps.mem_host_bytes = progress_rss_bytes();
+        ps.skipped = act != PROGRESS_LOSS_OK;
+        if (progress_record(prog, &ps, NULL, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
         /* every rank saw the same sum, so all save and stop after the same step */
         if (o->ckpt_dir && ((o->ckpt_every && s % o->ckpt_every == 0) || s == o->steps || stop > 0)) {
             ckpt_meta_t meta = { .step = s, .cfg = cfg, .ocfg = ocfg, .data_order = o->data_order,
@@ -267,9 +325,11 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
                 log_error("rank %d: checkpoint of step %lld: %s", rank, (long long)s, err);
                 goto out;
             }
+            progress_clear_line(prog);
             if (rank == 0) log_info("saved checkpoint %s/step-%08lld (%d shard files)", o->ckpt_dir, (long long)s, g->S * g->T);
         }
         if (stop > 0) {
+            progress_clear_line(prog);
             if (rank == 0) log_warn("stopping after step %lld on a signal", (long long)s);
             status = 130;
             goto leave;
@@ -303,6 +363,8 @@ out:
     rdzv_server_stop(d.server);
     groups_free(&d.groups);
 done:
+    progress_free(prog);
+    metrics_server_stop(msrv);
     if (jlog && jlog != stdout) fclose(jlog);
     free(full);
     free(inputs);

@@ -90,9 +90,9 @@ def batches(refdir, rundir, dp, B, T, A, steps, tp=1):
 
 
 def memory(run, config, S, T):
-    rec = next(json.loads(l) for l in open(run) if l.strip())
-    if rec.get("kind") != "layout":
-        print(f"the first record is not the layout: {rec}")
+    rec = next((r for r in (json.loads(l) for l in open(run) if l.strip()) if r.get("kind") == "layout"), None)
+    if rec is None:
+        print(f"{run} has no layout record")
         return 1
     c = json.load(open(config))
     D, L, H, F, V = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["intermediate_size"], c["vocab_size"]

@@ -68,6 +68,14 @@ int main(int argc, char **argv) {
     if (!spill || !svc.pool_used || !svc.sessions) die("%s", err);
     metrics_add_collector(reg, collect, &svc);
 
+    /* the worker's offload client side, as it registers its counters */
+    static const char *const dir[] = { "direction" };
+    metric_family_t *off = metrics_register(reg, METRIC_COUNTER, "ballast_offload_bytes_total",
+                                            "Bytes copied between this rank and ballastd", dir, 1, NULL, 0, err, sizeof err);
+    if (!off) die("%s", err);
+    metric_t *to_svc = metrics_series(off, (const char *[]){ "to_service" });
+    metric_t *from_svc = metrics_series(off, (const char *[]){ "from_service" });
+    if (!to_svc || !from_svc) die("out of memory");
     metrics_server_t *srv = metrics_server_start(reg, opt_bind, (int)opt_port, err, sizeof err);
     if (!srv) die("%s", err);
     printf("{\"port\": %d, \"tokens_per_rank_step\": %d, \"to_host_bytes_per_step\": %d, "
@@ -89,8 +97,13 @@ int main(int argc, char **argv) {
         s.grad_norm = 1.0;
         s.step_s = 0.2 + 0.01 * (double)(svc.steps % 7);
         s.phase_s[PROGRESS_COMM] = 0.02;
-        s.offload_to_host_bytes = TO_HOST;
-        s.offload_to_device_bytes = TO_DEVICE;
+        /* the offload client feeds its counters; progress reads them */
+        progress_totals_t a, b;
+        progress_totals(p, &a);
+        metric_add_u64(to_svc, TO_HOST);
+        metric_add_u64(from_svc, TO_DEVICE);
+        progress_totals(p, &b);
+        progress_step_since(&s, &a, &b);
         s.mem_gpu_bytes = 40LL << 30;
         if (progress_record(p, &s, NULL, err, sizeof err)) die("%s", err);
         metric_add_u64(spill, SPILL);

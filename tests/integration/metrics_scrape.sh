@@ -96,13 +96,15 @@ try:
         "ballast_train_step_duration_seconds": "histogram", "ballast_train_loss": "gauge",
         "ballast_mfu_ratio": "gauge", "ballast_offload_bytes_total": "counter",
         "ballast_spill_bytes_total": "counter", "ballast_pool_used_bytes": "gauge", "ballast_sessions": "gauge",
-        "ballast_train_steps_total": "counter", "ballast_train_phase_seconds_total": "counter",
+        "ballast_train_steps_total": "counter", "ballast_train_time_seconds_total": "counter", "ballast_offload_wait_seconds_total": "counter",
     }
     for n, typ in want.items():
         check("%s is a %s" % (n, typ), n in f1 and f1[n]["type"] == typ, f1.get(n, {}).get("type"))
     bi = [(lab, v) for (_, lab), v in f1.get("ballast_build_info", {"samples": {}})["samples"].items()]
     check("build_info has version, git_sha, cuda and value 1",
-          len(bi) == 1 and [k for k, _ in bi[0][0]] == ["version", "git_sha", "cuda"] and bi[0][1] == 1, bi)
+          len(bi) == 1 and [k for k, _ in bi[0][0]] == ["rank", "version", "git_sha", "cuda"] and bi[0][1] == 1, bi)
+    bad = [(n, lab) for n, f in f1.items() for (_, lab) in f["samples"] if ("rank", "3") not in lab]
+    check("every series carries the rank label (the registry's constant label)", not bad, bad[:3])
 
     # three steps, then scrape again
     for i in range(3):
@@ -129,10 +131,10 @@ try:
           3 * info["tokens_per_rank_step"], rank=R)
     moved("steps_total moved by 3", "ballast_train_steps_total", 3, rank=R)
     moved("offload to_host bytes moved", "ballast_offload_bytes_total", 3 * info["to_host_bytes_per_step"],
-          rank=R, direction="to_host")
+          rank=R, direction="to_service")
     moved("offload to_device bytes moved", "ballast_offload_bytes_total", 3 * info["to_device_bytes_per_step"],
-          rank=R, direction="to_device")
-    moved("spill bytes moved", "ballast_spill_bytes_total", 3 * info["spill_bytes_per_step"])
+          rank=R, direction="from_service")
+    moved("spill bytes moved", "ballast_spill_bytes_total", 3 * info["spill_bytes_per_step"], rank=R)
     moved("step duration histogram counted 3", "ballast_train_step_duration_seconds", 3,
           "ballast_train_step_duration_seconds_count", rank=R)
     inf = val(f2, "ballast_train_step_duration_seconds", "ballast_train_step_duration_seconds_bucket", rank=R, le="+Inf")
@@ -148,9 +150,9 @@ try:
             if k in f1.get(fam, {"samples": {}})["samples"] and v < f1[fam]["samples"][k]:
                 check("counter %s %s never goes down" % (fam, k), False, (f1[fam]["samples"][k], v))
     check("loss gauge set", val(f2, "ballast_train_loss", rank=R) is not None)
-    check("pool gauge mirrors the service at scrape time", val(f2, "ballast_pool_used_bytes") == 3 * info["to_host_bytes_per_step"],
-          val(f2, "ballast_pool_used_bytes"))
-    check("sessions gauge", val(f2, "ballast_sessions") == 4, val(f2, "ballast_sessions"))
+    check("pool gauge mirrors the service at scrape time", val(f2, "ballast_pool_used_bytes", rank=R) == 3 * info["to_host_bytes_per_step"],
+          val(f2, "ballast_pool_used_bytes", rank=R))
+    check("sessions gauge", val(f2, "ballast_sessions", rank=R) == 4, val(f2, "ballast_sessions", rank=R))
     mfu = val(f2, "ballast_mfu_ratio", rank=R)
     check("mfu ratio in (0, 1)", mfu is not None and 0 < mfu < 1, mfu)
     check("gpu memory gauge appears once known", val(f2, "ballast_gpu_memory_used_bytes", rank=R) == float(40 << 30))

@@ -114,7 +114,7 @@ tk = 'ballast_train_tokens_total{rank="0"}'
 assert b[tk] in (128 * b[k], 128 * (b[k] + 1), 128 * (b[k] - 1)), (b[tk], b[k])
 assert b['ballast_train_step_duration_seconds_count{rank="0"}'] >= b[k] - 1
 for name in ("# TYPE ballast_train_loss gauge", "# TYPE ballast_build_info gauge",
-             "# TYPE ballast_train_phase_seconds_total counter", 'ballast_host_memory_used_bytes{rank="0"}'):
+             "# TYPE ballast_train_time_seconds_total counter", "# TYPE ballast_offload_wait_seconds_total counter", 'ballast_offload_bytes_total{rank="0",direction="to_service"} 0', 'ballast_host_memory_used_bytes{rank="0"}'):
     assert name in t2, name
 assert "ballast_mfu_ratio{" not in t2, "no MFU series without a peak"
 print("steps %d -> %d" % (a[k], b[k]))

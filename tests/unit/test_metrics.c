@@ -459,3 +459,55 @@ Test(metrics, http_endpoint) {
     metrics_server_stop(s);
     metrics_registry_free(r);
 }
+
+/* A worker's rank goes on every series of its registry, first, whoever
+ * registered the family; a family with its own "rank" label keeps it. */
+Test(metrics, const_label_on_every_series) {
+    char err[METRICS_ERR_LEN];
+    metrics_registry_t *r = metrics_registry_new();
+    static const char *const dir[] = { "direction" }, *const rk[] = { "rank" };
+    metric_t *plain = metrics_counter(r, "ballast_a_total", "a", err, sizeof err);
+    metric_family_t *fd = metrics_register(r, METRIC_COUNTER, "ballast_b_bytes_total", "b", dir, 1, NULL, 0, err, sizeof err);
+    metric_family_t *fr = metrics_register(r, METRIC_GAUGE, "ballast_c", "c", rk, 1, NULL, 0, err, sizeof err);
+    static const double bk[] = { 1 };
+    metric_family_t *fh = metrics_register(r, METRIC_HISTOGRAM, "ballast_d_seconds", "d", NULL, 0, bk, 1, err, sizeof err);
+    cr_assert(plain && fd && fr && fh, "%s", err);
+    cr_assert_eq(metrics_set_const_label(r, "rank", "7", err, sizeof err), 0, "%s", err);
+    cr_assert_eq(metrics_set_const_label(r, "bad-name", "1", err, sizeof err), -1);
+    metric_add_u64(plain, 5);
+    metric_add_u64(metrics_series(fd, (const char *[]){ "up" }), 11);
+    metric_set(metrics_series(fr, (const char *[]){ "3" }), 2);
+    metric_observe(metrics_series(fh, NULL), 0.5);
+    char *t = NULL;
+    cr_assert_eq(metrics_render(r, &t, NULL), 0);
+    const char *want[] = { "ballast_a_total{rank=\"7\"} 5\n", "ballast_b_bytes_total{rank=\"7\",direction=\"up\"} 11\n",
+                           "ballast_c{rank=\"3\"} 2\n", "ballast_d_seconds_bucket{rank=\"7\",le=\"1\"} 1\n",
+                           "ballast_d_seconds_count{rank=\"7\"} 1\n" };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) cr_assert(strstr(t, want[i]), "no %s in\n%s", want[i], t);
+    free(t);
+    metrics_registry_free(r);
+}
+
+/* metrics_sum reads totals fed by another module, filtered by one label. */
+Test(metrics, sum_by_label) {
+    char err[METRICS_ERR_LEN];
+    metrics_registry_t *r = metrics_registry_new();
+    static const char *const lab[] = { "direction", "tier" };
+    metric_family_t *f = metrics_register(r, METRIC_COUNTER, "ballast_x_bytes_total", "x", lab, 2, NULL, 0, err, sizeof err);
+    cr_assert_not_null(f, "%s", err);
+    srand(99);
+    uint64_t up = 0, all = 0;
+    for (int i = 0; i < 40; i++) {
+        uint64_t v = 1 + (uint64_t)(rand() % 100000);
+        const char *d = rand() % 2 ? "up" : "down", *tier = rand() % 2 ? "pool" : "nvme";
+        metric_add_u64(metrics_series(f, (const char *[]){ d, tier }), v);
+        all += v;
+        if (!strcmp(d, "up")) up += v;
+    }
+    cr_assert_eq(metrics_sum(r, "ballast_x_bytes_total", "direction", "up"), (double)up);
+    cr_assert_eq(metrics_sum(r, "ballast_x_bytes_total", NULL, NULL), (double)all);
+    cr_assert_eq(metrics_sum(r, "ballast_x_bytes_total", "direction", "sideways"), 0);
+    cr_assert(isnan(metrics_sum(r, "ballast_x_bytes_total", "rank", "0")), "no such label");
+    cr_assert(isnan(metrics_sum(r, "ballast_nothere_total", NULL, NULL)), "no such family");
+    metrics_registry_free(r);
+}

@@ -53,6 +53,10 @@ Test(progress, peak_table) {
     cr_assert_eq(progress_peak_tflops("NVIDIA GH200 480GB"), 989);
     cr_assert_eq(progress_peak_tflops("NVIDIA H100 PCIe"), 756);
     cr_assert_eq(progress_peak_tflops("nvidia h100 nvl"), 989);
+    cr_assert_eq(progress_peak_tflops("NVIDIA L40S"), 362);
+    cr_assert_eq(progress_peak_tflops("NVIDIA L40"), 181);
+    cr_assert_eq(progress_peak_tflops("NVIDIA H20"), 148);
+    cr_assert_eq(progress_peak_tflops("NVIDIA B200"), 2250);
     cr_assert_lt(progress_peak_tflops("cpu"), 0);
     cr_assert_lt(progress_peak_tflops("Tesla V100-SXM2-16GB"), 0);
     cr_assert_lt(progress_peak_tflops(NULL), 0);
@@ -381,20 +385,41 @@ Test(progress, console_plain_and_live) {
 Test(progress, metrics_move) {
     char err[256];
     metrics_registry_t *r = metrics_registry_new();
+    cr_assert_eq(metrics_register_build_info(r, err, sizeof err), 0, "%s", err);
     progress_cfg_t cfg = { .total_steps = 10, .tokens_per_step = 4096, .flops_per_token = 1e9, .n_gpus = 4,
                            .device = "NVIDIA H200", .metrics = r, .rank = 2 };
     progress_t *p = progress_new(&cfg, err, sizeof err);
     cr_assert_not_null(p, "%s", err);
+    /* the offload client's side: it registers the same families and feeds them */
+    static const char *const dir[] = { "direction" };
+    metric_family_t *off = metrics_register(r, METRIC_COUNTER, "ballast_offload_bytes_total", "bytes", dir, 1, NULL, 0,
+                                            err, sizeof err);
+    cr_assert_not_null(off, "the client registers the family progress made: %s", err);
+    metric_t *to = metrics_series(off, (const char *[]){ "to_service" });
+    metric_t *from = metrics_series(off, (const char *[]){ "from_service" });
+    metric_t *wait = metrics_counter(r, "ballast_offload_wait_seconds_total", "waits", err, sizeof err);
+    cr_assert(to && from && wait, "%s", err);
     for (int i = 1; i <= 3; i++) {
+        progress_totals_t a, b;
+        progress_totals(p, &a);
+        metric_add_u64(to, 100 * (uint64_t)i);
+        metric_add_u64(from, 50);
+        metric_add(wait, 0.0625);
+        progress_totals(p, &b);
         progress_step_t s;
         progress_step_init(&s, i);
+        progress_step_since(&s, &a, &b);
+        cr_assert_eq(s.offload_to_host_bytes, 100 * (uint64_t)i, "the step's bytes are the counter's difference");
+        cr_assert_eq(s.offload_to_device_bytes, 50);
+        cr_assert_eq(s.phase_s[PROGRESS_OFFLOAD], 0.0625);
         s.loss = 4.0 - i;
         s.lr = 0.5;
         s.step_s = 0.5;
-        s.offload_to_host_bytes = 100;
-        s.offload_to_device_bytes = 50;
         s.phase_s[PROGRESS_DATA] = 0.125;
-        progress_record(p, &s, NULL, err, sizeof err);
+        s.phase_s[PROGRESS_COMM] = 0; /* no communicator in this test */
+        progress_stats_t st;
+        progress_record(p, &s, &st, err, sizeof err);
+        cr_assert_eq(st.offload_bytes_per_s, (100.0 * i + 50) / 0.5);
     }
     char *t = NULL;
     metrics_render(r, &t, NULL);
@@ -408,10 +433,14 @@ Test(progress, metrics_move) {
         "ballast_train_step_duration_seconds_count{rank=\"2\"} 3\n",
         "ballast_train_tokens_per_second{rank=\"2\"} 2048\n", /* 4096 / 0.5 / 4 */
         "ballast_train_model_flops_per_second{rank=\"2\"} 2048000000000\n",
-        "ballast_offload_bytes_total{rank=\"2\",direction=\"to_host\"} 300\n",
-        "ballast_offload_bytes_total{rank=\"2\",direction=\"to_device\"} 150\n",
-        "ballast_train_phase_seconds_total{rank=\"2\",phase=\"data\"} 0.375\n",
-        "ballast_train_phase_seconds_total{rank=\"2\",phase=\"compute\"} 1.125\n",
+        "ballast_train_job_tokens_per_second{rank=\"2\"} 8192\n",
+        "ballast_offload_bytes_total{rank=\"2\",direction=\"to_service\"} 600\n", /* 100 + 200 + 300, not added twice */
+        "ballast_offload_bytes_total{rank=\"2\",direction=\"from_service\"} 150\n",
+        "ballast_offload_wait_seconds_total{rank=\"2\"} 0.1875\n",
+        "ballast_train_time_seconds_total{rank=\"2\",part=\"data\"} 0.375\n",
+        "ballast_train_time_seconds_total{rank=\"2\",part=\"offload\"} 0.1875\n",
+        "ballast_train_time_seconds_total{rank=\"2\",part=\"compute\"} 0.9375\n", /* 3 x (0.5 - 0.125 - 0.0625) */
+        "ballast_build_info{rank=\"2\",version=",
         "# TYPE ballast_mfu_ratio gauge\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) cr_assert(strstr(t, want[i]), "no %s in\n%s", want[i], t);

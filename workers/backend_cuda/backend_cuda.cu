@@ -295,6 +295,9 @@ static void cu_adamw(float *p, const float *g, float *m, float *v, size_t n, flo
 
 static backend_t g_table;
 static int g_device = -1;
+static char g_device_name[256]; /* cudaDeviceProp.name of g_device */
+
+extern "C" const char *cuda_device_name(void) { return g_device >= 0 ? g_device_name : NULL; }
 
 /* ---- start-up ---- */
 
@@ -360,6 +363,7 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     t.xent_fwd = cu_xent_fwd; t.xent_bwd = cu_xent_bwd;
     t.adamw = cu_adamw;
     g_table = t;
+    snprintf(g_device_name, sizeof g_device_name, "%s", prop.name);
     g_device = device;
     return &g_table;
 }

@@ -32,6 +32,11 @@ int cuda_device_count(char *why, size_t whylen);
  * (one device per process). */
 const backend_t *backend_cuda(int device, char *err, size_t errlen);
 
+/* The name of the GPU backend_cuda() selected (cudaDeviceProp.name, e.g.
+ * "NVIDIA H100 80GB HBM3"; the MFU peak table matches on it), or NULL
+ * before it selected one. */
+const char *cuda_device_name(void);
+
 /* Wait for everything queued on every stream of the backend. */
 void cuda_sync(void);
 
