@@ -13,6 +13,7 @@
 #include "errbuf.h"
 #include "log.h"
 #include "workers/tp.h"
+#include "workers/act_offload.h"
 
 /* Offset in the TP-local model layout (model_tp_t) of element i of unit u. */
 static size_t unit_to_model(const fsdp_t *f, int u, size_t i) {
@@ -207,11 +208,14 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
     comm_req_t *g = NULL;
 
     /* forward: block l in gbuf[l % 2], block l+1's gather in flight */
+    /* activation offload: xs[] on its ring; each input sent as it appears */
+    if (f->ao && act_offload_forward_begin(f->ao, err, errlen)) return -EIO;
     model_embed_forward(m, embed, tokens, targets);
     if (L > 0 && (rc = gather_unit(f, 0, f->gbuf[0], &g, err, errlen))) return rc;
     for (int l = 0; l < L; l++) {
         if ((rc = wait_req(&g, err, errlen))) return rc;
         if (l + 1 < L && (rc = gather_unit(f, l + 1, f->gbuf[(l + 1) % 2], &g, err, errlen))) return rc;
+        if (f->ao && act_offload_produced(f->ao, l, err, errlen)) { rc = -EIO; goto fail; }
         model_block_forward(m, f->gbuf[l % 2], m->xs[l], m->xs[l + 1], &m->acts[m->act_ckpt ? 0 : l]);
     }
     *loss_sum = model_head_forward(m, norm, lm);
@@ -225,6 +229,8 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
         if (l - 1 >= 0 && (rc = gather_unit(f, l - 1, f->gbuf[(l - 1) % 2], &g, err, errlen))) goto fail;
         float *bp = f->gbuf[l % 2];
         block_acts_t *a = &m->acts[m->act_ckpt ? 0 : l];
+        /* activation offload: xs[l] back from ballastd, l - H requested */
+        if (f->ao && act_offload_fetch(f->ao, l, err, errlen)) { rc = -EIO; goto fail; }
         if (m->act_ckpt) model_block_forward(m, bp, m->xs[l], m->xs[l + 1], a);
         int i = l % 2;
         if ((rc = drain_rs(f, i, err, errlen))) goto fail;
@@ -234,17 +240,20 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
         if (f->T > 1)
             tp_all_reduce(&m->tp, f->bgrad[i] + m->tp.blk_off[BLK_ATTN_NORM], 2 * (size_t)m->cfg.dim);
         if (m->tp.rc) { rc = tp_failed(f, err, errlen); goto fail; }
+        if (f->ao && act_offload_release(f->ao, l, err, errlen)) { rc = -EIO; goto fail; }
         f->rs_unit[i] = l;
         if ((rc = comm_reduce_scatter(f->shard, f->bgrad[i], f->rs_out[i], f->chunk[l], COMM_F32, COMM_SUM,
                                       &f->rs_req[i], err, errlen)))
             goto fail;
     }
     for (int i = 0; i < 2; i++) if ((rc = drain_rs(f, i, err, errlen))) goto fail;
+    if (f->ao && act_offload_backward_end(f->ao, err, errlen)) { rc = -EIO; goto fail; }
     model_embed_backward(m, dembed);
     if (m->tp.rc) { rc = tp_failed(f, err, errlen); goto fail; }
     return 0;
 fail: {
         char e[COMM_ERR_LEN];
+        if (f->ao) act_offload_backward_end(f->ao, e, sizeof e);
         wait_req(&g, e, sizeof e);
         for (int i = 0; i < 2; i++) wait_req(&f->rs_req[i], e, sizeof e);
         return rc;

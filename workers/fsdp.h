@@ -69,6 +69,7 @@ typedef struct {
     model_tensor_t *segs;      /* optimizer segments, offsets in the local buffers */
     int n_segs;
     optim_t opt;               /* AdamW moments over shard_total floats */
+    struct act_offload *ao;    /* --activation-offload (workers/act_offload.h), or NULL */
 } fsdp_t;
 
 /* Set up sharding over m (created by model_create_tp; this drops its full

@@ -81,6 +81,13 @@ static const opt_t train_options[] = {
     { "world-size", OPT_INT, "-1", -1, 1 << 30, NULL, "processes in the job (-1: WORLD_SIZE or the other topology variables)", &g_opts.world_size },
     { "master-addr", OPT_STRING, NULL, 0, 0, NULL, "host of rank 0's rendezvous store (default MASTER_ADDR, else 127.0.0.1)", &g_opts.master_addr },
     { "master-port", OPT_INT, "-1", -1, 65535, NULL, "port of rank 0's rendezvous store (-1: MASTER_PORT, else 29500)", &g_opts.master_port },
+    { "activation-offload", OPT_BOOL, "false", 0, 0, NULL, "send each kept block input to ballastd as it is produced; fetch it back for backward", &g_opts.act_offload },
+    { "activation-loading-horizon", OPT_INT, "2", 0, 1 << 20, NULL, "with --activation-offload: fetch block inputs this many blocks before backward needs them", &g_opts.act_horizon },
+    { "optimizer-offload", OPT_ENUM, "none", 0, 0, "none|host|nvme", "keep AdamW moments (and a master copy) in ballastd: host = pinned in its pool, nvme = may spill", &g_opts.opt_offload },
+    { "offload-socket", OPT_STRING, "unix:/run/ballast/ballastd.sock", 0, 0, NULL, "ballastd's Unix socket (shared-memory mode)", &g_opts.offload_socket },
+    { "offload-remote", OPT_STRING, NULL, 0, 0, NULL, "HOST:PORT of a ballastd serving TCP (remote mode: bytes travel in gRPC messages)", &g_opts.offload_remote },
+    { "offload-job", OPT_STRING, "ballast-train", 0, 0, NULL, "job name of this run's blobs in ballastd (1..63 of [A-Za-z0-9._-]; the same name to resume)", &g_opts.offload_job },
+    { "resume-from-service", OPT_BOOL, "false", 0, 0, NULL, "continue from the last finished step whose state ballastd holds (needs --optimizer-offload)", &g_opts.resume_from_service },
 };
 #define N_OPTS (sizeof train_options / sizeof train_options[0])
 
@@ -217,6 +224,20 @@ int train_run(const train_opts_t *o) {
         char addr[TOPO_ADDR_MAX + 16];
         snprintf(addr, sizeof addr, "%s:%d", topo.master_addr, topo.master_port);
         return train_run_sharded(o, topo.rank, topo.world_size, addr);
+    }
+    /* offload runs through the sharded loop (S = T = 1), so one code path
+     * drives ballastd; its store is private to this process */
+    if (o->act_offload || o->opt_offload || o->resume_from_service) {
+        if (o->backend != 0) {
+            log_error("--activation-offload / --optimizer-offload run on --backend cpu in this build; drop them for "
+                      "--backend cuda, or train on the CPU");
+            return 1;
+        }
+        char addr[64];
+        snprintf(addr, sizeof addr, "unix:/tmp/ballast-rdzv-%d.sock", (int)getpid());
+        int rc = train_run_sharded(o, 0, 1, addr);
+        unlink(addr + 5);
+        return rc;
     }
     return train_run_single(o);
 }

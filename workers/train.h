@@ -57,6 +57,14 @@ typedef struct {
     int64_t rank, world_size; /* -1 = from the environment (common/topology.h) */
     const char *master_addr;  /* rendezvous host; NULL = environment */
     int64_t master_port;      /* -1 = environment */
+    /* memory savers through ballastd (workers/act_offload.h, workers/opt_offload.h) */
+    bool act_offload;         /* --activation-offload: kept block inputs go to ballastd */
+    int64_t act_horizon;      /* --activation-loading-horizon H: blocks fetched ahead in backward */
+    int opt_offload;          /* --optimizer-offload: 0 none, 1 host, 2 nvme */
+    const char *offload_socket; /* ballastd's Unix socket ("unix:/path" or a path) */
+    const char *offload_remote; /* "host:port": remote mode instead of the socket; NULL = off */
+    const char *offload_job;  /* job name of this run's blobs in ballastd */
+    bool resume_from_service; /* continue from the state ballastd holds (no checkpoint file) */
 } train_opts_t;
 
 /* Parse argv (argv[0] is the program name). Returns 0 to run, 1 when help

@@ -9,7 +9,9 @@
  * is the mean over the global batch (the ranks' sums added in rank order);
  * only rank 0 prints progress and writes --log-json (workers/progress.h, the
  * same records as one process), while every rank keeps its own metrics and,
- * with --metrics-port P, serves them on P + its local rank. */
+ * with --metrics-port P, serves them on P + its local rank. The memory savers
+ * through ballastd (--activation-offload, --optimizer-offload,
+ * --resume-from-service) hook in through workers/offload_run.h. */
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -28,6 +30,7 @@
 #include "workers/dist.h"
 #include "workers/fsdp.h"
 #include "workers/model.h"
+#include "workers/offload_run.h"
 #include "workers/optim.h"
 #include "workers/progress.h"
 #include "workers/train.h"
@@ -75,6 +78,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         log_error("rank %d: --dump-grads works with one process only; use --dump-params", rank);
         return 1;
     }
+    if (offload_run_check(o, err, sizeof err)) { log_error("%s", err); return 1; }
     log_set_rank(rank);
     llama_config_t cfg;
     if (train_resolve_config(o, &cfg, err, sizeof err)) { log_error("%s", err); return 1; }
@@ -97,6 +101,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     data_t *data = NULL;
     model_t model = { 0 };
     fsdp_t fs = { 0 };
+    offload_run_t orun = { 0 };   /* memory savers through ballastd (offload_run.h) */
     bool have_model = false, have_fs = false;
     float *full = NULL;
     int32_t *inputs = NULL, *targets = NULL;
@@ -177,6 +182,9 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
             log_warn("--resume: no checkpoint under %s yet, starting from scratch", o->ckpt_dir);
         }
     }
+    /* offload: the ballastd session; --resume-from-service sets start */
+    if (offload_run_open(&orun, o, &fs, rank, world, &start, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
+    if (o->resume_from_service && rank == 0) log_info("resumed from ballastd (job %s) after step %lld", o->offload_job, (long long)start);
 
     if (rank == 0) {
         train_print_settings(con);
@@ -192,6 +200,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         format_size((uint64_t)model.n_params * 16, whole, sizeof whole);
         fprintf(con, "memory: %s (%zu bytes) of sharded fp32 weights, gradients and AdamW moments per rank "
                      "(the whole model's: %s)\n", st, fsdp_state_bytes(&fs), whole);
+        offload_run_describe(&orun, &fs, con);
         fflush(con);
     }
     log_info("rank %d: replica %d, shard %d of %d; data-parallel rank %d of %d", rank, g->replica, g->shard, g->S,
@@ -301,8 +310,10 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         }
         float coef = optim_clip_coef(norm, o->grad_clip);
         double lr = optim_lr(&ocfg, k);
-        if (act == PROGRESS_LOSS_OK) fsdp_optim_step(&fs, lr, coef);
-        else fs.opt.step++; /* skipped: keep the update count equal to the step, as a resume sets it */
+        if (act == PROGRESS_LOSS_OK) {
+            if (offload_run_optim_step(&orun, &fs, s, lr, coef, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
+        } else
+            fs.opt.step++; /* skipped: keep the update count equal to the step, as a resume sets it */
         progress_step_t ps;
         progress_step_init(&ps, s);
         progress_totals(prog, &tot1);
@@ -321,7 +332,10 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
                                  .data_seed = (uint64_t)o->data_seed, .init_seed = (uint64_t)o->init_seed,
                                  .B = B, .T = T, .accum = A, .dp = dp };
             snprintf(meta.data, sizeof meta.data, "%s", o->data);
-            if (fsdp_ckpt_save(&fs, o->ckpt_dir, &meta, rank, world, err, sizeof err)) {
+            int ck_rc = offload_run_before_ckpt(&orun, err, sizeof err);
+            if (!ck_rc) ck_rc = fsdp_ckpt_save(&fs, o->ckpt_dir, &meta, rank, world, err, sizeof err);
+            offload_run_after_ckpt(&orun);
+            if (ck_rc) {
                 log_error("rank %d: checkpoint of step %lld: %s", rank, (long long)s, err);
                 goto out;
             }
@@ -335,6 +349,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
             goto leave;
         }
     }
+    if (orun.on && offload_run_summary(&orun, &fs, rank, con, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
     if (o->dump_params) {
         full = malloc(model.n_params * sizeof(float));
         CHECK_ALLOC(full);
@@ -347,6 +362,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     status = 0;
 leave:
     /* a clean exit meets every rank at the last barrier */
+    offload_run_close(&orun, &fs);
     if (have_fs) fsdp_destroy(&fs);
     have_fs = false;
     if (dist_destroy(&d, err, sizeof err)) {
@@ -356,6 +372,7 @@ leave:
     d.rdzv = NULL;
     goto done;
 out:
+    offload_run_close(&orun, &fs);
     if (have_fs) fsdp_destroy(&fs);
     /* on failure leave without the last barrier: peers see this process exit */
     for (int kk = 0; kk < GROUP_NKINDS; kk++) comm_destroy(d.comm[kk]);

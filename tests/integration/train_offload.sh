@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# train_offload.sh: the memory savers through ballastd change no number.
+# The same model, seed and global batch (10 steps, a 4-layer model, AdamW
+# with warmup, cosine and clipping, 2 micro-steps per step) give the same
+# loss at every step with and without
+#   A  --activation-offload --activation-loading-horizon 1 (2 of the 5 block
+#      inputs leave the rank each micro-step);
+#   B  --activation-offload --activation-loading-horizon 0 with
+#      --activation-checkpointing, plus --optimizer-offload host;
+#   C  --optimizer-offload nvme;
+#   R  C over --offload-remote (TCP, bytes in gRPC messages), world 1 only;
+# for world 1 and for (replicas, S, T) = (1, 2, 1) and (2, 1, 1).
+# Multi-rank runs go through the same sharded code with and without
+# offload, so there the losses must be bit-identical. A world of 1 with
+# offload runs the sharded loop (S = T = 1) while the reference runs the
+# single-process loop, whose gradient sums are ordered differently: the
+# issue's bound (relative difference <= 1e-5) applies, and the offloaded
+# runs agree with each other bit for bit.
+# Also: the worker reports how many block inputs stay resident and moves the
+# bytes that implies; an unreachable ballastd gives a message naming the
+# socket and how to start one; bad flag combinations are refused.
+source "$(dirname "$0")/../lib.sh"
+source "$(dirname "$0")/ballastd.lib"
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+W=$BIN/ballast-worker
+PY=/usr/bin/python3
+D=$(t_tmpdir)
+[ -x "$W" ] && [ -x "$BALLASTD" ] || { t_fail "binaries built" "missing $W or $BALLASTD"; t_done; exit 1; }
+
+"$BALLAST" data synth --out "$D/c.bin" --tokens 60000 --vocab 256 --seed 11 >/dev/null 2>&1 ||
+    { t_fail "synth corpus" "ballast data synth failed"; t_done; exit 1; }
+cat > "$D/cfg.json" <<'JSON'
+{"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "intermediate_size": 88, "vocab_size": 256, "max_position_embeddings": 64,
+ "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false}
+JSON
+bd_start main "$D" --pool-bytes 64M --spill-dir "$D/spill" --spill-bytes 64M --spill-file-bytes 16M --no-mlock --listen 127.0.0.1:0 ||
+    { t_fail "ballastd starts" "$(tail -3 "$D/main.log")"; t_done; exit 1; }
+SOCK=$(bd_sock main)
+STEPS=10 MB=2 SEQ=16 ACC=2
+COMMON=(--model "$D/cfg.json" --init-seed 3 --data "$D/c.bin" --data-order shuffled --data-seed 4 --seq-len $SEQ
+        --grad-accum $ACC --steps $STEPS --lr 3e-3 --warmup-steps 2 --min-lr 1e-4 --grad-clip 0.5 --threads 1
+        --rdzv-timeout 60s --offload-socket "$SOCK")
+SAVER_A=(--activation-offload --activation-loading-horizon 1)
+SAVER_B=(--activation-offload --activation-loading-horizon 0 --activation-checkpointing --optimizer-offload host)
+SAVER_C=(--optimizer-offload nvme)
+
+# losses REF RUN TOL: every step of REF in RUN, relative difference <= TOL
+# (0 = the same double)
+losses() {
+    $PY - "$@" <<'EOF'
+import json, sys
+def load(p):
+    d = {}
+    for line in open(p):
+        j = json.loads(line)
+        if "step" in j and "loss" in j:
+            d[j["step"]] = j["loss"]
+    return d
+ref, run, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+if len(ref) != 10 or sorted(ref) != sorted(run):
+    sys.exit("steps differ: %s vs %s" % (sorted(ref), sorted(run)))
+worst = max(abs(run[s] - ref[s]) / abs(ref[s]) for s in ref)
+if worst > tol:
+    sys.exit("worst relative difference %.3g > %g" % (worst, tol))
+print("worst relative difference %.3g" % worst)
+EOF
+}
+
+run() {  # NAME NPROC S [flags...] -> D/NAME.{jsonl,out}
+    local name=$1 np=$2 S=$3; shift 3
+    timeout 120 "$BALLAST" train --nproc "$np" "${COMMON[@]}" --micro-batch $((MB * 2 / np)) --hybrid-shard-degree "$S" \
+        --offload-job "$name" --log-json "$D/$name.jsonl" "$@" > "$D/$name.out" 2>&1
+}
+
+for layout in "1 1" "2 2" "2 1"; do
+    set -- $layout
+    np=$1 S=$2 R=$((np / S))
+    tag="world $np (replicas $R, S $S)"
+    base=w$np-s$S
+    if ! run "$base-ref" $np $S; then t_fail "$tag reference runs" "$(tail -3 "$D/$base-ref.out")"; continue; fi
+    for v in A B C; do
+        eval "flags=(\"\${SAVER_$v[@]}\")"
+        name=$base-$v
+        if ! run "$name" $np $S "${flags[@]}"; then
+            t_fail "$tag with saver $v (${flags[*]}) runs" "$(tail -3 "$D/$name.out")"; continue
+        fi
+        tol=0; [ $np = 1 ] && tol=1e-5
+        t_check "$tag, ${flags[*]}: losses of every step within $tol of no offload" losses "$D/$base-ref.jsonl" "$D/$name.jsonl" $tol
+    done
+    if [ $np = 1 ]; then
+        for v in B C; do
+            t_check "world 1: saver $v gives bit-identical losses to saver A" losses "$D/$base-A.jsonl" "$D/$base-$v.jsonl" 0
+        done
+    fi
+done
+
+# what saver A moved: 4 layers, horizon 1 -> ring of 3 of the 5 block inputs,
+# xs[0] and xs[1] offloaded: 2 x N x D x 4 bytes per micro-step, each way
+if grep -q "activations: 3 of 5 block inputs resident, 2 offloaded per micro-step" "$D/w1-s1-A.out"; then
+    t_ok "world 1, horizon 1: 3 of 5 block inputs resident, 2 offloaded"
+else t_fail "resident block inputs reported" "$(grep '^offload' "$D/w1-s1-A.out")"; fi
+want=$((2 * MB * 2 * SEQ * 32 * 4 * ACC * STEPS))
+if grep -qE "offload: .* \(all ranks: $want and $want bytes\)" "$D/w1-s1-A.out"; then
+    t_ok "world 1, horizon 1: $want bytes to ballastd and back, as the layout implies"
+else t_fail "activation bytes" "want $want each way: $(grep -E '^offload: .*all ranks' "$D/w1-s1-A.out")"; fi
+
+# remote mode: the same numbers with the bytes inside gRPC messages
+PORT=$BD_LISTEN_main
+if run w1-s1-remote 1 1 "${SAVER_A[@]}" "${SAVER_C[@]}" --offload-remote "127.0.0.1:$PORT" &&
+   grep -q "remote mode" "$D/w1-s1-remote.out"; then
+    t_check "world 1 over --offload-remote: bit-identical losses to the shared-memory run" \
+        losses "$D/w1-s1-A.jsonl" "$D/w1-s1-remote.jsonl" 0
+else t_fail "world 1 over --offload-remote runs" "$(tail -3 "$D/w1-s1-remote.out")"; fi
+
+# ballastd unreachable: the message names the socket and how to start one
+t_expect_fail "no ballastd on the socket: named, with how to start one" \
+    "$D/nobody.sock.*start it with .ballastd --socket PATH" \
+    timeout 60 "$W" "${COMMON[@]}" --micro-batch 2 --optimizer-offload host --offload-socket "unix:$D/nobody.sock"
+t_expect_fail "--resume-from-service without --optimizer-offload is refused" "needs --optimizer-offload" \
+    timeout 60 "$W" "${COMMON[@]}" --micro-batch 2 --resume-from-service
+t_expect_fail "--resume-from-service for a job ballastd never saw names the job" "holds no optimizer state of job 'never-ran'" \
+    timeout 60 "$W" "${COMMON[@]}" --micro-batch 2 --optimizer-offload nvme --resume-from-service --offload-job never-ran
+t_done

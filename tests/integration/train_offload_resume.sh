@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# train_offload_resume.sh: the launcher and ballastd across a crash, and
+# optimizer offload through a pool smaller than the optimizer state.
+#
+# 1. `ballast train --nproc 2` (replicas 1, S 2) with --activation-offload
+#    and --optimizer-offload nvme and nothing on the offload socket starts a
+#    ballastd for the run (spill directory under the run directory), trains
+#    30 steps and stops it: the uninterrupted reference.
+# 2. The same run again; kill -9 of rank 1 once a few steps are done: the
+#    launcher exits non-zero naming rank 1, stops rank 0 and its ballastd.
+# 3. The same command with --resume-from-service: a new ballastd on the same
+#    spill directory recovers the persistent state, the workers continue
+#    after the last step complete on both ranks, with no checkpoint file,
+#    and every step's loss equals the reference bit for bit.
+# 4. --optimizer-offload nvme against a ballastd whose pool (1M, its least)
+#    is smaller than one copy of the optimizer state (1.25M for an 8-layer
+#    variant: 3 x 109,088 floats): the same losses as a roomy pool, and
+#    `ballast status --json` shows spilled bytes and evictions.
+source "$(dirname "$0")/../lib.sh"
+source "$(dirname "$0")/ballastd.lib"
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+W=$BIN/ballast-worker
+PY=/usr/bin/python3
+D=$(t_tmpdir)
+[ -x "$W" ] && [ -x "$BALLASTD" ] || { t_fail "binaries built" "missing $W or $BALLASTD"; t_done; exit 1; }
+
+"$BALLAST" data synth --out "$D/c.bin" --tokens 60000 --vocab 256 --seed 12 >/dev/null 2>&1 ||
+    { t_fail "synth corpus" "ballast data synth failed"; t_done; exit 1; }
+cat > "$D/cfg.json" <<'JSON'
+{"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "intermediate_size": 88, "vocab_size": 256, "max_position_embeddings": 64,
+ "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false}
+JSON
+STEPS=30
+COMMON=(--model "$D/cfg.json" --init-seed 5 --data "$D/c.bin" --data-order shuffled --data-seed 6 --seq-len 16
+        --grad-accum 2 --steps $STEPS --lr 3e-3 --warmup-steps 2 --min-lr 1e-4 --grad-clip 0.5 --threads 1
+        --rdzv-timeout 60s)
+SAVERS=(--activation-offload --activation-loading-horizon 1 --optimizer-offload nvme --offload-pool 64M
+        --offload-spill-bytes 64M)
+
+# same REF RUN [FIRST]: every step from FIRST on is in RUN (its last record of
+# the step) with the same loss as in REF, bit for bit
+same() {
+    $PY - "$@" <<'EOF'
+import json, sys
+def load(p):
+    d = {}
+    for line in open(p):
+        j = json.loads(line)
+        if "step" in j and "loss" in j:
+            d[j["step"]] = j["loss"]
+    return d
+ref, run = load(sys.argv[1]), load(sys.argv[2])
+first = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+want = [s for s in sorted(ref) if s >= first]
+if not want or any(s not in run for s in want):
+    sys.exit("steps missing: want %s..%s, have %s" % (want[:1], want[-1:], sorted(run)))
+bad = [(s, ref[s], run[s]) for s in want if run[s] != ref[s]]
+if bad:
+    sys.exit("%d steps differ, first: %s" % (len(bad), bad[0]))
+print("%d steps identical" % len(want))
+EOF
+}
+
+bd_pid_of() { sed -nE 's/.*started ballastd \(pid ([0-9]+)\).*/\1/p' "$1" | tail -1; }
+
+# 1. the uninterrupted reference, ballastd started by the launcher
+mkdir -p "$D/full"
+if timeout 120 "$BALLAST" train --nproc 2 "${COMMON[@]}" "${SAVERS[@]}" --micro-batch 2 --hybrid-shard-degree 2 \
+    --offload-socket "$D/full/bd.sock" --log-json "$D/full/log.jsonl" > "$D/full.out" 2>&1; then
+    t_ok "2 ranks with offload, no ballastd running: the run finishes"
+else t_fail "reference run" "$(tail -5 "$D/full.out")"; fi
+bp=$(bd_pid_of "$D/full.out")
+if [ -n "$bp" ] && [ -d "$D/full/ballastd" ] && ! kill -0 "$bp" 2>/dev/null; then
+    t_ok "the launcher started ballastd (pid $bp, spill dir in the run directory) and stopped it at the end"
+else t_fail "launcher-managed ballastd" "pid '$bp': $(grep -E 'ballastd' "$D/full.out" | head -3)"; fi
+
+# 2. kill -9 of rank 1 mid-run
+mkdir -p "$D/run"
+RUN=("$BALLAST" train --nproc 2 "${COMMON[@]}" "${SAVERS[@]}" --micro-batch 2 --hybrid-shard-degree 2
+     --offload-socket "$D/run/bd.sock" --log-json "$D/run/log.jsonl")
+"${RUN[@]}" > "$D/kill.out" 2>&1 &
+LP=$!
+for _ in $(seq 600); do
+    [ "$(grep -c '"loss"' "$D/run/log.jsonl" 2>/dev/null || echo 0)" -ge 8 ] && break
+    sleep 0.05
+done
+victim=""
+for p in $(pgrep -P $LP); do
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx 'RANK=1'; then victim=$p; fi
+done
+if [ -n "$victim" ]; then
+    kill -9 "$victim"
+    rc=0; wait $LP || rc=$?
+    bp=$(bd_pid_of "$D/kill.out")
+    left=$(pgrep -P $LP 2>/dev/null | wc -l)
+    if [ $rc -ne 0 ] && [ "$left" -eq 0 ] && grep -q "rank 1 (pid $victim) was killed by signal 9" "$D/kill.out" &&
+       [ -n "$bp" ] && ! kill -0 "$bp" 2>/dev/null; then
+        t_ok "kill -9 of rank 1: the launcher exits $rc naming it; rank 0 and ballastd are stopped"
+    else t_fail "kill -9 of rank 1" "rc $rc, $left left, ballastd '$bp': $(tail -3 "$D/kill.out")"; fi
+else
+    kill $LP 2>/dev/null; wait $LP 2>/dev/null
+    t_fail "kill -9 of rank 1" "rank 1 not found among the launcher's children: $(tail -3 "$D/kill.out")"
+fi
+done_before=$(grep -c '"loss"' "$D/run/log.jsonl" 2>/dev/null || echo 0)
+
+# 3. resume from the state ballastd kept
+if timeout 120 "${RUN[@]}" --resume-from-service > "$D/resume.out" 2>&1; then
+    at=$(sed -nE 's/.*resumed from ballastd \(job [^)]*\) after step ([0-9]+).*/\1/p' "$D/resume.out")
+    rec=$(sed -nE 's/.* ([0-9]+) persistent blob\(s\) recovered.*/\1/p' "$D/run/ballastd.log" | tail -1)
+    if [ -n "$at" ] && [ "$at" -ge 6 ] && [ "$at" -lt $STEPS ] && [ "$at" -ge $((done_before - 2)) ]; then
+        t_ok "--resume-from-service continues after step $at ($done_before steps were logged before the kill)"
+    else t_fail "resume point" "after step '$at', $done_before logged: $(grep -iE 'resum|error' "$D/resume.out" | head -3)"; fi
+    if ! ls "$D/run"/step-* >/dev/null 2>&1 && [ "${rec:-0}" -gt 0 ]; then
+        t_ok "no checkpoint file involved; the new ballastd recovered $rec persistent blobs from the spill directory"
+    else t_fail "state from ballastd only" "$(ls "$D/run"), recovered lines $rec"; fi
+    t_check "resumed run: every step's loss equals the uninterrupted run's, bit for bit" same "$D/full/log.jsonl" "$D/run/log.jsonl"
+else t_fail "--resume-from-service runs" "$(tail -5 "$D/resume.out")"; fi
+
+# 4. a pool smaller than the optimizer state
+sed 's/"num_hidden_layers": 4/"num_hidden_layers": 8/' "$D/cfg.json" > "$D/cfg8.json"
+bd_start small "$D" --pool-bytes 1M --spill-dir "$D/spill-small" --spill-bytes 64M --spill-file-bytes 16M --no-mlock ||
+    { t_fail "small ballastd starts" "$(tail -3 "$D/small.log")"; t_done; exit 1; }
+bd_start big "$D" --pool-bytes 64M --spill-dir "$D/spill-big" --spill-bytes 64M --spill-file-bytes 16M --no-mlock ||
+    { t_fail "big ballastd starts" "$(tail -3 "$D/big.log")"; t_done; exit 1; }
+ONE=("$W" "${COMMON[@]}" --model "$D/cfg8.json" --steps 10 --micro-batch 4 --optimizer-offload nvme)
+if timeout 120 "${ONE[@]}" --offload-socket "$(bd_sock big)" --log-json "$D/big.jsonl" > "$D/big.out" 2>&1 &&
+   timeout 120 "${ONE[@]}" --offload-socket "$(bd_sock small)" --log-json "$D/small.jsonl" > "$D/small.out" 2>&1; then
+    t_check "pool 1M < optimizer state 1.25M: the same losses as a 64M pool" same "$D/big.jsonl" "$D/small.jsonl"
+    sp=$(bd_json small 'd["spilled_bytes"]') ev=$(bd_json small 'd["evictions"]')
+    if [ "${sp:-0}" -gt 0 ] && [ "${ev:-0}" -gt 0 ]; then
+        t_ok "ballast status --json: spilled_bytes $sp, evictions $ev"
+    else t_fail "spill shown in status" "spilled_bytes '$sp', evictions '$ev'"; fi
+else t_fail "small-pool runs" "$(tail -3 "$D/small.out" "$D/big.out")"; fi
+t_done

@@ -1,0 +1,98 @@
+/* offload_run.c: a rank's memory savers from the worker flags; see
+ * offload_run.h. */
+#include "workers/offload_run.h"
+
+#include <string.h>
+
+#include "errbuf.h"
+#include "options.h"
+
+int offload_run_check(const train_opts_t *o, char *err, size_t errlen) {
+    if (o->resume_from_service && !o->opt_offload)
+        return errbuf_set(err, errlen, "--resume-from-service needs --optimizer-offload host|nvme (the state it resumes "
+                          "from lives in ballastd only then)");
+    if (o->resume_from_service && o->resume)
+        return errbuf_set(err, errlen, "--resume and --resume-from-service both given: pick one (a checkpoint file, or "
+                          "the state ballastd holds)");
+    if ((o->act_offload || o->opt_offload) && !o->offload_remote && (!o->offload_socket || !*o->offload_socket))
+        return errbuf_set(err, errlen, "offload needs ballastd: give --offload-socket PATH or --offload-remote HOST:PORT");
+    return 0;
+}
+
+int offload_run_open(offload_run_t *r, const train_opts_t *o, fsdp_t *f, int rank, int world, int64_t *start,
+                     char *err, size_t errlen) {
+    memset(r, 0, sizeof *r);
+    if (!o->act_offload && !o->opt_offload) return 0;
+    if (offload_run_check(o, err, errlen)) return -1;
+    if (offload_link_open(&r->link, o->offload_socket, o->offload_remote, o->offload_job, rank, err, errlen)) return -1;
+    r->on = true;
+    if (o->act_offload) {
+        if (!(r->ao = act_offload_create(f->m, &r->link, (int)o->act_horizon, err, errlen))) return -1;
+        f->ao = r->ao;
+    }
+    if (o->opt_offload) {
+        if (!(r->oo = opt_offload_create(f, &r->link, (opt_offload_mode_t)o->opt_offload, world, err, errlen))) return -1;
+        if (opt_offload_start(r->oo, o->resume_from_service, start, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+void offload_run_describe(const offload_run_t *r, const fsdp_t *f, FILE *out) {
+    if (!r->on) return;
+    fprintf(out, "offload: ballastd at %s (job %s, %s mode)", r->link.addr, r->link.job,
+            oc_is_shared(r->link.c) ? "shared-memory" : "remote");
+    if (r->ao) {
+        char b[32];
+        const model_t *m = f->m;
+        uint64_t one = (uint64_t)m->B * m->T * m->cfg.dim * (uint64_t)m->be->act_bytes;
+        format_size(one * (uint64_t)act_offload_offloaded(r->ao), b, sizeof b);
+        fprintf(out, "; activations: %d of %d block inputs resident, %d offloaded per micro-step (%s less memory)",
+                act_offload_resident(r->ao), m->cfg.n_layers + 1, act_offload_offloaded(r->ao), b);
+    }
+    if (r->oo) {
+        char b[32];
+        format_size(2 * f->shard_total * sizeof(float), b, sizeof b);
+        fprintf(out, "; optimizer: AdamW moments in ballastd (%s less memory per rank), streamed per unit", b);
+    }
+    fprintf(out, "\n");
+}
+
+int offload_run_optim_step(offload_run_t *r, fsdp_t *f, int64_t s, double lr, float grad_scale, char *err,
+                           size_t errlen) {
+    if (r->oo) return opt_offload_step(r->oo, s, lr, grad_scale, err, errlen);
+    fsdp_optim_step(f, lr, grad_scale);
+    return 0;
+}
+
+int offload_run_before_ckpt(offload_run_t *r, char *err, size_t errlen) {
+    return r->oo ? opt_offload_load_moments(r->oo, err, errlen) : 0;
+}
+
+void offload_run_after_ckpt(offload_run_t *r) {
+    if (r->oo) opt_offload_drop_moments(r->oo);
+}
+
+int offload_run_summary(offload_run_t *r, fsdp_t *f, int rank, FILE *out, char *err, size_t errlen) {
+    double to, from, wait;
+    if (fsdp_sum_all(f, (double)r->link.to_service, &to, err, errlen) ||
+        fsdp_sum_all(f, (double)r->link.from_service, &from, err, errlen) ||
+        fsdp_sum_all(f, r->link.wait_s, &wait, err, errlen))
+        return -1;
+    if (rank == 0 && r->on) {
+        char a[32], b[32];
+        format_size((uint64_t)to, a, sizeof a);
+        format_size((uint64_t)from, b, sizeof b);
+        fprintf(out, "offload: %s to ballastd, %s back (all ranks: %.0f and %.0f bytes); exposed waits %.3f s\n", a, b, to,
+                from, wait);
+        fflush(out);
+    }
+    return 0;
+}
+
+void offload_run_close(offload_run_t *r, fsdp_t *f) {
+    if (r->ao) act_offload_destroy(r->ao);
+    if (f && f->ao == r->ao) f->ao = NULL;
+    opt_offload_destroy(r->oo);
+    offload_link_close(&r->link);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,414 @@
+/* opt_offload.c: AdamW state in ballastd, streamed unit by unit, with a
+ * step record for resuming; see opt_offload.h. Relies on fsdp.h for the
+ * chunk layout and the collectives, offload_link.h for the session. */
+#include "workers/opt_offload.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errbuf.h"
+#include "log.h"
+
+#define OO_MAGIC "BLSTOPT1"
+
+/* The step record: "step s is complete on this rank" (persistent blob). */
+typedef struct {
+    char magic[8];         /* OO_MAGIC */
+    uint64_t step;         /* the last finished step; its blobs are version `step` */
+    uint64_t layout;       /* hash of the chunk layout (units, chunk sizes, S, world) */
+    uint64_t shard_total;  /* floats of the rank's chunks */
+    int32_t S, sidx;       /* shard degree and index of the writer */
+    int32_t world;         /* ranks of the job */
+    int32_t n_units;
+} oo_record_t;
+
+struct opt_offload {
+    fsdp_t *f;
+    offload_link_t *link;
+    opt_offload_mode_t mode;
+    int world;
+    uint64_t layout;       /* oo_record_t.layout of this run */
+    int64_t version;       /* newest complete version in ballastd, -1 = none */
+    int64_t freed_below;   /* versions below this are freed (or never existed) */
+    oc_handle_t *get_h;    /* (n_units) reads in flight */
+    oc_handle_t *put_h;    /* (n_units) commits in flight */
+    oc_buf_t *old, *nw;    /* (n_units) regions of the version read and the one written */
+    oc_key_t *nkey;        /* (n_units) keys of the version written */
+};
+
+/* ---- keys and layout ---- */
+
+static oc_key_t state_key(const opt_offload_t *o, int u, int64_t version) {
+    return (oc_key_t){ .rank = o->link->rank, .kind = OC_KIND_OPTIMIZER_STATE, .index = (uint64_t)u,
+                       .step = (uint64_t)version };
+}
+
+static oc_key_t record_key(const opt_offload_t *o, int slot) {
+    return (oc_key_t){ .rank = o->link->rank, .kind = OC_KIND_OTHER, .index = (uint64_t)slot, .step = 0 };
+}
+
+static uint64_t mix(uint64_t h, uint64_t x) {
+    h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdull;
+}
+
+static uint64_t layout_hash(const fsdp_t *f, int world) {
+    uint64_t h = mix(0, (uint64_t)f->S);
+    h = mix(h, (uint64_t)world);
+    h = mix(h, (uint64_t)f->n_units);
+    for (int u = 0; u < f->n_units; u++) h = mix(h, f->numel[u]);
+    return h;
+}
+
+static size_t blob_bytes(const fsdp_t *f, int u) { return 3 * f->chunk[u] * sizeof(float); }
+
+size_t opt_offload_bytes(const opt_offload_t *o) { return o->f->shard_total * 3 * sizeof(float); }
+
+/* ---- life cycle ---- */
+
+opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_mode_t mode, int world, char *err,
+                                  size_t errlen) {
+    if (mode != OPT_OFFLOAD_HOST && mode != OPT_OFFLOAD_NVME) {
+        errbuf_set(err, errlen, "opt_offload_create: mode must be host or nvme");
+        return NULL;
+    }
+    if (mode == OPT_OFFLOAD_HOST && !oc_is_shared(link->c))
+        log_warn("--optimizer-offload host: pinning needs shared-memory mode; over --offload-remote the state may spill");
+    for (int u = 0; u < f->n_units; u++) {
+        if (blob_bytes(f, u) > oc_max_blob(link->c)) {
+            errbuf_set(err, errlen, "--optimizer-offload: unit %d needs blobs of %zu bytes but ballastd at %s takes at most "
+                       "%llu (raise its --segment-bytes, or shard more with --hybrid-shard-degree)", u, blob_bytes(f, u),
+                       oc_addr(link->c), (unsigned long long)oc_max_blob(link->c));
+            return NULL;
+        }
+    }
+    opt_offload_t *o = calloc(1, sizeof *o);
+    size_t n = (size_t)f->n_units;
+    if (!o || !(o->get_h = calloc(n, sizeof *o->get_h)) || !(o->put_h = calloc(n, sizeof *o->put_h)) ||
+        !(o->old = calloc(n, sizeof *o->old)) || !(o->nw = calloc(n, sizeof *o->nw)) ||
+        !(o->nkey = calloc(n, sizeof *o->nkey))) {
+        opt_offload_destroy(o);
+        errbuf_set(err, errlen, "out of memory");
+        return NULL;
+    }
+    o->f = f;
+    o->link = link;
+    o->mode = mode;
+    o->world = world;
+    o->layout = layout_hash(f, world);
+    o->version = -1;
+    return o;
+}
+
+void opt_offload_destroy(opt_offload_t *o) {
+    if (!o) return;
+    free(o->get_h);
+    free(o->put_h);
+    free(o->old);
+    free(o->nw);
+    free(o->nkey);
+    free(o);
+}
+
+/* ---- versions ---- */
+
+void opt_offload_drop_moments(opt_offload_t *o);
+
+static int free_version(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
+    if (v < 0) return 0;
+    for (int u = 0; u < o->f->n_units; u++) {
+        oc_key_t k = state_key(o, u, v);
+        if (o->mode == OPT_OFFLOAD_HOST && oc_is_shared(o->link->c)) oc_unpin(o->link->c, &k); /* may hold none */
+        if (offload_link_free(o->link, &k, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+/* Read record slot i; 1 when a valid record of this layout is there, 0 when
+ * absent, -1 on an error (a record of another layout is one). */
+static int read_record(opt_offload_t *o, int slot, oo_record_t *r, char *err, size_t errlen) {
+    oc_key_t k = record_key(o, slot);
+    uint64_t len = 0;
+    oc_status_t st = oc_get_copy(o->link->c, &k, r, sizeof *r, &len);
+    if (st == OC_NOT_FOUND) return 0;
+    if (st != OC_OK) return offload_link_fail(err, errlen, "reading the step record");
+    offload_link_count(o->link, 0, len);
+    if (len != sizeof *r || memcmp(r->magic, OO_MAGIC, 8))
+        return errbuf_set(err, errlen, "rank %u: the step record in ballastd (job blobs of another program or version) "
+                          "is not readable; start without --resume-from-service, or pick another --offload-job",
+                          o->link->rank);
+    if (r->layout != o->layout || r->shard_total != o->f->shard_total || r->S != o->f->S || r->world != o->world)
+        return errbuf_set(err, errlen, "rank %u: the state in ballastd was written by a run with %d ranks and "
+                          "--hybrid-shard-degree %d (or another model); resume with the same model, world size and "
+                          "layout, or start fresh without --resume-from-service", o->link->rank, r->world, r->S);
+    return 1;
+}
+
+static int write_record(opt_offload_t *o, int64_t s, char *err, size_t errlen) {
+    oo_record_t r = { .step = (uint64_t)s, .layout = o->layout, .shard_total = o->f->shard_total, .S = o->f->S,
+                      .sidx = o->f->sidx, .world = o->world, .n_units = o->f->n_units };
+    memcpy(r.magic, OO_MAGIC, 8);
+    oc_key_t k = record_key(o, (int)(s % 2));
+    /* the slot holds step s - 2's record, no longer needed: step s - 1's is in the other */
+    if (offload_link_free(o->link, &k, err, errlen)) return -1;
+    return offload_link_put(o->link, &k, &r, sizeof r, true, err, errlen);
+}
+
+/* Wait for every commit of the version being written; host: pin it. */
+static int finish_version(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
+    int rc = 0;
+    for (int u = 0; u < o->f->n_units; u++) {
+        if (!o->put_h[u]) continue;
+        oc_handle_t h = o->put_h[u];
+        o->put_h[u] = 0;
+        if (offload_link_wait(o->link, h, NULL, "storing optimizer state in ballastd", err, errlen)) rc = -1;
+    }
+    if (rc) return rc;
+    if (o->mode == OPT_OFFLOAD_HOST && oc_is_shared(o->link->c)) {
+        for (int u = 0; u < o->f->n_units; u++) {
+            oc_key_t k = state_key(o, u, v);
+            if (oc_pin(o->link->c, &k) != OC_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
+        }
+    }
+    return 0;
+}
+
+/* The first version: the moments in f->opt (zero, or a checkpoint's) and
+ * the current master, as version f->opt.step. */
+static int store_initial(opt_offload_t *o, char *err, size_t errlen) {
+    fsdp_t *f = o->f;
+    int64_t v0 = f->opt.step;
+    for (int u = 0; u < f->n_units; u++) {
+        oc_key_t k = state_key(o, u, v0);
+        oc_buf_t b;
+        size_t c = f->chunk[u], off = f->shard_off[u];
+        if (offload_link_put_alloc(o->link, &k, blob_bytes(f, u), true, &b, err, errlen)) return -1;
+        memcpy(b.ptr, f->opt.m + off, c * sizeof(float));
+        memcpy((float *)b.ptr + c, f->opt.v + off, c * sizeof(float));
+        memcpy((float *)b.ptr + 2 * c, f->master + off, c * sizeof(float));
+        if (oc_put_commit_async(o->link->c, &k, &b, &o->put_h[u]) != OC_OK)
+            return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
+        offload_link_count(o->link, blob_bytes(f, u), 0);
+    }
+    if (finish_version(o, v0, err, errlen) || write_record(o, v0, err, errlen)) return -1;
+    o->version = v0;
+    o->freed_below = v0;
+    opt_offload_drop_moments(o);   /* they live in ballastd from now on */
+    return 0;
+}
+
+/* ---- start / resume ---- */
+
+int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, size_t errlen) {
+    fsdp_t *f = o->f;
+    oo_record_t r[2];
+    int have[2];
+    char e[1024];
+    int bad = 0;
+    for (int i = 0; i < 2; i++) {
+        have[i] = read_record(o, i, &r[i], e, sizeof e);
+        if (have[i] < 0) { bad = 1; have[i] = 0; }
+    }
+    if (!resume) {
+        /* a fresh run of this job: drop what an earlier one left */
+        int rc = 0;
+        for (int i = 0; i < 2 && !rc; i++) {
+            if (!have[i]) continue;
+            for (int64_t v = (int64_t)r[i].step - 1; v <= (int64_t)r[i].step + 1 && !rc; v++)
+                rc = free_version(o, v, err, errlen);
+        }
+        for (int i = 0; i < 2 && !rc; i++) {
+            oc_key_t k = record_key(o, i);
+            rc = offload_link_free(o->link, &k, err, errlen);
+        }
+        if (!rc) rc = store_initial(o, err, errlen);
+        return rc;
+    }
+    /* the last step complete on this rank, then on every rank */
+    int64_t best = -1;
+    for (int i = 0; i < 2; i++) if (have[i] && (int64_t)r[i].step > best) best = (int64_t)r[i].step;
+    double sum_bad, sum_best, sum_none;
+    char ce[COMM_ERR_LEN];
+    if (fsdp_sum_all(f, bad, &sum_bad, ce, sizeof ce) || fsdp_sum_all(f, (double)best, &sum_best, ce, sizeof ce) ||
+        fsdp_sum_all(f, best < 0 ? 1 : 0, &sum_none, ce, sizeof ce))
+        return errbuf_set(err, errlen, "%s", ce);
+    if (bad) return errbuf_set(err, errlen, "%s", e);
+    if (sum_bad > 0) return errbuf_set(err, errlen, "resuming from ballastd failed on another rank (see its message)");
+    if (sum_none > 0)
+        return errbuf_set(err, errlen, "--resume-from-service: ballastd at %s holds no optimizer state of job '%s' for %s "
+                          "(was the run started with --optimizer-offload and the same --offload-job, and does ballastd "
+                          "keep the same --spill-dir?)", oc_addr(o->link->c), o->link->job,
+                          best < 0 ? "this rank" : "another rank");
+    int64_t c = (int64_t)floor(sum_best / o->world);
+    double ok = best == c || best == c + 1, sum_ok;
+    if (fsdp_sum_all(f, ok, &sum_ok, ce, sizeof ce)) return errbuf_set(err, errlen, "%s", ce);
+    if (sum_ok < o->world)
+        return errbuf_set(err, errlen, "--resume-from-service: the ranks' last complete steps in ballastd disagree by more "
+                          "than one (this rank: %lld, mean %.2f); the state is not consistent, start fresh",
+                          (long long)best, sum_best / o->world);
+    /* load the master chunk of version c; the moments stay in ballastd */
+    for (int u = 0; u < f->n_units; u++) {
+        oc_key_t k = state_key(o, u, c);
+        oc_buf_t b;
+        if (oc_get(o->link->c, &k, &b) != OC_OK) return offload_link_fail(err, errlen, "reading optimizer state of the resumed step");
+        if (b.len != blob_bytes(f, u)) {
+            oc_get_done(o->link->c, &k, &b);
+            return errbuf_set(err, errlen, "optimizer state of unit %d in ballastd has %llu bytes, expected %zu", u,
+                              (unsigned long long)b.len, blob_bytes(f, u));
+        }
+        memcpy(f->master + f->shard_off[u], (float *)b.ptr + 2 * f->chunk[u], f->chunk[u] * sizeof(float));
+        offload_link_count(o->link, 0, f->chunk[u] * sizeof(float));
+        if (oc_get_done(o->link->c, &k, &b) != OC_OK) return offload_link_fail(err, errlen, "releasing optimizer state");
+    }
+    /* versions other than c and c - 1 (partial or stale), and a record of
+     * step c + 1 that the other ranks never matched, go */
+    if (free_version(o, c + 1, err, errlen) || free_version(o, c - 2, err, errlen)) return -1;
+    for (int i = 0; i < 2; i++) {
+        if (have[i] && (int64_t)r[i].step > c) {
+            oc_key_t k = record_key(o, i);
+            if (offload_link_free(o->link, &k, err, errlen)) return -1;
+        }
+    }
+    if (o->mode == OPT_OFFLOAD_HOST && oc_is_shared(o->link->c)) {
+        for (int u = 0; u < f->n_units; u++) {
+            oc_key_t k = state_key(o, u, c);
+            if (oc_pin(o->link->c, &k) != OC_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
+        }
+    }
+    o->version = c;
+    o->freed_below = c - 1 > 0 ? c - 1 : 0;
+    f->opt.step = c;
+    *start = c;
+    opt_offload_drop_moments(o);
+    return 0;
+}
+
+/* ---- the step ---- */
+
+/* AdamW on unit u's segments: master and gradient local, moments in m, v
+ * (chunk[u] floats each, unit-relative). Same arithmetic as optim_step. */
+static void adamw_unit(fsdp_t *f, int u, float *m, float *v, float lr, float step_size, float bc2_sqrt, float grad_scale) {
+    const optim_config_t *c = &f->opt.cfg;
+    size_t lo = f->shard_off[u], hi = lo + f->chunk[u];
+    for (int i = 0; i < f->n_segs; i++) {
+        const model_tensor_t *t = &f->segs[i];
+        if (t->offset < lo || t->offset >= hi) continue;
+        size_t off = t->offset, r = off - lo;
+        f->be->adamw(f->master + off, f->grad + off, m + r, v + r, t->numel, lr, (float)c->beta1, (float)c->beta2,
+                     (float)c->eps, t->decay ? (float)c->weight_decay : 0.f, step_size, bc2_sqrt, grad_scale, NULL);
+    }
+}
+
+/* Drop whatever of a failed step is still in flight. */
+static void abort_step(opt_offload_t *o, int64_t s) {
+    oc_client_t *c = o->link->c;
+    for (int u = 0; u < o->f->n_units; u++) {
+        oc_key_t ko = state_key(o, u, s - 1);
+        if (o->get_h[u]) { if (oc_wait(c, o->get_h[u], &o->old[u], -1) == OC_OK) oc_get_done(c, &ko, &o->old[u]); o->get_h[u] = 0; }
+        if (o->put_h[u]) { oc_wait(c, o->put_h[u], NULL, -1); o->put_h[u] = 0; }
+    }
+}
+
+int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, char *err, size_t errlen) {
+    fsdp_t *f = o->f;
+    oc_client_t *c = o->link->c;
+    int n = f->n_units;
+    if (o->version != s - 1)
+        return errbuf_set(err, errlen, "optimizer offload: step %lld follows version %lld in ballastd", (long long)s,
+                          (long long)o->version);
+    /* every rank committed record s - 1 before this step's collectives */
+    for (int64_t v = o->freed_below; v <= s - 2; v++)
+        if (free_version(o, v, err, errlen)) return -1;
+    if (s - 1 > o->freed_below) o->freed_below = s - 1;
+
+    f->opt.step++;
+    const optim_config_t *cf = &f->opt.cfg;
+    double bc1 = 1.0 - pow(cf->beta1, (double)f->opt.step), bc2 = 1.0 - pow(cf->beta2, (double)f->opt.step);
+    float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+
+    oc_key_t k0 = state_key(o, 0, s - 1);
+    if (oc_get_async(c, &k0, &o->get_h[0]) != OC_OK) return offload_link_fail(err, errlen, "reading optimizer state");
+    for (int u = 0; u < n; u++) {
+        size_t ch = f->chunk[u];
+        oc_key_t ko = state_key(o, u, s - 1), kn = state_key(o, u, s);
+        oc_handle_t h = o->get_h[u];
+        o->get_h[u] = 0;
+        if (offload_link_wait(o->link, h, &o->old[u], "reading optimizer state from ballastd", err, errlen)) goto fail;
+        if (o->old[u].len != blob_bytes(f, u)) {
+            oc_get_done(c, &ko, &o->old[u]);
+            errbuf_set(err, errlen, "optimizer state of unit %d in ballastd has %llu bytes, expected %zu", u,
+                       (unsigned long long)o->old[u].len, blob_bytes(f, u));
+            goto fail;
+        }
+        /* double buffering: the next unit comes while this one updates */
+        if (u + 1 < n) {
+            oc_key_t kx = state_key(o, u + 1, s - 1);
+            if (oc_get_async(c, &kx, &o->get_h[u + 1]) != OC_OK) {
+                offload_link_fail(err, errlen, "reading optimizer state");
+                oc_get_done(c, &ko, &o->old[u]);
+                goto fail;
+            }
+        }
+        if (offload_link_put_alloc(o->link, &kn, blob_bytes(f, u), true, &o->nw[u], err, errlen)) {
+            oc_get_done(c, &ko, &o->old[u]);
+            goto fail;
+        }
+        float *m = o->nw[u].ptr, *v = m + ch;
+        memcpy(m, o->old[u].ptr, 2 * ch * sizeof(float));
+        offload_link_count(o->link, 0, 2 * ch * sizeof(float));
+        adamw_unit(f, u, m, v, (float)lr, step_size, bc2_sqrt, grad_scale);
+        memcpy(v + ch, f->master + f->shard_off[u], ch * sizeof(float));
+        if (oc_get_done(c, &ko, &o->old[u]) != OC_OK) {
+            offload_link_fail(err, errlen, "releasing optimizer state");
+            oc_put_abort(c, &kn, &o->nw[u]);
+            goto fail;
+        }
+        if (oc_put_commit_async(c, &kn, &o->nw[u], &o->put_h[u]) != OC_OK) {
+            offload_link_fail(err, errlen, "storing optimizer state in ballastd");
+            goto fail;
+        }
+        offload_link_count(o->link, blob_bytes(f, u), 0);
+    }
+    if (finish_version(o, s, err, errlen) || write_record(o, s, err, errlen)) return -1;
+    o->version = s;
+    return 0;
+fail:
+    abort_step(o, s);
+    return -1;
+}
+
+/* ---- checkpoints ---- */
+
+int opt_offload_load_moments(opt_offload_t *o, char *err, size_t errlen) {
+    fsdp_t *f = o->f;
+    f->opt.m = f->be->alloc(f->shard_total * sizeof(float));
+    f->opt.v = f->be->alloc(f->shard_total * sizeof(float));
+    if (!f->opt.m || !f->opt.v) {
+        opt_offload_drop_moments(o);
+        return errbuf_set(err, errlen, "out of memory reading the AdamW moments back for a checkpoint");
+    }
+    for (int u = 0; u < f->n_units; u++) {
+        oc_key_t k = state_key(o, u, o->version);
+        oc_buf_t b;
+        size_t ch = f->chunk[u];
+        if (oc_get(o->link->c, &k, &b) != OC_OK) {
+            opt_offload_drop_moments(o);
+            return offload_link_fail(err, errlen, "reading optimizer state for a checkpoint");
+        }
+        memcpy(f->opt.m + f->shard_off[u], b.ptr, ch * sizeof(float));
+        memcpy(f->opt.v + f->shard_off[u], (float *)b.ptr + ch, ch * sizeof(float));
+        offload_link_count(o->link, 0, 2 * ch * sizeof(float));
+        oc_get_done(o->link->c, &k, &b);
+    }
+    return 0;
+}
+
+void opt_offload_drop_moments(opt_offload_t *o) {
+    fsdp_t *f = o->f;
+    if (f->opt.m) f->be->free(f->opt.m);
+    if (f->opt.v) f->be->free(f->opt.v);
+    f->opt.m = f->opt.v = NULL;
+}
