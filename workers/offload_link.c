@@ -20,19 +20,19 @@ int offload_link_fail(char *err, size_t errlen, const char *what) {
 
 /* The metrics are optional: a registry conflict costs the series, not the run. */
 void offload_link_metrics(offload_link_t *l, metrics_registry_t *r) {
-    static const char *const L_DIR[] = { "rank", "direction" };
-    static const char *const L_RANK[] = { "rank" };
-    char e[METRICS_ERR_LEN], rank[24];
-    snprintf(rank, sizeof rank, "%u", l->rank);
+    /* the same families and labels as workers/progress.c registers; the
+     * registry adds rank="N" to every series itself */
+    static const char *const L_DIR[] = { "direction" };
+    char e[METRICS_ERR_LEN];
     metric_family_t *bytes = metrics_register(r, METRIC_COUNTER, "ballast_offload_bytes_total",
-                                              "Bytes moved between this rank and ballastd, by direction "
-                                              "(to_service, from_service)", L_DIR, 2, NULL, 0, e, sizeof e);
+                                              "Bytes copied between this rank and ballastd, by direction "
+                                              "(to_service, from_service)", L_DIR, 1, NULL, 0, e, sizeof e);
     metric_family_t *wait = metrics_register(r, METRIC_COUNTER, "ballast_offload_wait_seconds_total",
-                                             "Seconds this rank waited on ballastd (exposed offload waits)", L_RANK, 1,
-                                             NULL, 0, e, sizeof e);
-    l->m_to = metrics_series(bytes, (const char *[]){ rank, "to_service" });
-    l->m_from = metrics_series(bytes, (const char *[]){ rank, "from_service" });
-    l->m_wait = metrics_series(wait, (const char *[]){ rank });
+                                             "Seconds this rank waited on copies to or from ballastd that compute "
+                                             "did not hide", NULL, 0, NULL, 0, e, sizeof e);
+    l->m_to = metrics_series(bytes, (const char *[]){ "to_service" });
+    l->m_from = metrics_series(bytes, (const char *[]){ "from_service" });
+    l->m_wait = metrics_series(wait, NULL);
 }
 
 int offload_link_open(offload_link_t *l, const char *socket, const char *remote, const char *job, int rank,

@@ -14,6 +14,9 @@ int offload_run_check(const train_opts_t *o, char *err, size_t errlen) {
     if (o->resume_from_service && o->resume)
         return errbuf_set(err, errlen, "--resume and --resume-from-service both given: pick one (a checkpoint file, or "
                           "the state ballastd holds)");
+    if (o->skip_nonfinite && o->opt_offload)
+        return errbuf_set(err, errlen, "--skip-nonfinite with --optimizer-offload: the state in ballastd is versioned by "
+                          "step and a skipped step has no version yet; drop one of the two");
     if ((o->act_offload || o->opt_offload) && !o->offload_remote && (!o->offload_socket || !*o->offload_socket))
         return errbuf_set(err, errlen, "offload needs ballastd: give --offload-socket PATH or --offload-remote HOST:PORT");
     return 0;
