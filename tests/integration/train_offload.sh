@@ -9,7 +9,7 @@
 #      --activation-checkpointing, plus --optimizer-offload host;
 #   C  --optimizer-offload nvme;
 #   R  C over --offload-remote (TCP, bytes in gRPC messages), world 1 only;
-# for world 1 and for (replicas, S, T) = (1, 2, 1) and (2, 1, 1).
+# for world 1 and for (replicas, S, T) = (1, 2, 1), (2, 1, 1), (1, 1, 2) and (1, 2, 2).
 # Multi-rank runs go through the same sharded code with and without
 # offload, so there the losses must be bit-identical. A world of 1 with
 # offload runs the sharded loop (S = T = 1) while the reference runs the
@@ -67,22 +67,24 @@ print("worst relative difference %.3g" % worst)
 EOF
 }
 
-run() {  # NAME NPROC S [flags...] -> D/NAME.{jsonl,out}
-    local name=$1 np=$2 S=$3; shift 3
-    timeout 120 "$BALLAST" train --nproc "$np" "${COMMON[@]}" --micro-batch $((MB * 2 / np)) --hybrid-shard-degree "$S" \
+run() {  # NAME NPROC S T [flags...] -> D/NAME.{jsonl,out}
+    local name=$1 np=$2 S=$3 T=$4; shift 4
+    timeout 120 "$BALLAST" train --nproc "$np" "${COMMON[@]}" --micro-batch $((MB * 2 * T / np)) --hybrid-shard-degree "$S" \
+        --tensor-parallel-degree "$T" \
         --offload-job "$name" --log-json "$D/$name.jsonl" "$@" > "$D/$name.out" 2>&1
 }
 
-for layout in "1 1" "2 2" "2 1"; do
+for layout in "1 1 1" "2 2 1" "2 1 1" "2 1 2" "4 2 2"; do
     set -- $layout
-    np=$1 S=$2 R=$((np / S))
-    tag="world $np (replicas $R, S $S)"
-    base=w$np-s$S
-    if ! run "$base-ref" $np $S; then t_fail "$tag reference runs" "$(tail -3 "$D/$base-ref.out")"; continue; fi
+    np=$1 S=$2 T=$3 R=$(($1 / ($2 * $3)))
+    tag="world $np (replicas $R, S $S, T $T)"
+    base=w$np-s$S-t$T
+    [ "$T" = 1 ] && { tag="world $np (replicas $R, S $S)"; base=w$np-s$S; }
+    if ! run "$base-ref" $np $S $T; then t_fail "$tag reference runs" "$(tail -3 "$D/$base-ref.out")"; continue; fi
     for v in A B C; do
         eval "flags=(\"\${SAVER_$v[@]}\")"
         name=$base-$v
-        if ! run "$name" $np $S "${flags[@]}"; then
+        if ! run "$name" $np $S $T "${flags[@]}"; then
             t_fail "$tag with saver $v (${flags[*]}) runs" "$(tail -3 "$D/$name.out")"; continue
         fi
         tol=0; [ $np = 1 ] && tol=1e-5
@@ -107,7 +109,7 @@ else t_fail "activation bytes" "want $want each way: $(grep -E '^offload: .*all 
 
 # remote mode: the same numbers with the bytes inside gRPC messages
 PORT=$BD_LISTEN_main
-if run w1-s1-remote 1 1 "${SAVER_A[@]}" "${SAVER_C[@]}" --offload-remote "127.0.0.1:$PORT" &&
+if run w1-s1-remote 1 1 1 "${SAVER_A[@]}" "${SAVER_C[@]}" --offload-remote "127.0.0.1:$PORT" &&
    grep -q "remote mode" "$D/w1-s1-remote.out"; then
     t_check "world 1 over --offload-remote: bit-identical losses to the shared-memory run" \
         losses "$D/w1-s1-A.jsonl" "$D/w1-s1-remote.jsonl" 0
