@@ -60,6 +60,9 @@ typedef struct {
     const char *sock_dir;      /* where the group leader's fd-passing socket lives; NULL = /tmp */
     /* nccl backend */
     int device;                /* CUDA device ordinal of this rank */
+    void *compute_stream;      /* cudaStream_t that produces the inputs; each collective's
+                                  stream first waits for the work queued on it so far
+                                  (an event, not a host wait). NULL = no ordering */
 } comm_config_t;
 
 /* Defaults: kind SHM, shm_fd -1, everything else 0/NULL. */
@@ -111,6 +114,14 @@ double comm_wait_seconds(void);
 /* Whether a started collective has finished (comm_wait still required). */
 bool comm_test(comm_req_t *req);
 
+/* Make the CUDA stream `stream` (a cudaStream_t) wait for the collective
+ * without blocking the host: work queued on it afterwards sees the result.
+ * NCCL records an event after the collective and the stream waits on it;
+ * host-memory backends (shm) block the host until the collective is done.
+ * comm_wait is still required to free the handle. Returns 0 or the
+ * collective's error (shm) / -EIO (CUDA) with a message. */
+int comm_stream_wait(comm_req_t *req, void *stream, char *err, size_t errlen);
+
 /* ---- backend selection ---- */
 
 /* "auto|shm|nccl" -> kind; -1 when unknown. */
@@ -144,6 +155,8 @@ typedef struct {
     void (*wait)(comm_t *c, comm_req_t *req);
     /* whether req has finished without blocking (NULL: its done flag tells) */
     bool (*test)(comm_t *c, comm_req_t *req);
+    /* make a CUDA stream wait for req (NULL: comm_stream_wait blocks the host) */
+    int (*stream_wait)(comm_t *c, comm_req_t *req, void *stream, char *err, size_t errlen);
 } comm_ops_t;
 
 extern const comm_ops_t comm_shm_ops;

@@ -9,10 +9,13 @@
  *
  * Set-up: group index 0 calls ncclGetUniqueId and publishes it under the
  * rendezvous key "comm/<name>/nccl-id"; the others wait for it; everyone
- * calls ncclCommInitRank. Each collective is enqueued on the
- * communicator's own stream with a CUDA event recorded after it; the
- * handle completes when the event has. Buffers are device memory of
- * cfg->device. */
+ * calls ncclCommInitRank (a group of one needs no rendezvous). Each
+ * collective is enqueued on the communicator's own stream with a CUDA event
+ * recorded after it; the handle completes when the event has. With
+ * cfg->compute_stream, that stream's work so far is ordered before each
+ * collective through an event (inputs are ready, no host wait), and
+ * comm_stream_wait() orders a collective before later compute the same
+ * way. Buffers are device memory of cfg->device. */
 #include "workers/comm_impl.h"
 
 #include <dlfcn.h>
@@ -79,6 +82,7 @@ typedef struct {
     int (*event_query)(cuda_event_p);
     int (*event_sync)(cuda_event_p);
     int (*event_destroy)(cuda_event_p);
+    int (*stream_wait_event)(cuda_stream_p, cuda_event_p, unsigned);
     int (*cuda_malloc)(void **, size_t);
     int (*cuda_free)(void *);
     int (*device_count)(int *);
@@ -130,6 +134,7 @@ static int lib_load(void) {
     SYM(cudart, event_query, "cudaEventQuery");
     SYM(cudart, event_sync, "cudaEventSynchronize");
     SYM(cudart, event_destroy, "cudaEventDestroy");
+    SYM(cudart, stream_wait_event, "cudaStreamWaitEvent");
     SYM(cudart, cuda_malloc, "cudaMalloc");
     SYM(cudart, cuda_free, "cudaFree");
     SYM(cudart, device_count, "cudaGetDeviceCount");
@@ -161,8 +166,10 @@ bool comm_nccl_available(char *err, size_t errlen) {
 
 typedef struct {
     nccl_comm_p comm;
-    cuda_stream_p stream;
-    float *scratch;       /* one device float for barriers */
+    cuda_stream_p stream;        /* this communicator's own stream */
+    cuda_stream_p order_stream;  /* cfg->compute_stream, or NULL */
+    cuda_event_p order_ev;       /* re-recorded on order_stream before each collective */
+    float *scratch;              /* one device float for barriers */
     int device;
 } nccl_state_t;
 
@@ -171,6 +178,7 @@ static void nccl_destroy_backend(comm_t *c) {
     if (!st) return;
     if (st->comm) lib.comm_destroy(st->comm);
     if (st->scratch) lib.cuda_free(st->scratch);
+    if (st->order_ev) lib.event_destroy(st->order_ev);
     if (st->stream) lib.stream_destroy(st->stream);
     free(st);
     c->backend = NULL;
@@ -181,7 +189,7 @@ static int nccl_init(comm_t *c, const comm_config_t *cfg, char *err, size_t errl
         snprintf(err, errlen, "comm %s: %s", c->name, lib_err);
         return -ENOSYS;
     }
-    if (!cfg->rdzv) {
+    if (!cfg->rdzv && c->n > 1) {
         snprintf(err, errlen, "comm %s: the NCCL backend needs a rendezvous client for the unique id", c->name);
         return -EINVAL;
     }
@@ -205,7 +213,7 @@ static int nccl_init(comm_t *c, const comm_config_t *cfg, char *err, size_t errl
             snprintf(err, errlen, "comm %s: ncclGetUniqueId: %s", c->name, lib.nccl_error(rc));
             goto fail;
         }
-        if (rdzv_set(cfg->rdzv, key, &id, sizeof id, true, c->timeout_s, err, errlen)) goto fail;
+        if (c->n > 1 && rdzv_set(cfg->rdzv, key, &id, sizeof id, true, c->timeout_s, err, errlen)) goto fail;
     } else {
         void *v = NULL;
         size_t len = 0;
@@ -230,6 +238,14 @@ static int nccl_init(comm_t *c, const comm_config_t *cfg, char *err, size_t errl
         snprintf(err, errlen, "comm %s: CUDA stream/scratch: %s", c->name, lib.cuda_error(rc));
         goto fail;
     }
+    if (cfg->compute_stream) {
+        st->order_stream = cfg->compute_stream;
+        if ((rc = lib.event_create(&st->order_ev, CUDA_EVENT_DISABLE_TIMING)) != CUDA_OK) {
+            st->order_ev = NULL;
+            snprintf(err, errlen, "comm %s: CUDA event: %s", c->name, lib.cuda_error(rc));
+            goto fail;
+        }
+    }
     return 0;
 fail:
     nccl_destroy_backend(c);
@@ -241,7 +257,14 @@ static int nccl_start(comm_t *c, comm_req_t *r, char *err, size_t errlen) {
     int dt = r->dt == COMM_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32;
     int op = r->op == COMM_AVG ? NCCL_AVG : NCCL_SUM;
     int rc = NCCL_OK;
-    lib.set_device(st->device);
+    int crc = lib.set_device(st->device);
+    if (crc == CUDA_OK && st->order_stream && (crc = lib.event_record(st->order_ev, st->order_stream)) == CUDA_OK)
+        crc = lib.stream_wait_event(st->stream, st->order_ev, 0);
+    if (crc != CUDA_OK) {
+        snprintf(err, errlen, "comm %s: %s: ordering after the compute stream: %s", c->name, comm_coll_name(r->coll),
+                 lib.cuda_error(crc));
+        return -EIO;
+    }
     if (r->count > 0 || r->coll == COLL_BARRIER) {
         switch (r->coll) {
         case COLL_ALL_GATHER: rc = lib.all_gather(r->send, r->recv, r->count, dt, st->comm, st->stream); break;
@@ -260,7 +283,7 @@ static int nccl_start(comm_t *c, comm_req_t *r, char *err, size_t errlen) {
         return -EIO;
     }
     cuda_event_p ev = NULL;
-    int crc = lib.event_create(&ev, CUDA_EVENT_DISABLE_TIMING);
+    crc = lib.event_create(&ev, CUDA_EVENT_DISABLE_TIMING);
     if (crc == CUDA_OK) crc = lib.event_record(ev, st->stream);
     if (crc != CUDA_OK) {
         if (ev) lib.event_destroy(ev);
@@ -288,6 +311,17 @@ static bool nccl_test(comm_t *c, comm_req_t *r) {
     return r->backend && lib.event_query(r->backend) != CUDA_NOT_READY;
 }
 
+/* comm_stream_wait: the stream waits on the collective's event. */
+static int nccl_stream_wait(comm_t *c, comm_req_t *r, void *stream, char *err, size_t errlen) {
+    int rc = r->backend ? lib.stream_wait_event(stream, r->backend, 0) : CUDA_OK;
+    if (rc != CUDA_OK) {
+        snprintf(err, errlen, "comm %s: %s: cudaStreamWaitEvent: %s", c->name, comm_coll_name(r->coll),
+                 lib.cuda_error(rc));
+        return -EIO;
+    }
+    return 0;
+}
+
 const comm_ops_t comm_nccl_ops = {
     .name = "nccl",
     .init = nccl_init,
@@ -295,4 +329,5 @@ const comm_ops_t comm_nccl_ops = {
     .start = nccl_start,
     .wait = nccl_wait,
     .test = nccl_test,
+    .stream_wait = nccl_stream_wait,
 };

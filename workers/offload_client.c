@@ -52,6 +52,7 @@ struct oc_client {
     /* shared memory */
     uint32_t nsegs;
     shm_seg_t *segs;
+    oc_segment_t *segview;           /* (nsegs) base and bytes of segs, for oc_segments */
     shm_seg_t ringseg;
     ring_t req, cpl;
     int efd[RP_FD_COUNT];
@@ -256,6 +257,9 @@ static oc_status_t attach(oc_client_t *c, const Ballast__Offload__V1__OpenSessio
         }
         got += want;
     }
+    c->segview = calloc(c->nsegs, sizeof *c->segview);
+    if (!c->segview) { st = fail(OC_RESOURCE_EXHAUSTED, "out of memory"); goto out; }
+    for (uint32_t i = 0; i < c->nsegs; i++) c->segview[i] = (oc_segment_t){ c->segs[i].base, c->segs[i].bytes };
     rp_fd_chunk_t ch;
     int rfds[RP_FD_COUNT];
     rc = shm_recv_fds(fd, &ch, sizeof ch, &len, rfds, RP_FD_COUNT, tmo, err, sizeof err);
@@ -295,6 +299,7 @@ static void client_free(oc_client_t *c) {
     }
     for (uint32_t i = 0; i < c->nsegs && c->segs; i++) shm_destroy(&c->segs[i]);
     free(c->segs);
+    free(c->segview);
     shm_destroy(&c->ringseg);
     for (int i = 1; i < RP_FD_COUNT; i++) if (c->efd[i] >= 0) close(c->efd[i]);
     if (c->slots) {
@@ -435,6 +440,11 @@ uint64_t oc_session_id(const oc_client_t *c) { return c->sid; }
 uint64_t oc_quota(const oc_client_t *c) { return c->quota; }
 uint64_t oc_max_blob(const oc_client_t *c) { return c->max_blob; }
 const char *oc_addr(const oc_client_t *c) { return c->addr; }
+
+const oc_segment_t *oc_segments(const oc_client_t *c, uint32_t *n) {
+    *n = c->shared && c->segview ? c->nsegs : 0;
+    return *n ? c->segview : NULL;
+}
 
 /* ---- slots ---- */
 

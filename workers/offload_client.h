@@ -107,6 +107,18 @@ uint64_t oc_quota(const oc_client_t *c);    /* granted quota, bytes */
 uint64_t oc_max_blob(const oc_client_t *c); /* largest blob, bytes */
 const char *oc_addr(const oc_client_t *c);
 
+/* One mapped pool segment of a shared-memory session. */
+typedef struct {
+    void *base;      /* start of the mapping in this process */
+    uint64_t bytes;  /* length of the mapping, bytes */
+} oc_segment_t;
+
+/* The pool segments this session has mapped (shared-memory mode), valid
+ * until oc_close: *n gets their count (0 in remote mode, where regions are
+ * private heap buffers). For registering the pool with a GPU driver once
+ * (workers/backend_cuda/pool_register.cu). Returns the array or NULL. */
+const oc_segment_t *oc_segments(const oc_client_t *c, uint32_t *n);
+
 /* ---- two-step put/get ---- */
 
 /* Reserve len bytes for key; b->ptr is where to write. persistent: the

@@ -31,6 +31,7 @@
  * only when the build found nvcc; elsewhere the weak reference is NULL. */
 #pragma weak backend_cuda
 #pragma weak cuda_device_name
+#pragma weak cuda_set_precision
 
 /* ---- options ---- */
 
@@ -66,6 +67,7 @@ static const opt_t train_options[] = {
     { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads (0: all cores)", &g_opts.threads },
     { "backend", OPT_ENUM, "cpu", 0, 0, "cpu|cuda", "compute backend: cpu (fp32) or cuda (bf16 on GPU --device)", &g_opts.backend },
     { "device", OPT_INT, "0", 0, 1024, NULL, "GPU index for --backend cuda", &g_opts.device },
+    { "precision", OPT_ENUM, "bf16", 0, 0, "bf16|fp8", "GEMM precision on --backend cuda: bf16, or fp8 (compute capability 8.9+: E4M3/E5M2, delayed scaling)", &g_opts.precision },
     { "metrics-port", OPT_INT, "0", 0, 65535, NULL, "serve Prometheus /metrics on this port + the local rank (0: off)", &g_opts.metrics_port },
     { "metrics-bind", OPT_STRING, "0.0.0.0", 0, 0, NULL, "address the /metrics endpoint binds (127.0.0.1: this machine only)", &g_opts.metrics_bind },
     { "skip-nonfinite", OPT_BOOL, "false", 0, 0, NULL, "skip the update of a step whose loss is NaN/inf instead of stopping (at most 9 in a row)", &g_opts.skip_nonfinite },
@@ -212,6 +214,10 @@ static int resolve_topology(const train_opts_t *o, topo_t *t, char *err, size_t 
 
 int train_run(const train_opts_t *o) {
     char err[1024];
+    if (o->precision == 1 && o->backend != 1) {
+        log_error("--precision fp8 runs the matmuls on FP8 tensor cores: it needs --backend cuda (the CPU backend is fp32)");
+        return 1;
+    }
     topo_t topo;
     if (resolve_topology(o, &topo, err, sizeof err)) { log_error("%s", err); return 1; }
     if (o->tp_degree > 1 && topo.world_size == 1) {
@@ -264,6 +270,7 @@ static int train_run_single(const train_opts_t *o) {
             return 1;
         }
         if (!(be = backend_cuda((int)o->device, err, sizeof err))) { log_error("--backend cuda: %s", err); return 1; }
+        if (o->precision == 1 && cuda_set_precision(CUDA_PRECISION_FP8, err, sizeof err)) { log_error("%s", err); return 1; }
     } else {
         be = backend_cpu((int)o->threads);
     }

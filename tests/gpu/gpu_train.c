@@ -39,6 +39,7 @@ static struct {
     double lr, tol, peak;
     bool act_ckpt, profile;
     int backend;
+    int precision;       /* bench: 0 bf16, 1 fp8 */
 } g;
 
 static const opt_t options[] = {
@@ -56,6 +57,7 @@ static const opt_t options[] = {
     { "dir", OPT_STRING, "/tmp", 0, 0, NULL, "check: where the shared safetensors file goes", &g.dir },
     { "json", OPT_STRING, NULL, 0, 0, NULL, "append one JSON line of results to FILE", &g.json },
     { "threads", OPT_INT, "0", 0, 4096, NULL, "CPU oracle threads (0: all cores)", &g.threads },
+    { "precision", OPT_ENUM, "bf16", 0, 0, "bf16|fp8", "bench: GEMM precision (fp8 needs compute capability 8.9+)", &g.precision },
     { "backend", OPT_ENUM, "cuda", 0, 0, "cuda|cpu", "check: backend compared with the CPU oracle (cpu tests the harness itself)", &g.backend },
 };
 #define N_OPTS (sizeof options / sizeof options[0])
@@ -270,6 +272,10 @@ static int run_bench(const llama_config_t *cfg) {
     int B = (int)g.batch, T = (int)g.seq, N = B * T;
     const backend_t *gpu = backend_cuda(0, err, sizeof err);
     if (!gpu) { fprintf(stderr, "gpu_train: %s\n", err); return 2; }
+    if (g.precision == 1 && cuda_set_precision(CUDA_PRECISION_FP8, err, sizeof err)) {
+        fprintf(stderr, "gpu_train: %s\n", err);
+        return 2;
+    }
     model_t m;
     double t0 = now_s();
     if (model_create(&m, cfg, gpu, B, T, g.act_ckpt, err, sizeof err)) { fprintf(stderr, "gpu_train: %s\n", err); return 1; }
@@ -287,8 +293,8 @@ static int run_bench(const llama_config_t *cfg) {
     CHECK_ALLOC(tok);
     CHECK_ALLOC(tgt);
     cuda_sync();
-    printf("bench: %s, %zu params, B=%d T=%d%s, set-up %.1f s\n", cfg->name, m.n_params, B, T,
-           g.act_ckpt ? ", activation checkpointing" : "", now_s() - t0);
+    printf("bench: %s, %zu params, B=%d T=%d%s, %s GEMMs, set-up %.1f s\n", cfg->name, m.n_params, B, T,
+           g.act_ckpt ? ", activation checkpointing" : "", g.precision ? "fp8" : "bf16", now_s() - t0);
     double norm, loss = 0;
     for (int s = 0; s < g.warmup; s++) {
         make_batch(tok, tgt, B, T, cfg->vocab, (uint64_t)g.seed, s);
@@ -305,6 +311,11 @@ static int run_bench(const llama_config_t *cfg) {
     double tps = N / dt, flops = llama_flops_per_token(cfg, T) * N / dt / 1e12;
     printf("bench: %.3f s/step, %.0f tokens/s, %.1f model TFLOP/s, MFU %.1f%% of %.0f (last loss %.4f)\n", dt, tps, flops,
            100.0 * flops / g.peak, g.peak, loss);
+    if (g.precision == 1) {
+        long n8, n16;
+        cuda_fp8_counts(&n8, &n16);
+        printf("bench: %ld GEMMs ran in fp8, %ld fell back to bf16 (shapes not multiples of 16)\n", n8, n16);
+    }
     if (g.profile) {
         cuda_prof_reset();
         cuda_prof_enable(true);
@@ -317,9 +328,9 @@ static int run_bench(const llama_config_t *cfg) {
     if (g.json) {
         FILE *f = fopen(g.json, "a");
         if (f) {
-            fprintf(f, "{\"kind\":\"bench\",\"impl\":\"ballast\",\"model\":\"%s\",\"seq\":%d,\"batch\":%d,\"act_ckpt\":%s,"
+            fprintf(f, "{\"kind\":\"bench\",\"impl\":\"%s\",\"model\":\"%s\",\"seq\":%d,\"batch\":%d,\"act_ckpt\":%s,"
                        "\"s_per_step\":%.4f,\"tokens_per_s\":%.1f,\"tflops\":%.2f,\"mfu\":%.4f}\n",
-                    cfg->name, T, B, g.act_ckpt ? "true" : "false", dt, tps, flops, flops / g.peak);
+                    g.precision ? "ballast-fp8" : "ballast", cfg->name, T, B, g.act_ckpt ? "true" : "false", dt, tps, flops, flops / g.peak);
             fclose(f);
         }
     }
@@ -339,6 +350,11 @@ int main(int argc, char **argv) {
     if (rc > 0) return 0;
     if (npos != 1 || (strcmp(pos[0], "check") && strcmp(pos[0], "bench"))) {
         fprintf(stderr, "gpu_train: say what to run: gpu_train check|bench [options] (--help lists them)\n");
+        return 2;
+    }
+    if (g.precision == 1 && strcmp(pos[0], "bench")) {
+        fprintf(stderr, "gpu_train: --precision fp8 is for bench (check compares bf16 with the CPU oracle; "
+                "tests/gpu/check_fp8 checks the FP8 GEMMs)\n");
         return 2;
     }
     llama_config_t cfg;

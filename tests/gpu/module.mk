@@ -13,3 +13,9 @@ UNIT_TESTS += $(GPU_PROGS)
 $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(LIBS) $(CUDA_LIB)
 	$(LINK) $(CUDA_LIB) $(GPU_LIBS)
 endif
+
+# The checks that use the CUDA runtime directly (pool copies, NCCL streams)
+# need its header.
+ifeq ($(HAVE_CUDA),1)
+$(BUILD)/obj/tests/gpu/%.o: CFLAGS += -I$(CUDA_HOME)/include
+endif

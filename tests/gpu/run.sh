@@ -12,12 +12,19 @@
 # from a system install or from the Debian packages carried in .deb/
 # (see docs/cuda.md, "Running on a GPU machine"). Steps:
 #   1. build the CUDA backend, the CPU oracle and the programs
-#   2. tests/gpu/check_* : every op family against the CPU oracle
+#   2. tests/gpu/check_* : every op family against the CPU oracle; FP8
+#                           GEMMs against bf16 (check_fp8); NCCL with one
+#                           rank per communicator (check_nccl); the
+#                           offload pool registered for DMA and its copy
+#                           bandwidth vs cudaHostAlloc and the link's peak
+#                           (check_pool; with ballastd when the Makefile
+#                           build in build/ runs here, else on a memfd)
 #   3. gpu_train check    : 20 training steps, GPU losses vs CPU losses
 #                           (then again with activation checkpointing)
 #   4. benchmark          : ballast vs PyTorch (tests/gpu/torch_baseline.py)
 #                           on llama3.2-1b and llama2-7b (activation
-#                           checkpointing) at seq 4096, and per-op times
+#                           checkpointing) at seq 4096, and per-op times;
+#                           ballast FP8 vs bf16 on llama3.2-1b
 #   5. a short table, last
 # Results: build/gpu/results.jsonl, logs in build/gpu/log/; all of it is
 # copied to $OUT when that is set. Exit status 0 only when every check and
@@ -83,6 +90,18 @@ say "libcublasLt $CUBLASLT"
 CUDA_LINK="$CUDART $CUBLASLT -Wl,-rpath,$(dirname "$CUDART") -Wl,-rpath,$(dirname "$CUBLASLT") -lstdc++"
 # libcublasLt needs libcublas' neighbours at run time in the wheel layout
 export LD_LIBRARY_PATH="$(dirname "$CUBLASLT"):$(dirname "$CUDART")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# libnccl is loaded at run time (workers/comm_nccl.c); without it check_nccl skips
+if NCCL_LIB=$(find_lib libnccl); then
+    say "libnccl $NCCL_LIB"
+    export LD_LIBRARY_PATH="$(dirname "$NCCL_LIB"):$LD_LIBRARY_PATH"
+else
+    say "libnccl not found: check_nccl will report SKIP"
+fi
+# cuda_runtime.h for the checks that call the runtime directly
+CUDA_INC=""
+for d in "$CUDA_ROOT/include" "$CUDA_ROOT/targets/x86_64-linux/include" $(for l in $PIP_LIBDIRS; do echo "$(dirname "$l")/include"; done); do
+    [ -f "$d/cuda_runtime.h" ] && { CUDA_INC="-I$d"; break; }
+done
 
 # jansson (config.json and safetensors headers): system, carried root, or carried .debs
 JANSSON_CFLAGS="" JANSSON_LIB=""
@@ -117,25 +136,32 @@ if [ ! -f "$CUDA_ROOT/include/cublasLt.h" ] && [ ! -f "$CUDA_ROOT/targets/x86_64
     [ -f "$h/cublasLt.h" ] && CUBLAS_INC="-I$h" || say "cublasLt.h not found next to $CUBLASLT; the build may fail"
 fi
 NVFLAGS="-O2 -std=c++17 $ARCH -Xcompiler -fPIC,-Wall -I. -Icommon $CUBLAS_INC"
-CFLAGS="-std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wno-unused-parameter -Wno-missing-field-initializers -fopenmp -pthread -I. -Icommon $JANSSON_CFLAGS"
+CFLAGS="-std=c11 -D_GNU_SOURCE -DGPU_STANDALONE -O2 -g -Wall -Wno-unused-parameter -Wno-missing-field-initializers -fopenmp -pthread -I. -Icommon $CUDA_INC $JANSSON_CFLAGS"
 JOBS=$(nproc 2>/dev/null || echo 4)
 say "building ($ARCH, $JOBS jobs)"
 export NVCC_BIN NVFLAGS CC_BIN CFLAGS B
 ls workers/backend_cuda/*.cu | xargs -P "$JOBS" -I{} sh -c \
     'o=$B/obj/$(basename {} .cu).cu.o; $NVCC_BIN $NVFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
     || { say "CUDA build failed"; exit 1; }
-C_ORACLE="common/log.c workers/backend_cpu.c"
+C_ORACLE="common/log.c common/errbuf.c workers/backend_cpu.c"
 C_TRAIN="common/options.c workers/model.c workers/optim.c workers/llama_config.c workers/safetensors.c"
-CSRC="$C_ORACLE"
+C_COMM="workers/comm.c workers/comm_shm.c workers/comm_nccl.c common/shm.c"
+CSRC="$C_ORACLE $C_COMM"
 [ -n "$JANSSON_LIB" ] && CSRC="$CSRC $C_TRAIN"
 for f in $CSRC tests/gpu/*.c; do echo "$f"; done | { [ -n "$JANSSON_LIB" ] && cat || grep -v gpu_train; } | xargs -P "$JOBS" -I{} sh -c \
     'o=$B/obj/$(echo {} | tr / _).o; $CC_BIN $CFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
     || { say "C build failed"; exit 1; }
 CUOBJ=$(ls $B/obj/*.cu.o)
-ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/workers_backend_cpu.c.o"
+ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/common_errbuf.c.o $B/obj/workers_backend_cpu.c.o"
+obj() { for f in "$@"; do echo "$B/obj/$(echo $f | tr / _).o"; done; }
 for src in tests/gpu/check_*.c; do
     n=$(basename "$src" .c)
-    $CC_BIN -fopenmp -pthread -o "$B/bin/$n" "$B/obj/tests_gpu_$n.c.o" $ORACLE_OBJ $CUOBJ $CUDA_LINK -lm \
+    case $n in
+    check_nccl) extra=$(obj $C_COMM) ;;          # its rendezvous shims stand in for gRPC
+    check_pool) extra=$(obj common/shm.c) ;;
+    *) extra="" ;;
+    esac
+    $CC_BIN -fopenmp -pthread -o "$B/bin/$n" "$B/obj/tests_gpu_$n.c.o" $extra $ORACLE_OBJ $CUOBJ $CUDA_LINK -lm -ldl \
         || { say "link of $n failed"; exit 1; }
 done
 if [ -n "$JANSSON_LIB" ]; then
@@ -146,9 +172,29 @@ fi
 say "built: $(ls $B/bin | tr '\n' ' ')"
 
 # ---- 2. kernel checks ----
+# check_pool with ballastd: the Makefile build of this tree (build/), when
+# it was carried here and its libraries load; otherwise only the memfd one
+MK_BUILD=${BUILD:-build}
+POOL_MK=""
+# ballastd's shared libraries, when carried along (docs/cuda.md: .deb/lib)
+[ -d .deb/lib ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$ROOT/.deb/lib"
+if [ -x "$MK_BUILD/tests/gpu/check_pool" ] && [ -x "$MK_BUILD/bin/ballastd" ] && \
+   ! ldd "$MK_BUILD/tests/gpu/check_pool" "$MK_BUILD/bin/ballastd" 2>&1 | grep -q 'not found'; then
+    POOL_MK="$MK_BUILD/tests/gpu/check_pool"
+    ln -sf "$ROOT/$POOL_MK" "$B/bin/check_pool_ballastd"
+    say "check_pool_ballastd: the Makefile build with ballastd ($POOL_MK)"
+else
+    say "check_pool_ballastd: skipped (no runnable $MK_BUILD/tests/gpu/check_pool and $MK_BUILD/bin/ballastd here: carry build/ from a Debian 12 machine with the packages); check_pool measures a sealed memfd instead"
+    echo "{\"kind\":\"skip\",\"what\":\"check_pool_ballastd\",\"why\":\"no runnable Makefile build of ballastd here\"}" >> "$RES"
+fi
 for p in $B/bin/check_*; do
     n=$(basename "$p")
-    timeout 300 "$p" > "$LOG/$n.tap" 2>&1
+    args=""
+    case $n in
+    check_pool) args="--json $RES" ;;
+    check_pool_ballastd) args="--json $RES --ballastd $ROOT/$MK_BUILD/bin/ballastd" ;;
+    esac
+    timeout 300 "$p" $args > "$LOG/$n.tap" 2>&1
     rc=$?
     ok=$(grep -E '^ok ' "$LOG/$n.tap" | grep -vc '# SKIP')
     sk=$(grep -c '# SKIP' "$LOG/$n.tap")
@@ -203,6 +249,8 @@ bench() {   # bench NAME SECONDS CMD...
 if [ $QUICK = 0 ]; then
     if [ -x "$B/bin/gpu_train" ]; then
         bench ours-1b 150 "$B/bin/gpu_train" bench --model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2 --json "$RES"
+        bench ours-1b-fp8 120 "$B/bin/gpu_train" bench --model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2 \
+            --precision fp8 --no-profile --json "$RES"
         bench ours-7b 180 "$B/bin/gpu_train" bench --model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 \
             --activation-checkpointing --json "$RES"
     fi
@@ -231,6 +279,20 @@ if b:
     for r in sorted(b, key=lambda r: (r["model"], r["impl"])):
         print(f"{r['model']:<12} {r['impl']:<15} {'yes' if r['act_ckpt'] else 'no':<5} {r['s_per_step']:>8.3f} "
               f"{r['tokens_per_s']:>10.0f} {r['tflops']:>8.1f} {100 * r['mfu']:>5.1f}%")
+p = [r for r in rows if r.get("kind") == "pool_bw"]
+if p:
+    print("\n== device<->pool copies (check_pool): GB/s, best of 5; target pool >= 0.95 x cudaHostAlloc ==")
+    peak = max(r["link_peak_gbs"] for r in p)
+    print(f"link peak: {peak:.1f} GB/s per direction" if peak > 0 else "link peak: unknown")
+    print(f"{'source':<14} {'dir':<4} {'MiB':>6} {'GB/s':>8} {'ratio':>6} {'of peak':>8}")
+    for r in p:
+        of = f"{r['gbs'] / peak:.2f}" if peak > 0 else "-"
+        ratio = f"{r['ratio']:.3f}" if r["source"].endswith("-pool") else "-"
+        print(f"{r['source']:<14} {r['dir']:<4} {r['bytes'] >> 20:>6} {r['gbs']:>8.2f} {ratio:>6} {of:>8}")
+f8 = {r["impl"]: r for r in b if r["model"] == "llama3.2-1b" and r["impl"] in ("ballast", "ballast-fp8")}
+if len(f8) == 2:
+    print(f"\nFP8 vs bf16, llama3.2-1b seq 4096: {f8['ballast-fp8']['tokens_per_s']:.0f} vs {f8['ballast']['tokens_per_s']:.0f} "
+          f"tokens/s ({f8['ballast-fp8']['tokens_per_s'] / f8['ballast']['tokens_per_s']:.2f}x)")
 for r in rows:
     if r.get("kind") == "skip":
         print(f"skipped: {r['what']} ({r['why']})")

@@ -40,6 +40,21 @@ if [ -x "$ROOT/$BUILD/tests/gpu/gpu_train" ]; then
         t_fail "gpu_train check harness, cpu against cpu" "exit $rc: $(echo "$out" | grep -E '^(not ok|ok)' | tr '\n' ' ')"
     fi
 fi
+# check_fp8's tolerance, tried on an emulation of the formats: tight enough
+# to catch a format mistake, loose enough for correct FP8
+if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+    t_check "check_fp8 tolerance holds for emulated FP8 and catches a wrong format" \
+        /usr/bin/python3 "$ROOT/tests/gpu/fp8_emulate.py"
+else
+    t_skip "check_fp8 tolerance on emulated FP8" "python3-numpy not installed"
+fi
+# --precision fp8 is refused without the CUDA backend
+if [ -x "$BIN/ballast-worker" ]; then
+    d=$(t_tmpdir)
+    "$BIN/ballast" data synth --out "$d/tok.bin" --tokens 4096 --vocab 512 >/dev/null 2>&1
+    t_expect_fail "worker --precision fp8 on the CPU backend is refused" "precision fp8 .*needs --backend cuda" \
+        "$BIN/ballast-worker" --precision fp8 --model demo --data "$d/tok.bin" --steps 1
+fi
 # Without a GPU, asking the worker for the CUDA backend must fail at once
 # with a message that says why (and not crash or train on the CPU).
 if [ "${NO_GPU:-0}" = 1 ] && [ -x "$BIN/ballast-worker" ]; then

@@ -108,6 +108,8 @@ void launch_bf16_to_f32(float *dst, const bf16 *src, size_t n) {
     CUDA_LAUNCH_CHECK("bf16_to_f32_kernel");
 }
 
+extern "C" void cuda_act_to_f32(float *dst, const act_t *src, size_t n) { launch_bf16_to_f32(dst, (const bf16 *)src, n); }
+
 /* ---- per-op timing ---- */
 
 enum {

@@ -62,6 +62,38 @@ void cuda_copy_d2h_async(void *host_dst, const void *src, size_t bytes);
 void *cuda_host_alloc(size_t bytes);   /* pinned; NULL when out of memory */
 void cuda_host_free(void *p);
 
+/* ---- GEMM precision (gemm_fp8.cu) ---- */
+
+typedef enum { CUDA_PRECISION_BF16 = 0, CUDA_PRECISION_FP8 = 1 } cuda_precision_t;
+#define CUDA_FP8_HISTORY 16   /* amax history length (uses) per scaling state */
+
+/* Run the table's matmuls in bf16 (the default) or FP8 (--precision fp8:
+ * E4M3 weights and inputs, E5M2 output gradients, per-tensor delayed
+ * scaling; docs/cuda.md). FP8 needs compute capability 8.9+: on an older
+ * GPU, or before backend_cuda(), it returns -1 with a message naming the
+ * GPU and its capability, and the precision stays as it was. */
+int cuda_set_precision(cuda_precision_t p, char *err, size_t errlen);
+cuda_precision_t cuda_precision(void);
+
+/* GEMMs run in FP8 so far, and GEMMs that asked for FP8 but ran in bf16
+ * (a dimension not a multiple of 16, an unaligned output). */
+void cuda_fp8_counts(long *fp8, long *bf16_fallback);
+
+/* The delayed-scaling state of one operand of the matmul with weight w
+ * (role CUDA_FP8_WEIGHT, _INPUT or _GRAD): its current scale and the max
+ * of its amax history. Synchronizes. -1 when w has not run in FP8. */
+enum { CUDA_FP8_WEIGHT = 0, CUDA_FP8_INPUT = 1, CUDA_FP8_GRAD = 2 };
+int cuda_fp8_state(const void *w, int role, float *scale, float *hist_max);
+
+/* Forget every scaling state. States are keyed by weight address, so a
+ * program that frees a model and allocates another calls this first (a new
+ * weight at a reused address would inherit the old history). */
+void cuda_fp8_reset(void);
+
+/* dst (n, fp32, device) = src (n, bf16 act storage, device), on the compute
+ * stream: for gradients reduced in bf16 and widened again. */
+void cuda_act_to_f32(float *dst, const act_t *src, size_t n);
+
 /* ---- multi-tensor AdamW (adamw.cu) ---- */
 
 /* One tensor of a multi-tensor update: n fp32 elements at p, g, m, v (device),

@@ -118,6 +118,10 @@ void launch_attention_bwd_tc(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, con
 void gemm_init(void);                                                                  /* gemm.cu */
 void gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O);
 void gemm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, int N, int I, int O, bool dx_acc);
+/* FP8 versions (gemm_fp8.cu): false when the precision is bf16 or the shape
+ * does not suit FP8; the caller then runs the bf16 GEMM */
+bool fp8_gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O);
+bool fp8_gemm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, int N, int I, int O, bool dx_acc);
 
 /* ---- launch helpers ---- */
 

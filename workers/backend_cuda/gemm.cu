@@ -10,6 +10,7 @@
  * takes bf16 A/B with an fp32 C/D directly. Descriptors and the heuristic's
  * algorithm are cached per (m, n, k, transposes, output type, beta): the
  * model has a few dozen distinct shapes and asks for them every step.
+ * With --precision fp8, gemm_fp8.cu takes the matmuls it can.
  * No epilogue is fused: the model's matmuls have no bias and the activations
  * that follow (RoPE on part of the output, SwiGLU over two outputs, the
  * residual add) are not epilogues cuBLASLt offers. */
@@ -106,12 +107,14 @@ static uint32_t align_of(const void *a, const void *b, const void *c) {
 
 void gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O) {
     if (N <= 0 || I <= 0 || O <= 0) return;
+    if (fp8_gemm_fwd(out, x, w, N, I, O)) return;
     const gemm_plan_t *p = gemm_plan(O, N, I, CUBLAS_OP_T, CUBLAS_OP_N, CUDA_R_16BF, false, align_of(w, x, out));
     gemm_run(p, w, x, out, 0.f);
 }
 
 void gemm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, int N, int I, int O, bool dx_acc) {
     if (N <= 0 || I <= 0 || O <= 0) return;
+    if (fp8_gemm_bwd(dx, dw, dout, x, w, N, I, O, dx_acc)) return;
     if (dx) {
         const gemm_plan_t *p = gemm_plan(I, N, O, CUBLAS_OP_N, CUBLAS_OP_N, CUDA_R_16BF, dx_acc, align_of(w, dout, dx));
         gemm_run(p, w, dout, dx, dx_acc ? 1.f : 0.f);

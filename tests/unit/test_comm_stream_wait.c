@@ -1,0 +1,90 @@
+/* test_comm_stream_wait.c: comm_stream_wait on the shared-memory backend,
+ * which has no CUDA streams: it must block the host until the collective
+ * is done, return its status, and leave the handle for comm_wait.
+ * (The NCCL path, where the stream waits on an event instead, runs on a
+ * GPU: tests/gpu/check_nccl.c.)
+ *
+ * Two forked ranks all-reduce seeded random fp32 data; rank 1 starts
+ * 200 ms late, so rank 0's comm_stream_wait must take that long and, once
+ * it returns, the result must already equal the serial reference. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <time.h>
+
+#include "tests/comm_check.h"
+
+#define LEN 100003
+#define LATE_MS 200
+
+typedef struct {
+    int fd;
+    double *waited; /* (2) seconds comm_stream_wait took, per rank */
+} arg_t;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int rank_fn(int me, int n, void *argp) {
+    arg_t *a = argp;
+    char err[COMM_ERR_LEN];
+    int ranks[2] = { 0, 1 };
+    comm_config_t cfg;
+    comm_config_init(&cfg);
+    cfg.kind = COMM_SHM;
+    cfg.name = "sw";
+    cfg.n = n;
+    cfg.index = me;
+    cfg.ranks = ranks;
+    cfg.shm_fd = a->fd;
+    cfg.slot_bytes = 64 << 10;
+    cfg.timeout_s = 20;
+    comm_t *c;
+    if (comm_init(&c, &cfg, err, sizeof err)) { fprintf(stderr, "rank %d: %s\n", me, err); return 1; }
+    float *in[2], *out = malloc(LEN * sizeof(float)), *ref = malloc(LEN * sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        in[i] = malloc(LEN * sizeof(float));
+        cc_fill(in[i], LEN, COMM_F32, 1234 + (uint64_t)i);
+    }
+    cc_reduce_ref(ref, (void *const *)in, 2, 0, LEN, COMM_F32, COMM_SUM);
+    for (size_t i = 0; i < LEN; i++) out[i] = NAN;
+    if (me == 1) usleep(LATE_MS * 1000);
+    comm_req_t *r;
+    int bad = 0;
+    if (comm_all_reduce(c, in[me], out, LEN, COMM_F32, COMM_SUM, &r, err, sizeof err)) {
+        fprintf(stderr, "rank %d: %s\n", me, err);
+        return 1;
+    }
+    double t0 = now_s();
+    int rc = comm_stream_wait(r, NULL, err, sizeof err);
+    a->waited[me] = now_s() - t0;
+    if (rc) { fprintf(stderr, "rank %d: comm_stream_wait: %s\n", me, err); bad = 1; }
+    if (!bad && memcmp(out, ref, LEN * sizeof(float))) { fprintf(stderr, "rank %d: result differs\n", me); bad = 1; }
+    if (!comm_test(r)) { fprintf(stderr, "rank %d: comm_test false after comm_stream_wait\n", me); bad = 1; }
+    if (comm_wait(r, err, sizeof err)) { fprintf(stderr, "rank %d: comm_wait: %s\n", me, err); bad = 1; }
+    comm_destroy(c);
+    for (int i = 0; i < 2; i++) free(in[i]);
+    free(out), free(ref);
+    return bad;
+}
+
+Test(comm_stream_wait, shm_blocks_until_done_and_keeps_the_handle) {
+    char err[COMM_ERR_LEN];
+    arg_t a;
+    a.fd = comm_shm_segment_create(2, 64 << 10, err, sizeof err);
+    cr_assert_geq(a.fd, 0, "%s", err);
+    a.waited = cc_shared(2 * sizeof(double));
+    cr_assert_not_null(a.waited);
+    int failed = cc_run_ranks(2, rank_fn, &a, 30, NULL);
+    cr_assert_eq(failed, 0, "%d ranks failed (messages above)", failed);
+    cr_expect_geq(a.waited[0], LATE_MS * 0.8e-3, "rank 0 waited %.3f s for a peer %d ms late", a.waited[0], LATE_MS);
+    close(a.fd);
+}
+
+Test(comm_stream_wait, null_handle_is_an_error) {
+    char err[128] = "";
+    cr_expect_eq(comm_stream_wait(NULL, NULL, err, sizeof err), -EINVAL);
+    cr_expect(strstr(err, "NULL handle") != NULL, "message: %s", err);
+}
