@@ -27,6 +27,7 @@ typedef struct {
     int n;
     int mode;                /* 0 calls, 1 mixed, 2 until *stop */
     atomic_int *stop;        /* mode 2 only */
+    atomic_int *answered;    /* mode 2: calls answered OK by any thread so far */
     int failures, done, oks;  /* oks: mode 2 calls answered OK */
     char first[512];
 } job_t;
@@ -106,7 +107,10 @@ static void *run_job(void *arg) {
                                            2000, false, msg, sizeof msg);
             if (st == GRPC_STATUS_OK && ((Ballast__Test__V1__EchoResponse *)r)->seq != i)
                 fail(j, "wrong seq");
-            if (st == GRPC_STATUS_OK) j->oks++;
+            if (st == GRPC_STATUS_OK) {
+                j->oks++;
+                atomic_fetch_add(j->answered, 1);
+            }
             if (r) protobuf_c_message_free_unpacked(r, NULL);
         }
         j->done++;
@@ -182,15 +186,18 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "rpc_stress: %s\n", err);
                 return 1;
             }
-            atomic_int stop = 0;
+            atomic_int stop = 0, answered = 0;
             int oks = 0;
             job_t j[THREADS];
             pthread_t t[THREADS];
             for (int k = 0; k < THREADS; k++) {
-                j[k] = (job_t){.c = c, .seed = rnd(&seed) | 1, .mode = 2, .stop = &stop};
+                j[k] = (job_t){.c = c, .seed = rnd(&seed) | 1, .mode = 2, .stop = &stop, .answered = &answered};
                 pthread_create(&t[k], NULL, run_job, &j[k]);
             }
-            usleep(50 * 1000);
+            /* stop with calls in flight, once the server has answered some
+             * (on a loaded machine the first answers can take a while) */
+            for (int w = 0; w < 2000 && atomic_load(&answered) < THREADS; w++) usleep(5 * 1000);
+            usleep(20 * 1000);
             rpc_server_stop(s, (int)(rnd(&seed) % 20));
             atomic_store(&stop, 1);
             for (int k = 0; k < THREADS; k++) {

@@ -9,7 +9,8 @@
 #      --activation-checkpointing, plus --optimizer-offload host;
 #   C  --optimizer-offload nvme;
 #   R  C over --offload-remote (TCP, bytes in gRPC messages), world 1 only;
-# for world 1 and for (replicas, S, T) = (1, 2, 1), (2, 1, 1), (1, 1, 2) and (1, 2, 2).
+# for world 1 and for (replicas, S, T) = (1, 2, 1), (2, 1, 1), (1, 1, 2), (1, 2, 2),
+# (1, 4, 1), (4, 1, 1), (2, 2, 1) and (2, 1, 2).
 # Multi-rank runs go through the same sharded code with and without
 # offload, so there the losses must be bit-identical. A world of 1 with
 # offload runs the sharded loop (S = T = 1) while the reference runs the
@@ -74,7 +75,7 @@ run() {  # NAME NPROC S T [flags...] -> D/NAME.{jsonl,out}
         --offload-job "$name" --log-json "$D/$name.jsonl" "$@" > "$D/$name.out" 2>&1
 }
 
-for layout in "1 1 1" "2 2 1" "2 1 1" "2 1 2" "4 2 2"; do
+for layout in "1 1 1" "2 2 1" "2 1 1" "2 1 2" "4 2 2" "4 4 1" "4 1 1" "4 2 1" "4 1 2"; do
     set -- $layout
     np=$1 S=$2 T=$3 R=$(($1 / ($2 * $3)))
     tag="world $np (replicas $R, S $S, T $T)"
