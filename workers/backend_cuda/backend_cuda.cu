@@ -296,6 +296,8 @@ static void cu_adamw(float *p, const float *g, float *m, float *v, size_t n, flo
 static backend_t g_table;
 static int g_device = -1;
 
+void cuda_parallel_fill(backend_t *t); /* parallel.cu: the sharded / tensor-parallel ops */
+
 /* ---- start-up ---- */
 
 extern "C" int cuda_device_count(char *why, size_t whylen) {
@@ -359,6 +361,7 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     t.swiglu_fwd = cu_swiglu_fwd; t.swiglu_bwd = cu_swiglu_bwd;
     t.xent_fwd = cu_xent_fwd; t.xent_bwd = cu_xent_bwd;
     t.adamw = cu_adamw;
+    cuda_parallel_fill(&t);
     g_table = t;
     g_device = device;
     return &g_table;
