@@ -126,6 +126,42 @@ typedef struct backend {
     void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                   float beta2, float eps, float wd, float step_size, float bc2_sqrt, float grad_scale,
                   act_t *p_act);
+
+    /* ---- sharded and tensor-parallel training (fsdp.c, tp.c) ---- */
+    /* y[n] += x[n], fp32 (a reduce-scatter result into a gradient chunk) */
+    void (*acc)(float *y, const float *x, size_t n);
+    /* host memory the device copies to and from at full speed (pinned on
+     * CUDA, plain on the CPU) for staging collectives: zeroed; NULL when out
+     * of memory. Host memory, not backend memory. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
+    /* Vocab-parallel embedding over the slice [lo, lo + Vt) of the
+     * vocabulary: out (N, D) row i = wte (Vt, D) row tokens[i] - lo when
+     * the token is in the slice, zeros otherwise. */
+    void (*vp_embedding_fwd)(act_t *out, const int32_t *tokens, const act_t *wte, int N, int D, int64_t lo, int Vt);
+    /* dwte (Vt, D) accumulates the dout (N, D) rows whose token is in the
+     * slice, summed in token order */
+    void (*vp_embedding_bwd)(float *dwte, const act_t *dout, const int32_t *tokens, int N, int D, int64_t lo,
+                             int Vt);
+    /* Vocab-parallel cross-entropy over logits (N, Vt), one rank's columns
+     * lo .. lo + Vt - 1 of the full logits, of which the first nv are real
+     * vocabulary entries (the rest padding, never read):
+     *   vp_xent_max     mx (N) = the row max over the nv columns (-inf when nv = 0)
+     *   vp_xent_stats   mx (N) = max over t < T of all_mx (T, N) [t * N + i] (the
+     *                   global row max); st (2N): st[i] = sum over the nv columns of
+     *                   exp(l - mx[i]), st[N + i] = the logit of column targets[i] - lo
+     *                   when that is in 0..nv-1, 0 otherwise
+     *   vp_xent_finish  after st is summed over the group: lse (N) = log(st[i]) + mx[i],
+     *                   losses (N) = lse - st[N + i]
+     *   vp_xent_bwd     dl (N, Vt) = (exp(l - lse[i]) - onehot(targets[i] - lo)) * scale
+     *                   over the nv columns, 0 on the padding; dl may alias logits
+     * targets (N) int32 backend memory; the others backend memory. */
+    void (*vp_xent_max)(float *mx, const act_t *logits, int N, int Vt, int nv);
+    void (*vp_xent_stats)(float *st, float *mx, const float *all_mx, int T, const act_t *logits,
+                          const int32_t *targets, int N, int Vt, int nv, int64_t lo);
+    void (*vp_xent_finish)(float *losses, float *lse, const float *st, const float *mx, int N);
+    void (*vp_xent_bwd)(act_t *dl, const act_t *logits, const float *lse, const int32_t *targets, float scale, int N,
+                        int Vt, int nv, int64_t lo);
 } backend_t;
 
 /* Element n of act storage p: offsets into act_t buffers go through here. */

@@ -428,6 +428,81 @@ static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, fl
     if (p_act && p_act != p) memcpy(p_act, p, n * sizeof(float)); /* fp32: the working copy is the master */
 }
 
+/* ---- sharded and tensor-parallel training ---- */
+
+static void cpu_acc(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void *cpu_host_alloc(size_t bytes) { return calloc(1, bytes ? bytes : 1); }
+
+static void cpu_vp_embedding_fwd(float *out, const int32_t *tok, const float *wte, int N, int D, int64_t lo, int Vt) {
+    for (int i = 0; i < N; i++) {
+        int64_t j = tok[i] - lo;
+        float *o = out + (size_t)i * D;
+        if (j >= 0 && j < Vt) memcpy(o, wte + (size_t)j * D, (size_t)D * sizeof(float));
+        else memset(o, 0, (size_t)D * sizeof(float));
+    }
+}
+
+static void cpu_vp_embedding_bwd(float *dwte, const float *dout, const int32_t *tok, int N, int D, int64_t lo,
+                                 int Vt) {
+    for (int i = 0; i < N; i++) {
+        int64_t j = tok[i] - lo;
+        if (j < 0 || j >= Vt) continue;
+        float *g = dwte + (size_t)j * D;
+        const float *d = dout + (size_t)i * D;
+        for (int k = 0; k < D; k++) g[k] += d[k];
+    }
+}
+
+static void cpu_vp_xent_max(float *mx, const float *logits, int N, int Vt, int nv) {
+    for (int i = 0; i < N; i++) {
+        const float *l = logits + (size_t)i * Vt;
+        float m = -INFINITY;
+        for (int j = 0; j < nv; j++) if (l[j] > m) m = l[j];
+        mx[i] = m;
+    }
+}
+
+static void cpu_vp_xent_stats(float *st, float *mx, const float *all, int T, const float *logits, const int32_t *tgt,
+                              int N, int Vt, int nv, int64_t lo) {
+    for (int i = 0; i < N; i++) {
+        float m = -INFINITY;
+        for (int t = 0; t < T; t++) if (all[(size_t)t * N + i] > m) m = all[(size_t)t * N + i];
+        mx[i] = m;
+    }
+    for (int i = 0; i < N; i++) {
+        const float *l = logits + (size_t)i * Vt;
+        double s = 0;
+        for (int j = 0; j < nv; j++) s += exp((double)(l[j] - mx[i]));
+        int64_t y = tgt[i] - lo;
+        st[i] = (float)s;
+        st[N + i] = y >= 0 && y < nv ? l[y] : 0.f;
+    }
+}
+
+static void cpu_vp_xent_finish(float *losses, float *lse, const float *st, const float *mx, int N) {
+    for (int i = 0; i < N; i++) {
+        lse[i] = (float)(log((double)st[i]) + mx[i]);
+        losses[i] = (float)(log((double)st[i]) + mx[i] - st[N + i]);
+    }
+}
+
+static void cpu_vp_xent_bwd(float *dl, const float *logits, const float *lse, const int32_t *tgt, float scale, int N,
+                            int Vt, int nv, int64_t lo) {
+    for (int i = 0; i < N; i++) {
+        const float *l = logits + (size_t)i * Vt;
+        float *d = dl + (size_t)i * Vt;
+        int64_t y = tgt[i] - lo;
+        for (int j = 0; j < nv; j++) {
+            float p = expf(l[j] - lse[i]);
+            d[j] = (p - (j == y ? 1.f : 0.f)) * scale;
+        }
+        for (int j = nv; j < Vt; j++) d[j] = 0.f;
+    }
+}
+
 /* ---- table ---- */
 
 /* fp32 everywhere: act storage is the backend's own float memory */
@@ -451,6 +526,10 @@ static const backend_t cpu_backend = {
     .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
     .xent_fwd = cpu_xent_fwd, .xent_bwd = cpu_xent_bwd,
     .adamw = cpu_adamw,
+    .acc = cpu_acc, .host_alloc = cpu_host_alloc, .host_free = cpu_free,
+    .vp_embedding_fwd = cpu_vp_embedding_fwd, .vp_embedding_bwd = cpu_vp_embedding_bwd,
+    .vp_xent_max = cpu_vp_xent_max, .vp_xent_stats = cpu_vp_xent_stats, .vp_xent_finish = cpu_vp_xent_finish,
+    .vp_xent_bwd = cpu_vp_xent_bwd,
 };
 
 const backend_t *backend_cpu(int threads) {

@@ -63,28 +63,36 @@ static int wait_req(comm_req_t **r, char *err, size_t errlen) {
     return rc;
 }
 
+/* be->free of a buffer that may be NULL */
+static void bfree(const backend_t *be, void *p) {
+    if (be && p) be->free(p);
+}
+
 void fsdp_destroy(fsdp_t *f) {
     char e[COMM_ERR_LEN];
+    const backend_t *be = f->be;
     for (int i = 0; i < 2; i++) {
         wait_req(&f->rs_req[i], e, sizeof e);
-        free(f->gbuf[i]);
-        free(f->bgrad[i]);
-        free(f->rs_out[i]);
+        bfree(be, f->gbuf[i]);
+        bfree(be, f->bgrad[i]);
+        bfree(be, f->rs_out[i]);
     }
     free(f->numel);
     free(f->chunk);
     free(f->shard_off);
-    free(f->master);
-    free(f->grad);
-    free(f->rest_full);
-    free(f->rest_grad);
+    if (f->wact != (act_t *)f->master) bfree(be, f->wact);
+    bfree(be, f->master);
+    bfree(be, f->grad);
+    bfree(be, f->rest_full);
+    bfree(be, f->rest_grad);
     free(f->segs);
     if (f->opt.be) optim_destroy(&f->opt);
     memset(f, 0, sizeof *f);
 }
 
-/* dst (shard_total) = this rank's chunks of full (model layout: its TP
- * slice, then its chunk of each unit; padding zero). */
+/* dst (shard_total, backend memory) = this rank's chunks of full (host,
+ * model layout: its TP slice, then its chunk of each unit; padding zero),
+ * built on the host and copied over once. */
 static void set_chunks(fsdp_t *f, const float *full, float *dst) {
     const model_t *m = f->m;
     float *local = NULL;
@@ -95,27 +103,37 @@ static void set_chunks(fsdp_t *f, const float *full, float *dst) {
         model_tp_slice(m, full, local);
         src = local;
     }
-    memset(dst, 0, f->shard_total * sizeof(float));
+    float *host = calloc(f->shard_total ? f->shard_total : 1, sizeof(float));
+    CHECK_ALLOC(host);
     for (int u = 0; u < f->n_units; u++) {
         size_t lo = (size_t)f->sidx * f->chunk[u];
         for (size_t j = 0; j < f->chunk[u] && lo + j < f->numel[u]; j++)
-            dst[f->shard_off[u] + j] = src[unit_to_model(f, u, lo + j)];
+            host[f->shard_off[u] + j] = src[unit_to_model(f, u, lo + j)];
     }
+    f->be->from_host(dst, host, f->shard_total * sizeof(float));
+    free(host);
     free(local);
+}
+
+/* The working copy of the chunks in act storage after the master changed
+ * (nothing to do when act storage is the fp32 master itself). */
+static void refresh_wact(fsdp_t *f) {
+    if (f->wact != (act_t *)f->master) f->be->to_act(f->wact, f->master, f->shard_total);
 }
 
 void fsdp_set_full_state(fsdp_t *f, const float *params, const float *exp_avg, const float *exp_avg_sq, int64_t step) {
     set_chunks(f, params, f->master);
     set_chunks(f, exp_avg, f->opt.m);
     set_chunks(f, exp_avg_sq, f->opt.v);
+    refresh_wact(f);
     f->opt.step = step;
 }
+
+void fsdp_state_changed(fsdp_t *f) { refresh_wact(f); }
 
 int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t *replica,
                 const optim_config_t *ocfg, char *err, size_t errlen) {
     memset(f, 0, sizeof *f);
-    if (m->be->act_bytes != (int)sizeof(float))
-        return errbuf_set(err, errlen, "hybrid sharding runs on the CPU backend only in this build (--backend cpu)"), -EINVAL;
     f->m = m;
     f->be = m->be;
     f->shard = shard;
@@ -143,20 +161,24 @@ int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t 
         f->shard_total += f->chunk[u];
         if (u < L && f->chunk[u] > maxc) maxc = f->chunk[u];
     }
-    size_t S = (size_t)f->S;
-    f->master = calloc(f->shard_total, sizeof(float));
-    f->grad = calloc(f->shard_total, sizeof(float));
-    f->rest_full = calloc(S * f->chunk[L], sizeof(float));
-    f->rest_grad = calloc(S * f->chunk[L], sizeof(float));
-    if (!f->master || !f->grad || !f->rest_full || !f->rest_grad) goto nomem;
+    size_t S = (size_t)f->S, ab = (size_t)f->be->act_bytes;
+    const backend_t *be = f->be;
+    /* backend memory, zeroed (the padding stays zero) */
+    f->master = be->alloc(f->shard_total * sizeof(float));
+    f->wact = ab == sizeof(float) ? (act_t *)f->master : be->alloc(f->shard_total * ab);
+    f->grad = be->alloc(f->shard_total * sizeof(float));
+    f->rest_full = be->alloc(S * f->chunk[L] * ab);
+    f->rest_grad = be->alloc(S * f->chunk[L] * sizeof(float));
+    if (!f->master || !f->wact || !f->grad || !f->rest_full || !f->rest_grad) goto nomem;
     for (int i = 0; i < 2; i++) {
-        f->gbuf[i] = calloc(S * maxc, sizeof(float));
-        f->bgrad[i] = calloc(S * maxc, sizeof(float));
-        f->rs_out[i] = calloc(maxc ? maxc : 1, sizeof(float));
+        f->gbuf[i] = be->alloc(S * maxc * ab);
+        f->bgrad[i] = be->alloc(S * maxc * sizeof(float));
+        f->rs_out[i] = be->alloc((maxc ? maxc : 1) * sizeof(float));
         if (!f->gbuf[i] || !f->bgrad[i] || !f->rs_out[i]) goto nomem;
     }
     f->n_segs = fsdp_segments(f, f->sidx, f->segs, NULL);
     set_chunks(f, full, f->master);
+    refresh_wact(f);
     model_drop_params(m);
     if (optim_create(&f->opt, ocfg, f->be, f->shard_total, err, errlen)) {
         fsdp_destroy(f);
@@ -168,8 +190,14 @@ nomem:
     return errbuf_set(err, errlen, "out of memory allocating the sharded model state"), -ENOMEM;
 }
 
-static int gather_unit(fsdp_t *f, int u, float *dst, comm_req_t **req, char *err, size_t errlen) {
-    return comm_all_gather(f->shard, f->master + f->shard_off[u], dst, f->chunk[u], COMM_F32, req, err, errlen);
+/* The element type of act storage on the wire: the working copy travels
+ * in it (bf16 on CUDA, fp32 on the CPU). */
+static comm_dtype_t act_dtype(const fsdp_t *f) { return f->be->act_bytes == 2 ? COMM_BF16 : COMM_F32; }
+
+/* Start gathering unit u's working copy (act storage) into dst (S chunks). */
+static int gather_unit(fsdp_t *f, int u, act_t *dst, comm_req_t **req, char *err, size_t errlen) {
+    return comm_all_gather(f->shard, be_act_at(f->be, f->wact, f->shard_off[u]), dst, f->chunk[u], act_dtype(f), req,
+                           err, errlen);
 }
 
 /* Wait for reduce-scatter slot i and add its result into the unit's chunk. */
@@ -178,14 +206,13 @@ static int drain_rs(fsdp_t *f, int i, char *err, size_t errlen) {
     int rc = wait_req(&f->rs_req[i], err, errlen);
     if (rc) return rc;
     int u = f->rs_unit[i];
-    float *g = f->grad + f->shard_off[u];
-    for (size_t j = 0; j < f->chunk[u]; j++) g[j] += f->rs_out[i][j];
+    f->be->acc(f->grad + f->shard_off[u], f->rs_out[i], f->chunk[u]);
     return 0;
 }
 
 int fsdp_begin_step(fsdp_t *f, char *err, size_t errlen) {
-    memset(f->grad, 0, f->shard_total * sizeof(float));
-    memset(f->rest_grad, 0, (size_t)f->S * f->chunk[f->n_units - 1] * sizeof(float));
+    f->be->memset0(f->grad, f->shard_total * sizeof(float));
+    f->be->memset0(f->rest_grad, (size_t)f->S * f->chunk[f->n_units - 1] * sizeof(float));
     comm_req_t *r = NULL;
     int rc = gather_unit(f, f->n_units - 1, f->rest_full, &r, err, errlen);
     return rc ? rc : wait_req(&r, err, errlen);
@@ -200,9 +227,10 @@ static int tp_failed(fsdp_t *f, char *err, size_t errlen) {
 int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, float loss_scale,
                     double *loss_sum, char *err, size_t errlen) {
     model_t *m = f->m;
+    const backend_t *be = f->be;
     int L = m->cfg.n_layers, rc = 0;
-    const float *embed = f->rest_full, *norm = f->rest_full + f->rest_norm,
-                *lm = m->cfg.tie_embeddings ? f->rest_full : f->rest_full + f->rest_lm;
+    const act_t *embed = f->rest_full, *norm = be_act_at(be, f->rest_full, f->rest_norm),
+                *lm = m->cfg.tie_embeddings ? f->rest_full : be_act_at(be, f->rest_full, f->rest_lm);
     float *dembed = f->rest_grad, *dnorm = f->rest_grad + f->rest_norm,
           *dlm = m->cfg.tie_embeddings ? f->rest_grad : f->rest_grad + f->rest_lm;
     comm_req_t *g = NULL;
@@ -227,14 +255,14 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
     for (int l = L - 1; l >= 0; l--) {
         if ((rc = wait_req(&g, err, errlen))) goto fail;
         if (l - 1 >= 0 && (rc = gather_unit(f, l - 1, f->gbuf[(l - 1) % 2], &g, err, errlen))) goto fail;
-        float *bp = f->gbuf[l % 2];
+        const act_t *bp = f->gbuf[l % 2];
         block_acts_t *a = &m->acts[m->act_ckpt ? 0 : l];
         /* activation offload: xs[l] back from ballastd, l - H requested */
         if (f->ao && act_offload_fetch(f->ao, l, err, errlen)) { rc = -EIO; goto fail; }
         if (m->act_ckpt) model_block_forward(m, bp, m->xs[l], m->xs[l + 1], a);
         int i = l % 2;
         if ((rc = drain_rs(f, i, err, errlen))) goto fail;
-        memset(f->bgrad[i], 0, (size_t)f->S * f->chunk[l] * sizeof(float));
+        be->memset0(f->bgrad[i], (size_t)f->S * f->chunk[l] * sizeof(float));
         model_block_backward(m, bp, f->bgrad[i], m->xs[l], a, m->dx);
         /* norm gradients cover this rank's rows only: sum them over the TP group */
         if (f->T > 1)
@@ -280,11 +308,21 @@ int fsdp_end_step(fsdp_t *f, char *err, size_t errlen) {
     return 0;
 }
 
-/* All-gather one double (as two fp32 words, copied bit for bit) in a group. */
-static int gather_doubles(comm_t *c, const double *x, size_t n, double *out, char *err, size_t errlen) {
+/* All-gather n doubles per rank (as fp32 word pairs, copied bit for bit)
+ * in a group: host x (n) -> host out (group size * n), through backend
+ * memory (the collectives take backend memory). */
+static int gather_doubles(const backend_t *be, comm_t *c, const double *x, size_t n, double *out, char *err,
+                          size_t errlen) {
+    size_t in_b = n * sizeof(double), out_b = (size_t)comm_size(c) * in_b;
+    char *buf = be->alloc(in_b + out_b);
+    if (!buf) return errbuf_set(err, errlen, "out of memory"), -ENOMEM;
+    be->from_host(buf, x, in_b);
     comm_req_t *r = NULL;
-    int rc = comm_all_gather(c, x, out, 2 * n, COMM_F32, &r, err, errlen);
-    return rc ? rc : wait_req(&r, err, errlen);
+    int rc = comm_all_gather(c, buf, buf + in_b, 2 * n, COMM_F32, &r, err, errlen);
+    if (!rc) rc = wait_req(&r, err, errlen);
+    if (!rc) be->to_host(out, buf + in_b, out_b);
+    be->free(buf);
+    return rc;
 }
 
 /* Sum of x over the ranks of the TP and shard groups (and the replica group
@@ -296,10 +334,10 @@ static int sum_groups(fsdp_t *f, double x, bool all_ranks, double *out, char *er
            *all = calloc((size_t)R * S * T, sizeof *all);
     if (!tv || !sv || !all) { rc = -ENOMEM; errbuf_set(err, errlen, "out of memory"); goto out; }
     tv[0] = x;
-    if (T > 1 && (rc = gather_doubles(f->tp, &x, 1, tv, err, errlen))) goto out;
-    if ((rc = gather_doubles(f->shard, tv, (size_t)T, sv, err, errlen))) goto out;
+    if (T > 1 && (rc = gather_doubles(f->be, f->tp, &x, 1, tv, err, errlen))) goto out;
+    if ((rc = gather_doubles(f->be, f->shard, tv, (size_t)T, sv, err, errlen))) goto out;
     if (R > 1) {
-        if ((rc = gather_doubles(f->replica, sv, (size_t)S * T, all, err, errlen))) goto out;
+        if ((rc = gather_doubles(f->be, f->replica, sv, (size_t)S * T, all, err, errlen))) goto out;
     } else {
         memcpy(all, sv, (size_t)S * T * sizeof *all);
     }
@@ -336,35 +374,49 @@ int fsdp_sum_all(fsdp_t *f, double x, double *out, char *err, size_t errlen) {
 }
 
 void fsdp_optim_step(fsdp_t *f, double lr, float grad_scale) {
-    optim_step(&f->opt, f->master, NULL, f->grad, f->segs, f->n_segs, lr, grad_scale);
+    /* a separate working copy (bf16 on CUDA) is refreshed in the same pass */
+    optim_step(&f->opt, f->master, f->wact != (act_t *)f->master ? f->wact : NULL, f->grad, f->segs, f->n_segs, lr,
+               grad_scale);
 }
 
 int fsdp_gather_params(fsdp_t *f, float *full, char *err, size_t errlen) {
     const model_t *m = f->m;
-    size_t nl = m->tp.n_params;
-    float *local = f->T > 1 ? calloc(nl, sizeof(float)) : full, *all = NULL;
+    const backend_t *be = f->be;
+    size_t nl = m->tp.n_params, maxc = 0;
+    for (int u = 0; u < f->n_units; u++) if (f->chunk[u] > maxc) maxc = f->chunk[u];
+    /* host: this rank's TP-local parameters and one gathered unit; backend:
+     * the unit's S chunks (the collectives take backend memory) */
+    float *local = f->T > 1 ? calloc(nl, sizeof(float)) : full, *all = NULL, *dall = NULL;
+    float *host = malloc((size_t)f->S * maxc * sizeof(float)), *dbuf = be->alloc((size_t)f->S * maxc * sizeof(float));
     int rc = 0;
-    if (!local) return errbuf_set(err, errlen, "out of memory"), -ENOMEM;
+    if (!local || !host || !dbuf) { rc = -ENOMEM; errbuf_set(err, errlen, "out of memory"); goto out; }
     for (int u = 0; u < f->n_units && !rc; u++) {
-        float *buf = calloc((size_t)f->S * f->chunk[u], sizeof(float));
-        if (!buf) { rc = -ENOMEM; errbuf_set(err, errlen, "out of memory"); break; }
+        /* the fp32 master chunks, not the working copy */
         comm_req_t *r = NULL;
-        rc = gather_unit(f, u, buf, &r, err, errlen);
+        rc = comm_all_gather(f->shard, f->master + f->shard_off[u], dbuf, f->chunk[u], COMM_F32, &r, err, errlen);
         if (!rc) rc = wait_req(&r, err, errlen);
-        if (!rc) for (size_t i = 0; i < f->numel[u]; i++) local[unit_to_model(f, u, i)] = buf[i];
-        free(buf);
+        if (rc) break;
+        be->to_host(host, dbuf, (size_t)f->S * f->chunk[u] * sizeof(float));
+        for (size_t i = 0; i < f->numel[u]; i++) local[unit_to_model(f, u, i)] = host[i];
     }
     if (!rc && f->T > 1) {
         /* every TP rank's local parameters, each written back into the full layout */
         all = malloc((size_t)f->T * nl * sizeof(float));
+        dall = be->alloc((size_t)(f->T + 1) * nl * sizeof(float));
         comm_req_t *r = NULL;
-        if (!all) { rc = -ENOMEM; errbuf_set(err, errlen, "out of memory"); }
-        else if (!(rc = comm_all_gather(f->tp, local, all, nl, COMM_F32, &r, err, errlen)))
+        if (!all || !dall) { rc = -ENOMEM; errbuf_set(err, errlen, "out of memory"); goto out; }
+        be->from_host(dall, local, nl * sizeof(float));
+        if (!(rc = comm_all_gather(f->tp, dall, dall + nl, nl, COMM_F32, &r, err, errlen)))
             rc = wait_req(&r, err, errlen);
+        if (!rc) be->to_host(all, dall + nl, (size_t)f->T * nl * sizeof(float));
         for (int t = 0; !rc && t < f->T; t++) model_tp_unslice(m, t, all + (size_t)t * nl, full);
     }
+out:
     if (local != full) free(local);
     free(all);
+    free(host);
+    if (dbuf) be->free(dbuf);
+    if (dall) be->free(dall);
     return rc;
 }
 

@@ -1,5 +1,5 @@
 /* fsdp.h: hybrid-sharded data parallelism (FSDP HYBRID_SHARD) with tensor
- * parallelism on the CPU backend.
+ * parallelism, on any backend (CPU, or CUDA with the working copy in bf16).
  *
  * The rank's TP-local parameters (model.h, model_tp_t: the whole model when
  * T = 1) are split into L + 1 flat units: unit l < L is transformer block l
@@ -30,8 +30,12 @@
  *
  * Every reduction of the shm backend runs in rank order, so every run gives
  * the same bits; against one process the results differ only by the order
- * of floating-point sums. Buffers are host memory (the shm backend); a GPU
- * version needs device buffers and the NCCL backend.
+ * of floating-point sums. Every buffer is backend memory (be->alloc): the
+ * fp32 master chunks, moments and gradients; the working copy of the
+ * chunks (wact) in act storage, which the all-gathers move (bf16 on CUDA,
+ * the master itself on the CPU); gradients are reduced in fp32. The
+ * communicators take backend memory: on a GPU NCCL, or shm behind the
+ * host staging of workers/comm_stage.h.
  *
  * Functions return 0 or a negative errno with a message in err. */
 #ifndef BALLAST_FSDP_H
@@ -46,7 +50,7 @@
 
 typedef struct {
     model_t *m;                /* activations and layout; its full params/grads are dropped */
-    const backend_t *be;       /* the CPU backend (act_t is float) */
+    const backend_t *be;       /* the model's backend; every buffer below is its memory */
     comm_t *shard, *replica;   /* shard group (S ranks), replica group (R ranks) */
     comm_t *tp;                /* TP group (T ranks; the model's, NULL when T == 1) */
     int S, sidx;               /* shard degree and this rank's index in its shard group */
@@ -58,10 +62,11 @@ typedef struct {
     size_t shard_total;        /* floats in master, grad, and each moment */
     size_t rest_norm, rest_lm; /* offsets of norm and lm_head inside the rest unit */
     float *master;             /* (shard_total) fp32 master chunks */
+    act_t *wact;               /* (shard_total) working copy in act storage (== master when act_bytes == 4) */
     float *grad;               /* (shard_total) gradient chunks, summed over the step */
-    float *rest_full;          /* (S * chunk[L]) gathered rest unit */
+    act_t *rest_full;          /* (S * chunk[L]) gathered rest unit, act storage */
     float *rest_grad;          /* (S * chunk[L]) full rest gradient of this rank's data */
-    float *gbuf[2];            /* (S * max block chunk) gathered block parameters */
+    act_t *gbuf[2];            /* (S * max block chunk) gathered block parameters, act storage */
     float *bgrad[2];           /* (S * max block chunk) full block gradient */
     float *rs_out[2];          /* (max block chunk) reduce-scatter results */
     comm_req_t *rs_req[2];     /* reduce-scatters in flight, or NULL */
@@ -98,8 +103,13 @@ int fsdp_end_step(fsdp_t *f, char *err, size_t errlen);
  * same; the replicated norms count on TP rank 0 only). */
 int fsdp_grad_norm(fsdp_t *f, double *norm, char *err, size_t errlen);
 
-/* AdamW on the local chunks, gradients scaled by grad_scale first. */
+/* AdamW on the local chunks, gradients scaled by grad_scale first (the
+ * working copy follows). */
 void fsdp_optim_step(fsdp_t *f, double lr, float grad_scale);
+
+/* After writing f->master directly (a checkpoint load): refresh the
+ * working copy from it. */
+void fsdp_state_changed(fsdp_t *f);
 
 /* Sum of x over every rank of the job, in global-rank order (the same
  * bits on every rank). */

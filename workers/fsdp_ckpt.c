@@ -390,6 +390,7 @@ int fsdp_ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen) {
         }
     }
     f->opt.step = (int64_t)json_integer_value(json_object_get(root, "step"));
+    fsdp_state_changed(f); /* the working copy follows the loaded master */
     rc = 0;
 out:
     if (st) st_close(st);

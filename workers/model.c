@@ -210,6 +210,7 @@ static int tp_check(const llama_config_t *c, const backend_t *be, int B, int T, 
         snprintf(err, errlen, "tensor-parallel rank %d of %d is invalid", rank, tp);
         return -1;
     }
+    (void)be; /* every backend runs tensor parallelism (the vocab-parallel ops are in the table) */
     if (tp == 1) return 0;
     const char *what = NULL;
     int n = 0;
@@ -226,10 +227,6 @@ static int tp_check(const llama_config_t *c, const backend_t *be, int B, int T, 
         snprintf(err, errlen, "--tensor-parallel-degree %d does not divide the %d x %d = %lld tokens of a micro-batch: "
                  "sequence parallelism splits them evenly; change --micro-batch or --seq-len",
                  tp, B, T, (long long)B * T);
-        return -1;
-    }
-    if (be->act_bytes != (int)sizeof(float)) {
-        snprintf(err, errlen, "tensor parallelism runs on the CPU backend only in this build (--backend cpu)");
         return -1;
     }
     if (!comm || comm_size(comm) != tp || comm_index(comm) != rank) {
@@ -261,6 +258,7 @@ int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, 
     m->tp.size = tp_size;
     m->tp.rank = tp_rank;
     m->tp.comm = tp_size > 1 ? comm : NULL;
+    m->tp.be = be;
     m->tp.N = B * T / tp_size;
     build_layout(m);
     build_tp_layout(m);

@@ -62,6 +62,7 @@ typedef struct {
     int size;                  /* T: ranks of the TP group (1 = no tensor parallelism) */
     int rank;                  /* this rank's index in the group, 0..size-1 */
     comm_t *comm;              /* the TP group's communicator; NULL when size == 1 */
+    const backend_t *be;       /* the model's backend (tp.c runs its ops) */
     int H, Hkv, F, V;          /* local query heads, kv heads, MLP rows, vocab rows (ceil(vocab / size)) */
     int N;                     /* token rows held between blocks: B*T / size */
     size_t n_params;           /* floats of the TP-local layout */
@@ -132,7 +133,7 @@ int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int
  * group's communicator, NULL when tp_size == 1). Parameters, master and
  * gradients keep the full layout (for initialisation and I/O; a sharding
  * driver drops them); activations, logits and scratch are TP-local.
- * tp_size > 1 needs the CPU backend, and H, Hkv, F and B*T divisible by
+ * tp_size > 1 needs H, Hkv, F and B*T divisible by
  * tp_size; otherwise -1 with a message naming the numbers. The whole-model
  * model_forward / model_backward need tp_size == 1. */
 int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,

@@ -5,7 +5,8 @@
  * group of T holds rows t*N/T .. (t+1)*N/T - 1 between blocks. Vocabulary
  * rows are split the same way: rank t holds rows t*Vt .. t*Vt + Vt - 1 of
  * embed and lm_head (Vt = ceil(V / T); rows past V are padding, kept out of
- * the loss). Buffers are host memory (the CPU backend with the shm comm).
+ * the loss). Buffers are backend memory (workers/backend.h); act_t ones
+ * travel in act storage (bf16 on CUDA), float ones in fp32.
  *
  * Every function is collective over the TP group: each rank calls it in the
  * same order with the same sizes. A failure is kept in tp->rc / tp->err (the

@@ -1,6 +1,12 @@
 /* train_dist.c: the training loop of one rank among several: hybrid
  * sharding (workers/fsdp.h) with tensor parallelism (workers/tp.h) on the
- * CPU backend.
+ * CPU backend or on GPUs (--backend cuda).
+ *
+ * GPU ranks: local rank r uses GPU (--device + r) mod (visible GPUs). When
+ * every rank of the node has a GPU of its own, --comm auto picks NCCL (device
+ * buffers go to it directly); when several ranks share a GPU (NCCL refuses
+ * that) it picks the shm collectives behind host staging
+ * (workers/comm_stage.h), so fsdp.c and tp.c see device memory either way.
  *
  * The global batch of a step is A micro-steps x dp data-parallel ranks x B
  * rows of T tokens (dp = world / T); rank r reads rows r*B .. r*B+B-1 of
@@ -26,6 +32,7 @@
 #include "workers/backend.h"
 #include "workers/backend_cuda/backend_cuda.h"
 #include "workers/ckpt.h"
+#include "workers/comm_stage.h"
 #include "workers/data.h"
 #include "workers/dist.h"
 #include "workers/fsdp.h"
@@ -37,6 +44,10 @@
 
 /* from libballast_cuda.a when the build has CUDA; NULL otherwise */
 #pragma weak cuda_device_name
+/* From libballast_cuda.a when ballast-worker was built with nvcc; NULL
+ * otherwise (train.c pulls the backend in for --backend cuda). */
+#pragma weak backend_cuda
+#pragma weak cuda_device_count
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
@@ -64,14 +75,75 @@ static int dump_batch(const char *dir, int rank, const int32_t *inputs, size_t n
     return 0;
 }
 
+/* The GPU set-up of a rank: its device (local rank r -> (--device + r) mod
+ * count), the backend, and the collectives: NCCL when every local rank has
+ * a GPU of its own (and --comm allows), shm with host staging when ranks
+ * share a GPU. *comm gets the kind for dist_init. 0, or -1 with a message. */
+static int gpu_setup(const train_opts_t *o, int rank, int world, const backend_t **be, int *device, comm_kind_t *comm,
+                     char *err, size_t errlen) {
+    if (!backend_cuda || !cuda_device_count) {
+        snprintf(err, errlen, "--backend cuda: this ballast-worker was built without CUDA (no nvcc at build time, or "
+                 "CUDA=0); rebuild with nvcc on PATH, or use --backend cpu");
+        return -1;
+    }
+    if (o->resume || o->ckpt_dir) {
+        snprintf(err, errlen, "--ckpt-dir / --resume with --backend cuda and several processes are not supported in "
+                 "this build (sharded checkpoints read and write host memory); train without them, or use --backend cpu");
+        return -1;
+    }
+    char why[256] = "";
+    int count = cuda_device_count(why, sizeof why);
+    if (count <= 0) {
+        snprintf(err, errlen, "--backend cuda: no usable GPU: %s; check nvidia-smi and CUDA_VISIBLE_DEVICES", why);
+        return -1;
+    }
+    topo_flags_t tf;
+    topo_t topo;
+    topo_flags_init(&tf);
+    tf.rank = rank;
+    tf.world_size = world;
+    int local = rank, local_world = world;
+    if (topo_resolve(&tf, &topo, why, sizeof why) == 0) {
+        local = topo.local_rank;
+        local_world = topo.local_world_size;
+    }
+    *device = (int)((o->device + local) % count);
+    bool shared = local_world > count; /* some GPU drives two ranks or more: NCCL refuses that */
+    comm_kind_t want = (comm_kind_t)o->comm;
+    if (shared && want == COMM_NCCL) {
+        snprintf(err, errlen, "--comm nccl: %d ranks on this node share %d GPU%s and NCCL refuses two ranks on one GPU; "
+                 "use --comm auto or shm (shared-memory collectives with host staging), or one rank per GPU",
+                 local_world, count, count == 1 ? "" : "s");
+        return -1;
+    }
+    *comm = shared ? COMM_SHM : want;
+    if (!(*be = backend_cuda(*device, err, errlen))) return -1;
+    return 0;
+}
+
+/* With device buffers on the shm backend: put each communicator behind
+ * host staging. 0, or -1 with a message. */
+static int stage_comms(dist_t *d, const backend_t *be, char *err, size_t errlen) {
+    for (int k = 0; k < GROUP_NKINDS; k++) {
+        comm_t *w = NULL;
+        if (comm_stage_wrap(&w, d->comm[k], be, err, errlen)) return -1;
+        d->comm[k] = w;
+    }
+    return 0;
+}
+
 int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rdzv_addr) {
     char err[5000];
     int status = 1;
-    if (o->backend != 0) {
-        log_error("rank %d: several processes train on --backend cpu only in this build (GPU ranks come with the "
-                  "NCCL path); use --backend cpu or one process", rank);
+    bool on_gpu = o->backend == 1;
+    const backend_t *be = NULL;
+    int device = 0;
+    comm_kind_t comm_kind = (comm_kind_t)o->comm;
+    if (on_gpu && gpu_setup(o, rank, world, &be, &device, &comm_kind, err, sizeof err)) {
+        log_error("rank %d: %s", rank, err);
         return 1;
     }
+    if (!on_gpu) be = backend_cpu((int)o->threads);
     if (o->resume && !o->ckpt_dir) { log_error("--resume needs --ckpt-dir DIR (where the step-NNNNNNNN directories are)"); return 1; }
     if (o->ckpt_every && !o->ckpt_dir) { log_error("--ckpt-every needs --ckpt-dir DIR"); return 1; }
     if (o->dump_grads) {
@@ -90,11 +162,25 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     /* join the job: groups, rendezvous, communicators */
     dist_opts_t dopt = {
         .world = world, .rank = rank, .S = (int)o->shard_degree, .T = (int)o->tp_degree,
-        .comm = (comm_kind_t)o->comm, .on_gpu = false, .rdzv_addr = rdzv_addr, .rdzv_serve = true,
+        .comm = comm_kind, .on_gpu = on_gpu, .device = device, .rdzv_addr = rdzv_addr, .rdzv_serve = true,
         .job_id = "ballast-train", .rdzv_timeout_s = o->rdzv_timeout,
     };
     dist_t d;
     if (dist_init(&d, &dopt, err, sizeof err)) { log_error("%s", err); return 1; }
+    /* BALLAST_COMM_STAGE=1 stages the CPU backend's collectives too (a test
+     * hook: the copies are memcpy there, so the results must not change) */
+    const char *force_stage = getenv("BALLAST_COMM_STAGE");
+    bool stage = d.kind == COMM_SHM && (on_gpu || (force_stage && !strcmp(force_stage, "1")));
+    if (stage && stage_comms(&d, be, err, sizeof err)) {
+        log_error("rank %d: %s", rank, err);
+        for (int kk = 0; kk < GROUP_NKINDS; kk++) comm_destroy(d.comm[kk]);
+        rdzv_client_close(d.rdzv);
+        rdzv_server_stop(d.server);
+        groups_free(&d.groups);
+        return 1;
+    }
+    if (on_gpu) log_info("rank %d: GPU %d, collectives %s", rank, device, comm_backend(d.comm[GROUP_SHARD]));
+    else if (stage) log_info("rank %d: collectives %s (BALLAST_COMM_STAGE=1)", rank, comm_backend(d.comm[GROUP_SHARD]));
     const groups_t *g = &d.groups;
     int dp = world / g->T, dp_rank = g->replica * g->S + g->shard;
     int B = (int)o->micro_batch, T = (int)o->seq_len, A = 0;
@@ -116,7 +202,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         log_error("%s: %lld tokens, fewer than seq-len + 1 = %d", o->data, (long long)data_num_tokens(data), T + 1);
         goto out;
     }
-    if (model_create_tp(&model, &cfg, backend_cpu((int)o->threads), B, T, o->act_ckpt, g->T, g->tp, d.comm[GROUP_TP],
+    if (model_create_tp(&model, &cfg, be, B, T, o->act_ckpt, g->T, g->tp, d.comm[GROUP_TP],
                         err, sizeof err)) {
         log_error("%s", err);
         goto out;

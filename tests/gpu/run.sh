@@ -21,6 +21,9 @@
 #                           build in build/ runs here, else on a memfd)
 #   3. gpu_train check    : 20 training steps, GPU losses vs CPU losses
 #                           (then again with activation checkpointing)
+#   3b. tests/gpu/ranks.sh: 4 ranks on one GPU (staged shm collectives),
+#                           (S, T) in (4,1) (2,2) (1,4), losses vs one GPU
+#                           process (needs build/bin/ballast-worker from make)
 #   4. benchmark          : ballast vs PyTorch (tests/gpu/torch_baseline.py)
 #                           on llama3.2-1b and llama2-7b (activation
 #                           checkpointing) at seq 4096, and per-op times;
@@ -144,7 +147,9 @@ ls workers/backend_cuda/*.cu | xargs -P "$JOBS" -I{} sh -c \
     'o=$B/obj/$(basename {} .cu).cu.o; $NVCC_BIN $NVFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
     || { say "CUDA build failed"; exit 1; }
 C_ORACLE="common/log.c common/errbuf.c workers/backend_cpu.c"
-C_TRAIN="common/options.c workers/model.c workers/optim.c workers/llama_config.c workers/safetensors.c"
+# model.c reaches tp.c (and tp.c the comm API) for tensor parallelism only:
+# one process links tp.c with tests/gpu/lib/no_comm.c in place of the collectives
+C_TRAIN="common/options.c workers/model.c workers/tp.c tests/gpu/lib/no_comm.c workers/optim.c workers/llama_config.c workers/safetensors.c"
 C_COMM="workers/comm.c workers/comm_shm.c workers/comm_nccl.c common/shm.c"
 CSRC="$C_ORACLE $C_COMM"
 [ -n "$JANSSON_LIB" ] && CSRC="$CSRC $C_TRAIN"
@@ -230,6 +235,24 @@ if [ -x "$B/bin/gpu_train" ]; then
     printf '%s %d %d %d %d\n' "e2e_ckpt" "$ok" "$bad" "$sk" "$rc" >> "$SUM"
 else
     printf '%s %d %d %d %d\n' "e2e" 0 0 1 0 >> "$SUM"
+fi
+
+# ---- 3b. GPU ranks: 4 ranks on one GPU vs one GPU process (tests/gpu/ranks.sh) ----
+# needs build/bin/ballast-worker from `make` with nvcc (the whole worker);
+# ranks.sh says SKIP when it is not there
+if [ "$(left)" -gt 60 ]; then
+    say "GPU ranks: 4 ranks on one GPU with staged shm collectives, (S, T) in (4,1) (2,2) (1,4)"
+    timeout "$(left)" tests/gpu/ranks.sh "$LOG" > "$LOG/ranks.tap" 2>&1
+    rc=$?
+    grep -E '^(ok|not ok)|^# ' "$LOG/ranks.tap" | sed 's/^/    /'
+    ok=$(grep -E '^ok ' "$LOG/ranks.tap" | grep -vc '# SKIP'); bad=$(grep -c '^not ok' "$LOG/ranks.tap")
+    sk=$(grep -c '# SKIP' "$LOG/ranks.tap")
+    [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
+    [ "$bad" -gt 0 ] && FAILED=1
+    printf '%s %d %d %d %d\n' "ranks" "$ok" "$bad" "$sk" "$rc" >> "$SUM"
+else
+    say "GPU ranks: skipped (time budget of ${BUDGET}s spent)"
+    printf '%s %d %d %d %d\n' "ranks" 0 0 1 0 >> "$SUM"
 fi
 
 # ---- 4. benchmark ----

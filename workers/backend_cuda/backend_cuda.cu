@@ -301,6 +301,8 @@ static char g_device_name[256]; /* cudaDeviceProp.name of g_device */
 
 extern "C" const char *cuda_device_name(void) { return g_device >= 0 ? g_device_name : NULL; }
 
+void cuda_parallel_fill(backend_t *t); /* parallel.cu: the sharded / tensor-parallel ops */
+
 /* ---- start-up ---- */
 
 extern "C" int cuda_device_count(char *why, size_t whylen) {
@@ -364,6 +366,7 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     t.swiglu_fwd = cu_swiglu_fwd; t.swiglu_bwd = cu_swiglu_bwd;
     t.xent_fwd = cu_xent_fwd; t.xent_bwd = cu_xent_bwd;
     t.adamw = cu_adamw;
+    cuda_parallel_fill(&t);
     g_table = t;
     snprintf(g_device_name, sizeof g_device_name, "%s", prop.name);
     g_device = device;
