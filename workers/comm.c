@@ -242,13 +242,9 @@ static uint64_t mono_ns(void) {
 
 double comm_wait_seconds(void) { return 1e-9 * (double)atomic_load_explicit(&g_wait_ns, memory_order_relaxed); }
 
-int comm_stream_wait(comm_req_t *r, void *stream, char *err, size_t errlen) {
-    if (!r) {
-        snprintf(err, errlen, "comm_stream_wait: NULL handle");
-        return -EINVAL;
-    }
-    if (r->comm->ops->stream_wait) return r->comm->ops->stream_wait(r->comm, r, stream, err, errlen);
-    /* host-memory backend: the result is there once the collective is done */
+/* Block until r is done (the backend's wait hook first); its status, and
+ * its message in err when it failed. r stays allocated. */
+static int wait_done(comm_req_t *r, char *err, size_t errlen) {
     if (r->comm->ops->wait) r->comm->ops->wait(r->comm, r);
     pthread_mutex_lock(&r->mu);
     while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
@@ -258,18 +254,23 @@ int comm_stream_wait(comm_req_t *r, void *stream, char *err, size_t errlen) {
     return st;
 }
 
+int comm_stream_wait(comm_req_t *r, void *stream, char *err, size_t errlen) {
+    if (!r) {
+        snprintf(err, errlen, "comm_stream_wait: NULL handle");
+        return -EINVAL;
+    }
+    if (r->comm->ops->stream_wait) return r->comm->ops->stream_wait(r->comm, r, stream, err, errlen);
+    /* host-memory backend: the result is there once the collective is done */
+    return wait_done(r, err, errlen);
+}
+
 int comm_wait(comm_req_t *r, char *err, size_t errlen) {
     if (!r) {
         snprintf(err, errlen, "comm_wait: NULL handle");
         return -EINVAL;
     }
     uint64_t t0 = mono_ns();
-    if (r->comm->ops->wait) r->comm->ops->wait(r->comm, r);
-    pthread_mutex_lock(&r->mu);
-    while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
-    int st = r->status;
-    if (st) snprintf(err, errlen, "%s", r->err);
-    pthread_mutex_unlock(&r->mu);
+    int st = wait_done(r, err, errlen);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);

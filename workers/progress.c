@@ -375,6 +375,23 @@ void progress_step_since(progress_step_t *s, const progress_totals_t *a, const p
         b->from_service_bytes > a->from_service_bytes ? (uint64_t)(b->from_service_bytes - a->from_service_bytes) : 0;
 }
 
+int progress_end_step(progress_t *p, int64_t step, const progress_totals_t *before, double loss, double lr,
+                      double grad_norm, double step_s, double data_s, bool skipped, char *err, size_t errlen) {
+    progress_totals_t now;
+    progress_step_t ps;
+    progress_step_init(&ps, step);
+    progress_totals(p, &now);
+    progress_step_since(&ps, before, &now);
+    ps.loss = loss;
+    ps.lr = lr;
+    ps.grad_norm = grad_norm;
+    ps.step_s = step_s;
+    ps.phase_s[PROGRESS_DATA] = data_s;
+    ps.mem_host_bytes = progress_rss_bytes();
+    ps.skipped = skipped;
+    return progress_record(p, &ps, NULL, err, errlen);
+}
+
 int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *stats, char *err, size_t errlen) {
     progress_stats_t st;
     memset(&st, 0, sizeof st);

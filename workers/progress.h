@@ -132,6 +132,14 @@ void progress_step_since(progress_step_t *s, const progress_totals_t *a, const p
  * JSON log failed (message in err: disk full, closed pipe). */
 int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *stats, char *err, size_t errlen);
 
+/* The end of a training step, shared by the single-process and the
+ * sharded loop: a step record for step `step` with the comm and offload
+ * figures since `before` (progress_totals at the step's start), the loss,
+ * learning rate, gradient norm, wall time, data-loading time and process
+ * memory, then progress_record(). Returns what progress_record returns. */
+int progress_end_step(progress_t *p, int64_t step, const progress_totals_t *before, double loss, double lr,
+                      double grad_norm, double step_s, double data_s, bool skipped, char *err, size_t errlen);
+
 /* Erase the live line so that a log message starts on a clean line (no-op
  * in plain mode); the next progress_record() draws it again. */
 void progress_clear_line(progress_t *p);

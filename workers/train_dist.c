@@ -348,7 +348,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     float scale = (float)(1.0 / global_tokens);
     for (int64_t s = start + 1; s <= o->steps; s++) {
         double ts = now_s(), data_s = 0;
-        progress_totals_t tot0, tot1;
+        progress_totals_t tot0;
         progress_totals(prog, &tot0);
         int64_t k = s - 1;
         double loss_sum = 0;
@@ -400,18 +400,11 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
             if (offload_run_optim_step(&orun, &fs, s, lr, coef, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
         } else
             fs.opt.step++; /* skipped: keep the update count equal to the step, as a resume sets it */
-        progress_step_t ps;
-        progress_step_init(&ps, s);
-        progress_totals(prog, &tot1);
-        progress_step_since(&ps, &tot0, &tot1);
-        ps.loss = loss;
-        ps.lr = lr;
-        ps.grad_norm = norm;
-        ps.step_s = now_s() - ts;
-        ps.phase_s[PROGRESS_DATA] = data_s;
-        ps.mem_host_bytes = progress_rss_bytes();
-        ps.skipped = act != PROGRESS_LOSS_OK;
-        if (progress_record(prog, &ps, NULL, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
+        if (progress_end_step(prog, s, &tot0, loss, lr, norm, now_s() - ts, data_s, act != PROGRESS_LOSS_OK, err,
+                              sizeof err)) {
+            log_error("rank %d: %s", rank, err);
+            goto out;
+        }
         /* every rank saw the same sum, so all save and stop after the same step */
         if (o->ckpt_dir && ((o->ckpt_every && s % o->ckpt_every == 0) || s == o->steps || stop > 0)) {
             ckpt_meta_t meta = { .step = s, .cfg = cfg, .ocfg = ocfg, .data_order = o->data_order,
