@@ -1,6 +1,9 @@
 /* act_offload.c: block inputs through ballastd during a micro-step; see
  * act_offload.h. Relies on offload_link.h for the session and model.h for
- * the xs[] buffers. */
+ * the xs[] buffers. Every copy between backend memory and the pool goes
+ * through the backend (to_host into a put region, from_host out of a get
+ * region); only the fp32 CPU backend reads a fetched input in place, other
+ * backends copy it into one staging buffer in backend memory. */
 #include "workers/act_offload.h"
 
 #include <stdlib.h>
@@ -28,7 +31,10 @@ struct act_offload {
     ao_state_t *st;            /* (L) per block input */
     oc_handle_t *put_h, *get_h, *pf_h, *free_h; /* (L) async handles, 0 = none */
     oc_buf_t *buf;             /* (L) held regions */
+    bool in_place;             /* the CPU backend (fp32): a fetched input is read in the pool itself */
+    act_t *stage;              /* (bytes) backend memory a fetched input is copied into, when !in_place */
 };
+
 
 static bool offloaded(const act_offload_t *a, int l) { return l >= 0 && l < a->L + 1 - a->K; }
 
@@ -46,6 +52,7 @@ act_offload_t *act_offload_create(model_t *m, offload_link_t *link, int horizon,
     a->H = horizon;
     a->K = horizon + 2 < a->L + 1 ? horizon + 2 : a->L + 1;
     a->bytes = (size_t)m->tp.N * m->cfg.dim * (size_t)m->be->act_bytes; /* this rank's rows (N / TP degree) */
+    a->in_place = offload_link_in_place(m->be);
     int L = a->L > 0 ? a->L : 1;
     a->slot = calloc((size_t)a->K, sizeof *a->slot);
     a->st = calloc((size_t)L, sizeof *a->st);
@@ -65,6 +72,13 @@ act_offload_t *act_offload_create(model_t *m, offload_link_t *link, int horizon,
         else if (m->xs[l]) m->be->free(m->xs[l]);
         m->xs[l] = l < a->K ? a->slot[l] : NULL;
     }
+    /* after the ring is set up, so that destroy leaves m consistent */
+    if (!a->in_place && a->L + 1 > a->K && !(a->stage = m->be->alloc(a->bytes))) {
+        act_offload_destroy(a);
+        errbuf_set(err, errlen, "out of %s memory for the staging buffer of a block input (%zu bytes)", m->be->name,
+                   a->bytes);
+        return NULL;
+    }
     return a;
 }
 
@@ -75,6 +89,7 @@ void act_offload_destroy(act_offload_t *a) {
         act_offload_backward_end(a, e, sizeof e);
         for (int l = 0; l <= a->L; l++) a->m->xs[l] = l < a->K ? a->slot[l] : NULL;
     }
+    if (a->stage) a->m->be->free(a->stage);
     free(a->slot);
     free(a->st);
     free(a->put_h);
@@ -113,7 +128,7 @@ int act_offload_produced(act_offload_t *a, int l, char *err, size_t errlen) {
     oc_key_t k = key_of(a, l);
     oc_buf_t b;
     if (offload_link_put_alloc(a->link, &k, a->bytes, false, &b, err, errlen)) return -1;
-    memcpy(b.ptr, a->slot[l % a->K], a->bytes);
+    a->m->be->to_host(b.ptr, a->slot[l % a->K], a->bytes);
     if (oc_put_commit_async(a->link->c, &k, &b, &a->put_h[l]) != OC_OK)
         return offload_link_fail(err, errlen, "sending a block input to ballastd");
     offload_link_count(a->link, a->bytes, 0);
@@ -166,7 +181,13 @@ int act_offload_fetch(act_offload_t *a, int l, char *err, size_t errlen) {
         return errbuf_set(err, errlen, "ballastd returned %llu bytes for block input %d, expected %zu",
                           (unsigned long long)a->buf[l].len, l, a->bytes);
     offload_link_count(a->link, 0, a->bytes);
-    m->xs[l] = (act_t *)a->buf[l].ptr;
+    if (a->in_place) {
+        m->xs[l] = (act_t *)a->buf[l].ptr;
+    } else {
+        /* fetch(l) and release(l) pair up before fetch(l - 1): one buffer */
+        m->be->from_host(a->stage, a->buf[l].ptr, a->bytes);
+        m->xs[l] = a->stage;
+    }
     return 0;
 }
 

@@ -10,8 +10,10 @@
  * later. The last K inputs never leave their slots. In backward, block j
  * first asks for block j - H's input (an asynchronous get; one more block
  * ahead a prefetch brings it from NVMe into the pool), then waits for its
- * own input, which it reads in place from the pinned region of the pool;
- * after block j's backward the region is released and the blob freed.
+ * own input, which it reads in place from the pinned region of the pool
+ * (the CPU backend) or copies into a staging buffer in backend memory (a
+ * GPU: workers/offload_link.h, offload_link_in_place); after block j's
+ * backward the region is released and the blob freed.
  * With activation checkpointing, block j's recomputed output (scratch)
  * goes into slot (j + 1) % K, free by then.
  *

@@ -45,9 +45,10 @@ BINS := $(filter-out $(BUILD)/bin/worker,$(BINS)) $(if $(wildcard workers/worker
 $(BUILD)/bin/ballast-worker: $(BUILD)/obj/workers/worker_main.o $(LIBS)
 	$(LINK)
 
-# --backend cuda: train.c refers to backend_cuda() weakly; -u pulls it (and
-# the rest of the backend) out of libballast_cuda.a for this program only.
+# --backend cuda: train.c refers to backend_cuda() weakly, offload_run.c to
+# pool_register() (and pool_unregister()); -u pulls them (and the rest of the
+# backend) out of libballast_cuda.a for this program only.
 ifeq ($(HAVE_CUDA),1)
 $(BUILD)/bin/ballast-worker: $(CUDA_LIB)
-$(BUILD)/bin/ballast-worker: EXTRA_LIBS += -Wl,-u,backend_cuda $(CUDA_LIB) $(GPU_LIBS)
+$(BUILD)/bin/ballast-worker: EXTRA_LIBS += -Wl,-u,backend_cuda -Wl,-u,pool_register $(CUDA_LIB) $(GPU_LIBS)
 endif

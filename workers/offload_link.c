@@ -3,15 +3,23 @@
 #include "workers/offload_link.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "errbuf.h"
+#include "workers/backend.h"
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+bool offload_link_in_place(const backend_t *be) {
+    const char *force = getenv("BALLAST_OFFLOAD_STAGE");
+    if (force && !strcmp(force, "1")) return false;
+    return be->act_bytes == 4 && !strcmp(be->name, "cpu");
 }
 
 int offload_link_fail(char *err, size_t errlen, const char *what) {

@@ -5,7 +5,37 @@
 #include <string.h>
 
 #include "errbuf.h"
+#include "log.h"
 #include "options.h"
+#include "workers/backend_cuda/pool_register.h"
+
+/* From libballast_cuda.a when ballast-worker was built with nvcc; NULL
+ * otherwise (workers/module.mk pulls them in with -u). */
+#pragma weak pool_register
+#pragma weak pool_unregister
+
+/* Register the session's pool segments with the GPU when the backend is
+ * one and the session maps the pool; a failure warns and training goes on
+ * with pageable copies. */
+static void register_pool(offload_run_t *r, const backend_t *be, int rank) {
+    if (!strcmp(be->name, "cpu") || !oc_is_shared(r->link.c)) return;
+    if (!pool_register || !pool_unregister) {
+        log_warn("rank %d: this ballast-worker has no CUDA pool registration; device<->pool copies stay pageable",
+                 rank);
+        return;
+    }
+    uint32_t n = 0;
+    const oc_segment_t *segs = oc_segments(r->link.c, &n);
+    if (!segs || n == 0) return;
+    char e[512];
+    pool_reg_t *reg = NULL;
+    if (pool_register(&reg, segs, n, e, sizeof e)) {
+        log_warn("rank %d: registering ballastd's pool with the GPU failed (%s); device<->pool copies stay pageable",
+                 rank, e);
+        return;
+    }
+    r->reg = reg;   /* pool_register logged the outcome (or why copies stay pageable) */
+}
 
 int offload_run_check(const train_opts_t *o, char *err, size_t errlen) {
     if (o->resume_from_service && !o->opt_offload)
@@ -29,6 +59,9 @@ int offload_run_open(offload_run_t *r, const train_opts_t *o, fsdp_t *f, int ran
     if (offload_run_check(o, err, errlen)) return -1;
     if (offload_link_open(&r->link, o->offload_socket, o->offload_remote, o->offload_job, rank, err, errlen)) return -1;
     r->on = true;
+    register_pool(r, f->be, rank);
+    if (!offload_link_in_place(f->be) && !strcmp(f->be->name, "cpu"))
+        log_info("rank %d: offload copies staged through backend memory (BALLAST_OFFLOAD_STAGE=1)", rank);
     if (o->act_offload) {
         if (!(r->ao = act_offload_create(f->m, &r->link, (int)o->act_horizon, err, errlen))) return -1;
         f->ao = r->ao;
@@ -96,6 +129,8 @@ void offload_run_close(offload_run_t *r, fsdp_t *f) {
     if (r->ao) act_offload_destroy(r->ao);
     if (f && f->ao == r->ao) f->ao = NULL;
     opt_offload_destroy(r->oo);
+    /* before the session unmaps the segments */
+    if (r->reg && pool_unregister) pool_unregister(r->reg);
     offload_link_close(&r->link);
     memset(r, 0, sizeof *r);
 }

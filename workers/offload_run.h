@@ -22,13 +22,18 @@ typedef struct {
     offload_link_t link;
     act_offload_t *ao;         /* --activation-offload, or NULL (also set as f->ao) */
     opt_offload_t *oo;         /* --optimizer-offload, or NULL */
+    struct pool_reg *reg;      /* ballastd's pool registered with the GPU, or NULL
+                                  (workers/backend_cuda/pool_register.h) */
 } offload_run_t;
 
 /* Check the flag combination (no service contact). */
 int offload_run_check(const train_opts_t *o, char *err, size_t errlen);
 
 /* Open the session and the savers the flags ask for, on f (built by
- * fsdp_create) of global rank `rank` among world. Collective when the
+ * fsdp_create) of global rank `rank` among world. On a GPU backend in
+ * shared-memory mode the pool segments are registered with the driver once
+ * (pinned for DMA); a failed registration warns and the copies stay
+ * pageable. Collective when the
  * optimizer is offloaded: *start gets the step to continue after (0 for a
  * fresh run; the resumed step with --resume-from-service). With no saver
  * on, it does nothing and leaves *start alone. */

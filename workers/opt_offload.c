@@ -1,6 +1,10 @@
 /* opt_offload.c: AdamW state in ballastd, streamed unit by unit, with a
  * step record for resuming; see opt_offload.h. Relies on fsdp.h for the
- * chunk layout and the collectives, offload_link.h for the session. */
+ * chunk layout and the collectives, offload_link.h for the session. Every
+ * copy between backend memory and the pool goes through the backend
+ * (to_host, from_host); only the fp32 CPU backend runs AdamW on moments
+ * that lie in the pool, other backends copy a unit's moments into one
+ * staging buffer in backend memory, update them there and copy them back. */
 #include "workers/opt_offload.h"
 
 #include <errno.h>
@@ -37,7 +41,10 @@ struct opt_offload {
     oc_handle_t *put_h;    /* (n_units) commits in flight */
     oc_buf_t *old, *nw;    /* (n_units) regions of the version read and the one written */
     oc_key_t *nkey;        /* (n_units) keys of the version written */
+    bool in_place;         /* the CPU backend (fp32): AdamW runs on the moments in the pool */
+    float *stage;          /* (2 * largest chunk) backend memory for one unit's moments, when !in_place */
 };
+
 
 /* ---- keys and layout ---- */
 
@@ -100,11 +107,23 @@ opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_m
     o->world = world;
     o->layout = layout_hash(f, world);
     o->version = -1;
+    o->in_place = offload_link_in_place(f->be);
+    if (!o->in_place) {
+        size_t maxc = 0;
+        for (int u = 0; u < f->n_units; u++) if (f->chunk[u] > maxc) maxc = f->chunk[u];
+        if (maxc && !(o->stage = f->be->alloc(2 * maxc * sizeof(float)))) {
+            opt_offload_destroy(o);
+            errbuf_set(err, errlen, "--optimizer-offload: out of %s memory for the staging buffer of one unit's AdamW "
+                       "moments (%zu bytes)", f->be->name, 2 * maxc * sizeof(float));
+            return NULL;
+        }
+    }
     return o;
 }
 
 void opt_offload_destroy(opt_offload_t *o) {
     if (!o) return;
+    if (o->stage) o->f->be->free(o->stage);
     free(o->get_h);
     free(o->put_h);
     free(o->old);
@@ -186,9 +205,9 @@ static int store_initial(opt_offload_t *o, char *err, size_t errlen) {
         oc_buf_t b;
         size_t c = f->chunk[u], off = f->shard_off[u];
         if (offload_link_put_alloc(o->link, &k, blob_bytes(f, u), true, &b, err, errlen)) return -1;
-        memcpy(b.ptr, f->opt.m + off, c * sizeof(float));
-        memcpy((float *)b.ptr + c, f->opt.v + off, c * sizeof(float));
-        memcpy((float *)b.ptr + 2 * c, f->master + off, c * sizeof(float));
+        f->be->to_host(b.ptr, f->opt.m + off, c * sizeof(float));
+        f->be->to_host((float *)b.ptr + c, f->opt.v + off, c * sizeof(float));
+        f->be->to_host((float *)b.ptr + 2 * c, f->master + off, c * sizeof(float));
         if (oc_put_commit_async(o->link->c, &k, &b, &o->put_h[u]) != OC_OK)
             return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
         offload_link_count(o->link, blob_bytes(f, u), 0);
@@ -259,7 +278,7 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
             return errbuf_set(err, errlen, "optimizer state of unit %d in ballastd has %llu bytes, expected %zu", u,
                               (unsigned long long)b.len, blob_bytes(f, u));
         }
-        memcpy(f->master + f->shard_off[u], (float *)b.ptr + 2 * f->chunk[u], f->chunk[u] * sizeof(float));
+        f->be->from_host(f->master + f->shard_off[u], (float *)b.ptr + 2 * f->chunk[u], f->chunk[u] * sizeof(float));
         offload_link_count(o->link, 0, f->chunk[u] * sizeof(float));
         if (oc_get_done(o->link->c, &k, &b) != OC_OK) return offload_link_fail(err, errlen, "releasing optimizer state");
     }
@@ -278,6 +297,7 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
             if (oc_pin(o->link->c, &k) != OC_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
         }
     }
+    if (f->wact != (act_t *)f->master) fsdp_state_changed(f); /* the working copy follows the loaded master */
     o->version = c;
     o->freed_below = c - 1 > 0 ? c - 1 : 0;
     f->opt.step = c;
@@ -289,7 +309,9 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
 /* ---- the step ---- */
 
 /* AdamW on unit u's segments: master and gradient local, moments in m, v
- * (chunk[u] floats each, unit-relative). Same arithmetic as optim_step. */
+ * (chunk[u] floats each, unit-relative; backend memory, or the pool on the
+ * CPU backend). Same arithmetic as optim_step, and like it refreshes the
+ * working copy when that is separate (bf16 on CUDA). */
 static void adamw_unit(fsdp_t *f, int u, float *m, float *v, float lr, float step_size, float bc2_sqrt, float grad_scale) {
     const optim_config_t *c = &f->opt.cfg;
     size_t lo = f->shard_off[u], hi = lo + f->chunk[u];
@@ -298,7 +320,8 @@ static void adamw_unit(fsdp_t *f, int u, float *m, float *v, float lr, float ste
         if (t->offset < lo || t->offset >= hi) continue;
         size_t off = t->offset, r = off - lo;
         f->be->adamw(f->master + off, f->grad + off, m + r, v + r, t->numel, lr, (float)c->beta1, (float)c->beta2,
-                     (float)c->eps, t->decay ? (float)c->weight_decay : 0.f, step_size, bc2_sqrt, grad_scale, NULL);
+                     (float)c->eps, t->decay ? (float)c->weight_decay : 0.f, step_size, bc2_sqrt, grad_scale,
+                     f->wact != (act_t *)f->master ? be_act_at(f->be, f->wact, off) : NULL);
     }
 }
 
@@ -357,10 +380,17 @@ int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, c
             goto fail;
         }
         float *m = o->nw[u].ptr, *v = m + ch;
-        memcpy(m, o->old[u].ptr, 2 * ch * sizeof(float));
+        if (o->in_place) {
+            memcpy(m, o->old[u].ptr, 2 * ch * sizeof(float));
+            adamw_unit(f, u, m, v, (float)lr, step_size, bc2_sqrt, grad_scale);
+        } else {
+            /* moments through the staging buffer: in, update, out */
+            f->be->from_host(o->stage, o->old[u].ptr, 2 * ch * sizeof(float));
+            adamw_unit(f, u, o->stage, o->stage + ch, (float)lr, step_size, bc2_sqrt, grad_scale);
+            f->be->to_host(m, o->stage, 2 * ch * sizeof(float));
+        }
         offload_link_count(o->link, 0, 2 * ch * sizeof(float));
-        adamw_unit(f, u, m, v, (float)lr, step_size, bc2_sqrt, grad_scale);
-        memcpy(v + ch, f->master + f->shard_off[u], ch * sizeof(float));
+        f->be->to_host(v + ch, f->master + f->shard_off[u], ch * sizeof(float));
         if (oc_get_done(c, &ko, &o->old[u]) != OC_OK) {
             offload_link_fail(err, errlen, "releasing optimizer state");
             oc_put_abort(c, &kn, &o->nw[u]);
@@ -398,8 +428,8 @@ int opt_offload_load_moments(opt_offload_t *o, char *err, size_t errlen) {
             opt_offload_drop_moments(o);
             return offload_link_fail(err, errlen, "reading optimizer state for a checkpoint");
         }
-        memcpy(f->opt.m + f->shard_off[u], b.ptr, ch * sizeof(float));
-        memcpy(f->opt.v + f->shard_off[u], (float *)b.ptr + ch, ch * sizeof(float));
+        f->be->from_host(f->opt.m + f->shard_off[u], b.ptr, ch * sizeof(float));
+        f->be->from_host(f->opt.v + f->shard_off[u], (float *)b.ptr + ch, ch * sizeof(float));
         offload_link_count(o->link, 0, 2 * ch * sizeof(float));
         oc_get_done(o->link->c, &k, &b);
     }

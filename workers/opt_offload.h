@@ -12,7 +12,8 @@
  * Versions: the blobs written by step s have key step = s (version 0 is
  * the initial state). Step s streams version s - 1 unit by unit, double
  * buffered (unit u + 1's get in flight while AdamW updates unit u, straight
- * into unit u's new blob), commits version s, then a small persistent
+ * into unit u's new blob on the CPU backend; on a GPU through a staging
+ * buffer in device memory, then copied into it), commits version s, then a small persistent
  * step record saying "step s is complete on this rank". Version s - 2 is
  * freed at the start of step s: every rank has committed record s - 1 by
  * then (step s's collectives came after it), so a resume always finds the

@@ -87,8 +87,9 @@ static int gpu_setup(const train_opts_t *o, int rank, int world, const backend_t
         return -1;
     }
     if (o->resume || o->ckpt_dir) {
-        snprintf(err, errlen, "--ckpt-dir / --resume with --backend cuda and several processes are not supported in "
-                 "this build (sharded checkpoints read and write host memory); train without them, or use --backend cpu");
+        snprintf(err, errlen, "--ckpt-dir / --resume with --backend cuda and several processes (or an offload "
+                 "saver) are not supported in this build (sharded checkpoints read and write host memory); train without them, or "
+                 "use --backend cpu");
         return -1;
     }
     char why[256] = "";

@@ -66,7 +66,9 @@ RUN=(--backend ${RANKS_BACKEND:-cuda} --model "$D/m.json" --data "$D/c.bin" --in
 SAVER_FLAGS_aoff=() SAVER_FLAGS_ooff=()
 if [ ${#EXTRA_SAVERS[@]} -gt 0 ]; then
     if [ -x "$BIN/ballastd" ]; then
-        "$BIN/ballastd" --socket "$D/ballastd.sock" --pool-bytes 2G --no-mlock > "$D/ballastd.out" 2>&1 &
+        # --optimizer-offload keeps its state in persistent blobs: they need a spill directory
+        "$BIN/ballastd" --socket "$D/ballastd.sock" --pool-bytes 2G --spill-dir "$D/spill" --spill-bytes 2G \
+            --spill-file-bytes 256M --no-mlock > "$D/ballastd.out" 2>&1 &
         DPID=$!
         for _ in $(seq 50); do [ -S "$D/ballastd.sock" ] && break; sleep 0.1; done
         SAVER_FLAGS_aoff=(--activation-offload --offload-socket "unix:$D/ballastd.sock")

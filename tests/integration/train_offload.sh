@@ -18,8 +18,10 @@
 # issue's bound (relative difference <= 1e-5) applies, and the offloaded
 # runs agree with each other bit for bit.
 # Also: the worker reports how many block inputs stay resident and moves the
-# bytes that implies; an unreachable ballastd gives a message naming the
-# socket and how to start one; bad flag combinations are refused.
+# bytes that implies; the copies staged through backend memory as on GPU
+# ranks (BALLAST_OFFLOAD_STAGE=1) change no bit; an unreachable ballastd
+# gives a message naming the socket and how to start one; bad flag
+# combinations are refused.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/ballastd.lib"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
@@ -96,6 +98,25 @@ for layout in "1 1 1" "2 2 1" "2 1 1" "2 1 2" "4 2 2" "4 4 1" "4 1 1" "4 2 1" "4
             t_check "world 1: saver $v gives bit-identical losses to saver A" losses "$D/$base-A.jsonl" "$D/$base-$v.jsonl" 0
         done
     fi
+done
+
+# the GPU ranks' path on the CPU backend: BALLAST_OFFLOAD_STAGE=1 copies
+# every fetched block input, and every unit's AdamW moments, through a
+# staging buffer in backend memory (as on CUDA) instead of using the pool in
+# place; on the CPU those copies are memcpy, so the losses stay bit-identical
+for st in "1 1 1 A" "1 1 1 B" "4 2 2 B" "4 4 1 C"; do
+    set -- $st
+    np=$1 S=$2 T=$3 v=$4
+    base=w$np-s$S-t$T; [ "$T" = 1 ] && base=w$np-s$S
+    eval "flags=(\"\${SAVER_$v[@]}\")"
+    name=$base-$v-staged
+    if ! BALLAST_OFFLOAD_STAGE=1 run "$name" $np $S $T "${flags[@]}"; then
+        t_fail "world $np (S $S, T $T), saver $v staged runs" "$(tail -3 "$D/$name.out")"; continue
+    fi
+    if grep -q "offload copies staged through backend memory" "$D/$name.out"; then
+        t_check "world $np (S $S, T $T), saver $v staged through backend memory: bit-identical losses to in place" \
+            losses "$D/$base-$v.jsonl" "$D/$name.jsonl" 0
+    else t_fail "world $np (S $S, T $T), saver $v staged" "no staging line: $(grep -m2 offload "$D/$name.out")"; fi
 done
 
 # what saver A moved: 4 layers, horizon 1 -> ring of 3 of the 5 block inputs,

@@ -11,7 +11,10 @@
 # 3. The same command with --resume-from-service: a new ballastd on the same
 #    spill directory recovers the persistent state, the workers continue
 #    after the last step complete on both ranks, with no checkpoint file,
-#    and every step's loss equals the reference bit for bit.
+#    and every step's loss equals the reference bit for bit. This run
+#    copies through staging buffers in backend memory as GPU ranks do
+#    (BALLAST_OFFLOAD_STAGE=1): state written in place is read back and
+#    carried on through the staged path.
 # 4. --optimizer-offload nvme against a ballastd whose pool (1M, its least)
 #    is smaller than one copy of the optimizer state (1.25M for an 8-layer
 #    variant: 3 x 109,088 floats): the same losses as a roomy pool, and
@@ -105,7 +108,7 @@ fi
 done_before=$(grep -c '"loss"' "$D/run/log.jsonl" 2>/dev/null || echo 0)
 
 # 3. resume from the state ballastd kept
-if timeout 120 "${RUN[@]}" --resume-from-service > "$D/resume.out" 2>&1; then
+if BALLAST_OFFLOAD_STAGE=1 timeout 120 "${RUN[@]}" --resume-from-service > "$D/resume.out" 2>&1; then
     at=$(sed -nE 's/.*resumed from ballastd \(job [^)]*\) after step ([0-9]+).*/\1/p' "$D/resume.out")
     rec=$(sed -nE 's/.* ([0-9]+) persistent blob\(s\) recovered.*/\1/p' "$D/run/ballastd.log" | tail -1)
     if [ -n "$at" ] && [ "$at" -ge 6 ] && [ "$at" -lt $STEPS ] && [ "$at" -ge $((done_before - 2)) ]; then
@@ -114,6 +117,9 @@ if timeout 120 "${RUN[@]}" --resume-from-service > "$D/resume.out" 2>&1; then
     if ! ls "$D/run"/step-* >/dev/null 2>&1 && [ "${rec:-0}" -gt 0 ]; then
         t_ok "no checkpoint file involved; the new ballastd recovered $rec persistent blobs from the spill directory"
     else t_fail "state from ballastd only" "$(ls "$D/run"), recovered lines $rec"; fi
+    if grep -q "offload copies staged through backend memory" "$D/resume.out"; then
+        t_ok "the resumed run copies through backend memory (BALLAST_OFFLOAD_STAGE=1)"
+    else t_fail "staged resumed run" "no staging line: $(grep -m2 offload "$D/resume.out")"; fi
     t_check "resumed run: every step's loss equals the uninterrupted run's, bit for bit" same "$D/full/log.jsonl" "$D/run/log.jsonl"
 else t_fail "--resume-from-service runs" "$(tail -5 "$D/resume.out")"; fi
 
