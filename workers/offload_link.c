@@ -43,8 +43,8 @@ void offload_link_metrics(offload_link_t *l, metrics_registry_t *r) {
     l->m_wait = metrics_series(wait, NULL);
 }
 
-int offload_link_open(offload_link_t *l, const char *socket, const char *remote, const char *job, int rank,
-                      char *err, size_t errlen) {
+int offload_link_open(offload_link_t *l, const char *socket, const char *remote, const char *job,
+                      const char *token_file, int rank, char *err, size_t errlen) {
     memset(l, 0, sizeof *l);
     if (!oc_job_name_ok(job))
         return errbuf_set(err, errlen, "--offload-job '%s': use 1..63 characters of [A-Za-z0-9._-]", job);
@@ -53,11 +53,14 @@ int offload_link_open(offload_link_t *l, const char *socket, const char *remote,
     l->job = job;
     char name[64];
     snprintf(name, sizeof name, "ballast-worker rank %d", rank);
-    oc_options_t o = { .addr = l->addr, .job = job, .rank = (uint32_t)rank, .client_name = name };
-    if (oc_open(&o, &l->c) != OC_OK) {
+    oc_options_t o = { .addr = l->addr, .job = job, .rank = (uint32_t)rank, .client_name = name,
+                       .token_file = token_file && *token_file ? token_file : NULL };
+    oc_status_t st = oc_open(&o, &l->c);
+    if (st != OC_OK) {
         l->c = NULL;
-        return errbuf_set(err, errlen, "offload needs ballastd (--%s %s): %s", remote ? "offload-remote" : "offload-socket",
-                          l->addr, oc_last_error());
+        return errbuf_set(err, errlen, "offload needs ballastd (--%s %s): %s%s", remote ? "offload-remote" : "offload-socket",
+                          l->addr, oc_last_error(),
+                          st == OC_UNAUTHENTICATED ? " (the worker reads it from --offload-token-file FILE)" : "");
     }
     offload_link_metrics(l, metrics_default());
     return 0;

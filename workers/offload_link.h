@@ -34,9 +34,11 @@ typedef struct {
 } offload_link_t;
 
 /* Open a session for rank in job. remote ("host:port") wins over socket
- * ("unix:/path" or a path). Registers the metrics in metrics_default(). */
-int offload_link_open(offload_link_t *l, const char *socket, const char *remote, const char *job, int rank,
-                      char *err, size_t errlen);
+ * ("unix:/path" or a path); token_file (NULL = none) holds the token a
+ * ballastd started with --token-file asks for. Registers the metrics in
+ * metrics_default(). */
+int offload_link_open(offload_link_t *l, const char *socket, const char *remote, const char *job,
+                      const char *token_file, int rank, char *err, size_t errlen);
 /* Register (or find) the two metric families in r and take this rank's
  * series (open does it with metrics_default()). A family registered before
  * with the same labels (workers/progress.c has the bytes one) is shared. */

@@ -57,7 +57,7 @@ int offload_run_open(offload_run_t *r, const train_opts_t *o, fsdp_t *f, int ran
     memset(r, 0, sizeof *r);
     if (!o->act_offload && !o->opt_offload) return 0;
     if (offload_run_check(o, err, errlen)) return -1;
-    if (offload_link_open(&r->link, o->offload_socket, o->offload_remote, o->offload_job, rank, err, errlen)) return -1;
+    if (offload_link_open(&r->link, o->offload_socket, o->offload_remote, o->offload_job, o->offload_token_file, rank, err, errlen)) return -1;
     r->on = true;
     register_pool(r, f->be, rank);
     if (!offload_link_in_place(f->be) && !strcmp(f->be->name, "cpu"))

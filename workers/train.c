@@ -89,6 +89,7 @@ static const opt_t train_options[] = {
     { "offload-socket", OPT_STRING, "unix:/run/ballast/ballastd.sock", 0, 0, NULL, "ballastd's Unix socket (shared-memory mode)", &g_opts.offload_socket },
     { "offload-remote", OPT_STRING, NULL, 0, 0, NULL, "HOST:PORT of a ballastd serving TCP (remote mode: bytes travel in gRPC messages)", &g_opts.offload_remote },
     { "offload-job", OPT_STRING, "ballast-train", 0, 0, NULL, "job name of this run's blobs in ballastd (1..63 of [A-Za-z0-9._-]; the same name to resume)", &g_opts.offload_job },
+    { "offload-token-file", OPT_STRING, NULL, 0, 0, NULL, "file with the token ballastd asks for (its --token-file); unset: none", &g_opts.offload_token_file },
     { "resume-from-service", OPT_BOOL, "false", 0, 0, NULL, "continue from the last finished step whose state ballastd holds (needs --optimizer-offload)", &g_opts.resume_from_service },
 };
 #define N_OPTS (sizeof train_options / sizeof train_options[0])

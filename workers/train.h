@@ -65,6 +65,7 @@ typedef struct {
     const char *offload_socket; /* ballastd's Unix socket ("unix:/path" or a path) */
     const char *offload_remote; /* "host:port": remote mode instead of the socket; NULL = off */
     const char *offload_job;  /* job name of this run's blobs in ballastd */
+    const char *offload_token_file; /* token for a ballastd started with --token-file; NULL = none */
     bool resume_from_service; /* continue from the state ballastd holds (no checkpoint file) */
 } train_opts_t;
 

@@ -145,4 +145,19 @@ t_expect_fail "--resume-from-service without --optimizer-offload is refused" "ne
     timeout 60 "$W" "${COMMON[@]}" --micro-batch 2 --resume-from-service
 t_expect_fail "--resume-from-service for a job ballastd never saw names the job" "holds no optimizer state of job 'never-ran'" \
     timeout 60 "$W" "${COMMON[@]}" --micro-batch 2 --optimizer-offload nvme --resume-from-service --offload-job never-ran
+# A ballastd that asks for a token: refused without it (the message names
+# the cause), the same losses with --offload-token-file over TCP.
+echo "tok-$RANDOM$RANDOM" > "$D/token"
+if bd_start tok "$D" --pool-bytes 32M --spill-dir "$D/spill-tok" --spill-bytes 32M --spill-file-bytes 8M --no-mlock \
+        --listen 127.0.0.1:0 --token-file "$D/token"; then
+    TPORT=$BD_LISTEN_tok
+    t_expect_fail "offload to a ballastd with --token-file, no token: refused with the reason" "UNAUTHENTICATED.*--offload-token-file" \
+        timeout 60 "$W" "${COMMON[@]}" --offload-socket "$(bd_sock tok)" --offload-job tok-none --micro-batch 4 --optimizer-offload nvme
+    if run w1-s1-tok 1 1 1 "${SAVER_C[@]}" --offload-remote "127.0.0.1:$TPORT" --offload-token-file "$D/token"; then
+        t_check "world 1 over --offload-remote with --offload-token-file: the same losses as without a token" \
+            losses "$D/w1-s1-C.jsonl" "$D/w1-s1-tok.jsonl" 0
+    else t_fail "world 1 with --offload-token-file runs" "$(tail -3 "$D/w1-s1-tok.out")"; fi
+else
+    t_fail "ballastd with --token-file starts" "$(tail -3 "$D/tok.log")"
+fi
 t_done

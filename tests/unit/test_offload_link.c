@@ -70,7 +70,7 @@ Test(offload_link, byte_counters_by_direction_with_the_rank_label) {
 Test(offload_link, open_refuses_a_bad_job_name_without_contacting_anyone) {
     offload_link_t l;
     char err[512];
-    cr_assert_eq(offload_link_open(&l, "unix:/nonexistent/x.sock", NULL, "bad/job", 0, err, sizeof err), -1);
+    cr_assert_eq(offload_link_open(&l, "unix:/nonexistent/x.sock", NULL, "bad/job", NULL, 0, err, sizeof err), -1);
     cr_assert_not_null(strstr(err, "--offload-job 'bad/job'"), "%s", err);
     cr_assert_null(l.c);
 }
@@ -79,7 +79,7 @@ Test(offload_link, unreachable_service_names_the_socket_and_the_fix) {
     offload_link_t l;
     char err[2048], path[64];
     snprintf(path, sizeof path, "unix:/tmp/ballast-no-such-%llu.sock", (unsigned long long)(rnd() % 1000000000));
-    cr_assert_eq(offload_link_open(&l, path, NULL, "job-1", 2, err, sizeof err), -1);
+    cr_assert_eq(offload_link_open(&l, path, NULL, "job-1", NULL, 2, err, sizeof err), -1);
     cr_assert_not_null(strstr(err, path + 5), "%s", err);
     cr_assert_not_null(strstr(err, "--offload-socket"), "%s", err);
     cr_assert_not_null(strstr(err, "ballastd --socket PATH"), "%s", err);
