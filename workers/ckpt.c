@@ -316,6 +316,18 @@ static bool same_config(const llama_config_t *a, const llama_config_t *b) {
            a->vocab == b->vocab && a->tie_embeddings == b->tie_embeddings;
 }
 
+/* Number of shard files the manifest of step directory path lists; 0 when
+ * it cannot be read (the reader that follows says why). */
+static size_t ckpt_shard_count(const char *path) {
+    char p[4400];
+    snprintf(p, sizeof p, "%s/manifest.json", path);
+    json_t *root = json_load_file(p, 0, NULL);
+    json_t *shards = root ? json_object_get(root, "shards") : NULL;
+    size_t n = json_is_array(shards) ? json_array_size(shards) : 0;
+    json_decref(root);
+    return n;
+}
+
 int ckpt_load(const char *path, model_t *m, optim_t *o, char *err, size_t errlen) {
     ckpt_meta_t meta;
     if (ckpt_read_meta(path, &meta, err, errlen)) return -1;
@@ -329,7 +341,11 @@ int ckpt_load(const char *path, model_t *m, optim_t *o, char *err, size_t errlen
     int rc = -1;
     int64_t step = 0;
     if (!hp || !hm || !hv) { snprintf(err, errlen, "out of memory loading %s", path); goto out; }
-    if (ckpt_read_host(path, m, hp, hm, hv, &step, err, errlen)) goto out;
+    /* a checkpoint of several shards (a sharded or tensor-parallel run) goes
+     * through the resharding reader, which rebuilds the full tensors */
+    if (ckpt_shard_count(path) > 1 ? fsdp_ckpt_read_full(path, m, hp, hm, hv, &step, err, errlen)
+                                   : ckpt_read_host(path, m, hp, hm, hv, &step, err, errlen))
+        goto out;
     model_set_params(m, hp);
     o->be->from_host(o->m, hm, n * sizeof(float));
     o->be->from_host(o->v, hv, n * sizeof(float));

@@ -319,18 +319,18 @@ static int train_run_single(const train_opts_t *o) {
     if (found) {
         ckpt_meta_t meta;
         if (ckpt_read_meta(ck, &meta, err, sizeof err)) { log_error("%s", err); goto out; }
-        if (meta.dp != 1) {
-            log_error("%s: written by a run with %d data-parallel ranks (a sharded checkpoint); loading it into one "
-                      "process (resharding) is not implemented yet: resume with the same world size and "
-                      "--hybrid-shard-degree", ck, meta.dp);
-            goto out;
-        }
-        if (meta.B != B || meta.T != T || meta.accum != A || meta.data_order != o->data_order ||
+        /* step k reads samples k*G .. k*G+G-1 (G = grad-accum x data-parallel ranks x micro-batch rows)
+         * whatever the split, so a checkpoint of a sharded run continues here when G, seq-len and the
+         * order stay; ckpt_load reshards its parts into the full tensors */
+        if ((int64_t)meta.accum * meta.dp * meta.B != (int64_t)A * B || meta.T != T || meta.data_order != o->data_order ||
             meta.data_seed != (uint64_t)o->data_seed) {
-            log_error("%s: saved with micro-batch %d, seq-len %d, grad-accum %d, data-order %s, data-seed %llu; "
-                      "resume with the same values to continue the same data stream",
-                      ck, meta.B, meta.T, meta.accum, meta.data_order == DATA_SEQUENTIAL ? "sequential" : "shuffled",
-                      (unsigned long long)meta.data_seed);
+            log_error("%s: saved with grad-accum %d x %d data-parallel ranks x micro-batch %d = %lld rows per step, "
+                      "seq-len %d, data-order %s, data-seed %llu; this run has %d x %d = %d rows, seq-len %d: resume "
+                      "with the same seq-len, order and seed, and --grad-accum x --micro-batch = %lld, to continue the "
+                      "same data stream",
+                      ck, meta.accum, meta.dp, meta.B, (long long)meta.accum * meta.dp * meta.B, meta.T,
+                      meta.data_order == DATA_SEQUENTIAL ? "sequential" : "shuffled", (unsigned long long)meta.data_seed,
+                      A, B, A * B, T, (long long)meta.accum * meta.dp * meta.B);
             goto out;
         }
         if (ckpt_load(ck, &model, &opt, err, sizeof err)) { log_error("%s", err); goto out; }

@@ -8,7 +8,8 @@
 #   - --resume from step 4 in the same layout logs exactly the losses, lr and
 #     grad norms of an uninterrupted run (bit for bit) and leaves the same
 #     final parameters;
-#   - resharding: a checkpoint of (1, 4, 1) resumes at (2, 1, 2), one of
+#   - resharding: a checkpoint of (1, 4, 1) resumes at (2, 1, 2) and in one
+#     process, one of
 #     (1, 1, 4) at (4, 1, 1), with the next losses of the uninterrupted run
 #     (relative difference <= 1e-5, the sums run in another order) when the
 #     global batch (grad-accum x dp x micro-batch) stays the same; another
@@ -145,8 +146,17 @@ else t_fail "ckpt export of a TP checkpoint" "$(tail -3 "$D/exp.out")"; fi
 
 t_expect_fail "resharding with another global batch is refused" "16 rows per step.*this run has 2 x 2 x 2 = 8 rows" \
     train4 --hybrid-shard-degree 1 --tensor-parallel-degree 2 --micro-batch 2 --ckpt-dir "$D/s4-to-r2t2-ck" --resume
-t_expect_fail "one process refuses a sharded checkpoint" "4 data-parallel ranks .*not implemented yet" \
-    "$W" "${ARGS[@]}" --micro-batch 8 --ckpt-dir "$D/ck" --resume
+# one process resumes a (1, 4, 1) checkpoint: 2 micro-steps x 8 rows = the 16 rows per step it was written with
+mkdir -p "$D/one-ck" && cp -r "$D/s4-to-r2t2-ck/step-00000004" "$D/one-ck/"
+if "$W" "${ARGS[@]}" --micro-batch 8 --ckpt-dir "$D/one-ck" --resume --log-json "$D/one.jsonl" \
+        --dump-params "$D/one.st" > "$D/one.out" 2>&1 && grep -q "resumed from .*step-00000004 (step 4)" "$D/one.out"; then
+    t_check "one process resumes a (1, 4, 1) checkpoint: steps 5-8 within 1e-5 of the uninterrupted run" \
+        $PY "$CMP" losses "$D/s4-to-r2t2-full-tail.jsonl" "$D/one.jsonl" 1e-5
+    t_check "one process from a (1, 4, 1) checkpoint: final parameters within 1e-4 of the uninterrupted run" \
+        $PY "$CMP" params "$D/s4-to-r2t2-full.st" "$D/one.st" 1e-4
+else t_fail "one process resumes a sharded checkpoint" "$(tail -3 "$D/one.out")"; fi
+t_expect_fail "one process with another global batch is refused" "16 rows per step.*this run has 2 x 4 = 8 rows" \
+    "$W" "${ARGS[@]}" --micro-batch 4 --ckpt-dir "$D/one-ck" --resume
 cp -r "$D/ck/step-00000004" "$D/bad" && mkdir -p "$D/badck" && mv "$D/bad" "$D/badck/step-00000004"
 printf 'X' | dd of="$D/badck/step-00000004/shard-00001-of-00002.safetensors" bs=1 seek=200 conv=notrunc 2>/dev/null
 t_expect_fail "a damaged shard file is named" "shard-00001-of-00002.safetensors: size .* crc32 .*damaged" \
