@@ -342,9 +342,27 @@ oc_status_t oc_open(const oc_options_t *o, oc_client_t **out) {
     c->ringseg.fd = -1;
     for (int i = 0; i < RP_FD_COUNT; i++) c->efd[i] = -1;
     snprintf(c->addr, sizeof c->addr, "%s", o->addr);
-    bool is_unix = strncmp(o->addr, "unix:", 5) == 0 || o->addr[0] == '/';
-    if (o->addr[0] == '/') snprintf(c->rpc_addr, sizeof c->rpc_addr, "unix:%s", o->addr);
-    else snprintf(c->rpc_addr, sizeof c->rpc_addr, "%s", o->addr);
+    /* a bare path (no "unix:", no ':' at all) is a Unix socket; a relative
+     * one is taken from the current directory */
+    bool bare_path = o->addr[0] == '/' || (!strchr(o->addr, ':') && strchr(o->addr, '/'));
+    bool is_unix = strncmp(o->addr, "unix:", 5) == 0 || bare_path;
+    if (bare_path && o->addr[0] != '/') {
+        char cwd[4096];
+        if (!getcwd(cwd, sizeof cwd) || strlen(cwd) + strlen(o->addr) + 7 >= sizeof c->rpc_addr) {
+            client_free(c);
+            return fail(OC_INVALID_ARGUMENT, "socket path %s: give it as an absolute path (the current directory "
+                        "is too long or unknown)", o->addr);
+        }
+        size_t nc = strlen(cwd), na = strlen(o->addr); /* fits: checked above */
+        memcpy(c->rpc_addr, "unix:", 5);
+        memcpy(c->rpc_addr + 5, cwd, nc);
+        c->rpc_addr[5 + nc] = '/';
+        memcpy(c->rpc_addr + 6 + nc, o->addr, na + 1);
+    } else if (bare_path) {
+        snprintf(c->rpc_addr, sizeof c->rpc_addr, "unix:%s", o->addr);
+    } else {
+        snprintf(c->rpc_addr, sizeof c->rpc_addr, "%s", o->addr);
+    }
     c->shared = is_unix && !(o->flags & OC_REMOTE);
     c->timeout_s = o->timeout_s > 0 ? o->timeout_s : 30;
 

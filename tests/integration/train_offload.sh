@@ -160,4 +160,13 @@ if bd_start tok "$D" --pool-bytes 32M --spill-dir "$D/spill-tok" --spill-bytes 3
 else
     t_fail "ballastd with --token-file starts" "$(tail -3 "$D/tok.log")"
 fi
+# A relative --offload-socket (what `make run` passes): the launcher starts
+# ballastd on it and the workers, in the same directory, reach it.
+mkdir -p "$D/relrun"
+if (cd "$D/relrun" && timeout 120 "$BALLAST" train --nproc 2 "${COMMON[@]}" --micro-batch 2 --hybrid-shard-degree 2 \
+        --offload-socket sock/ballastd.sock --offload-pool 32M --optimizer-offload host --offload-job rel \
+        --log-json rel.jsonl > rel.out 2>&1); then
+    t_check "a relative --offload-socket: the launcher's ballastd serves both ranks, same losses as (1,2,1) without offload" \
+        losses "$D/w2-s2-ref.jsonl" "$D/relrun/rel.jsonl" 0
+else t_fail "a relative --offload-socket works" "$(tail -3 "$D/relrun/rel.out")"; fi
 t_done
