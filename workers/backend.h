@@ -162,14 +162,66 @@ typedef struct backend {
     void (*vp_xent_finish)(float *losses, float *lse, const float *st, const float *mx, int N);
     void (*vp_xent_bwd)(act_t *dl, const act_t *logits, const float *lse, const int32_t *targets, float scale, int N,
                         int Vt, int nv, int64_t lo);
+
+    /* ---- asynchronous copies between backend and host memory ----
+     * The offload paths move block inputs and optimizer state on copy
+     * streams so that a step does not wait on them. A copy is queued
+     * after every op queued so far (it reads what they wrote, and
+     * overwrites what they read only after they are done) and runs while
+     * later ops compute. Host memory should be pinned (host_alloc, or the
+     * registered ballastd pool) for the copy to overlap. The handle:
+     *   xfer_order  ops queued from now on run after the copy, without a
+     *               host wait (a device buffer filled by xfer_from_host is
+     *               read, or one read by xfer_to_host is overwritten)
+     *   xfer_wait   the host blocks until the copy is done (its host data
+     *               is complete, or its host source may be reused), and
+     *               the handle is freed: every handle ends with exactly
+     *               one xfer_wait
+     *   xfer_done   whether it is done, without blocking (never spin on
+     *               it: a backend may only run copies at xfer_order or
+     *               xfer_wait)
+     * NULL handles are complete. The ops may be NULL in a table: callers
+     * use the be_xfer_* wrappers below, which copy synchronously then.
+     * stream returns the compute stream (cudaStream_t) that collectives
+     * order themselves against (comm_stream_wait), or NULL on the CPU. */
+    struct be_xfer *(*xfer_to_host)(void *host_dst, const void *src, size_t bytes);
+    struct be_xfer *(*xfer_from_host)(void *dst, const void *host_src, size_t bytes);
+    void (*xfer_order)(struct be_xfer *x);
+    void (*xfer_wait)(struct be_xfer *x);
+    bool (*xfer_done)(struct be_xfer *x);
+    void *(*stream)(void);
 } backend_t;
+
+typedef struct be_xfer be_xfer_t;   /* an asynchronous copy in flight (NULL: complete) */
+
+static inline be_xfer_t *be_xfer_to_host(const backend_t *be, void *host_dst, const void *src, size_t bytes) {
+    if (be->xfer_to_host) return be->xfer_to_host(host_dst, src, bytes);
+    be->to_host(host_dst, src, bytes);
+    return NULL;
+}
+static inline be_xfer_t *be_xfer_from_host(const backend_t *be, void *dst, const void *host_src, size_t bytes) {
+    if (be->xfer_from_host) return be->xfer_from_host(dst, host_src, bytes);
+    be->from_host(dst, host_src, bytes);
+    return NULL;
+}
+static inline void be_xfer_order(const backend_t *be, be_xfer_t *x) { if (x && be->xfer_order) be->xfer_order(x); }
+static inline void be_xfer_wait(const backend_t *be, be_xfer_t *x) { if (x && be->xfer_wait) be->xfer_wait(x); }
+static inline bool be_xfer_done(const backend_t *be, be_xfer_t *x) { return !x || !be->xfer_done || be->xfer_done(x); }
+static inline void *be_stream(const backend_t *be) { return be->stream ? be->stream() : NULL; }
 
 /* Element n of act storage p: offsets into act_t buffers go through here. */
 static inline act_t *be_act_at(const backend_t *be, const act_t *p, size_t n) {
     return (act_t *)(void *)((char *)(uintptr_t)p + n * (size_t)be->act_bytes);
 }
 
-/* The fp32 CPU backend. threads <= 0 uses every core. */
+/* The fp32 CPU backend. threads <= 0 uses every core. Its xfer copies
+ * run at once, unless backend_cpu_defer_copies(true): then each one runs
+ * only at the xfer_order or xfer_wait of its handle or of a later one (in
+ * queue order), the latest moment a GPU could run it, so a missing order
+ * or wait gives wrong bits in tests (BALLAST_OFFLOAD_STAGE=1). */
 const backend_t *backend_cpu(int threads);
+void backend_cpu_defer_copies(bool on);
+/* Deferred copies queued and not yet run (tests: 0 after a step). */
+size_t backend_cpu_copies_pending(void);
 
 #endif

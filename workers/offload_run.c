@@ -60,8 +60,13 @@ int offload_run_open(offload_run_t *r, const train_opts_t *o, fsdp_t *f, int ran
     if (offload_link_open(&r->link, o->offload_socket, o->offload_remote, o->offload_job, o->offload_token_file, rank, err, errlen)) return -1;
     r->on = true;
     register_pool(r, f->be, rank);
-    if (!offload_link_in_place(f->be) && !strcmp(f->be->name, "cpu"))
-        log_info("rank %d: offload copies staged through backend memory (BALLAST_OFFLOAD_STAGE=1)", rank);
+    if (!offload_link_in_place(f->be) && !strcmp(f->be->name, "cpu")) {
+        /* the GPU ranks' path on the CPU: staged, and every asynchronous
+         * copy runs as late as a copy stream could, so a missing order or
+         * wait shows as wrong bits */
+        backend_cpu_defer_copies(true);
+        log_info("rank %d: offload copies staged through backend memory, run late (BALLAST_OFFLOAD_STAGE=1)", rank);
+    }
     if (o->act_offload) {
         if (!(r->ao = act_offload_create(f->m, &r->link, (int)o->act_horizon, err, errlen))) return -1;
         f->ao = r->ao;

@@ -42,7 +42,11 @@ void cuda_sync(void);
 
 /* ---- streams and events (streams.cu) ---- */
 
-typedef enum { CUDA_STREAM_COMPUTE = 0, CUDA_STREAM_COMM = 1, CUDA_STREAM_COPY = 2, CUDA_NSTREAMS } cuda_stream_id_t;
+/* COPY carries device-to-host copies, COPY_IN host-to-device ones, so the
+ * two directions use both copy engines at once. */
+typedef enum {
+    CUDA_STREAM_COMPUTE = 0, CUDA_STREAM_COMM = 1, CUDA_STREAM_COPY = 2, CUDA_STREAM_COPY_IN = 3, CUDA_NSTREAMS
+} cuda_stream_id_t;
 
 /* The native cudaStream_t of a stream, as void * for C callers (NCCL takes it). */
 void *cuda_stream(cuda_stream_id_t s);

@@ -84,6 +84,14 @@ static inline void cublas_check_at(cublasStatus_t s, const char *call, const cha
 cudaStream_t cuda_compute_stream(void);
 void cuda_streams_init(void);
 
+/* The table's xfer ops and stream accessor (streams.cu; backend.h). */
+struct be_xfer *cuda_xfer_to_host(void *host_dst, const void *src, size_t bytes);
+struct be_xfer *cuda_xfer_from_host(void *dst, const void *host_src, size_t bytes);
+void cuda_xfer_order(struct be_xfer *x);
+void cuda_xfer_wait(struct be_xfer *x);
+bool cuda_xfer_done(struct be_xfer *x);
+void *cuda_compute_stream_ptr(void);
+
 /* Device scratch that grows on demand, one buffer per slot (backend_cuda.cu).
  * Contents are undefined; a slot is owned by one op for the op's duration.
  * Growing frees the old buffer (cudaFree synchronizes the device). */

@@ -1,9 +1,10 @@
-/* streams.cu: the backend's three streams and a pool of events between them.
+/* streams.cu: the backend's four streams and a pool of events between them.
  *
  * compute runs every table op; comm is for collectives (NCCL takes it as
- * its stream); copy moves offloaded activations and optimizer state. Work
+ * its stream); copy (device to host) and copy_in (host to device) move
+ * offloaded activations and optimizer state (the table's xfer ops). Work
  * crosses streams only through events (record on the producer, wait on the
- * consumer), never through host synchronization, so the three overlap.
+ * consumer), never through host synchronization, so the four overlap.
  * The streams are created non-blocking so the legacy default stream does
  * not serialize them. Single host thread (backend_cuda.h). */
 #include "workers/backend_cuda/common.cuh"
@@ -26,6 +27,7 @@ void cuda_streams_init(void) {
     CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COMPUTE], cudaStreamNonBlocking, hi));
     CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COMM], cudaStreamNonBlocking, lo));
     CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COPY], cudaStreamNonBlocking, lo));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COPY_IN], cudaStreamNonBlocking, lo));
     g_ready = true;
 }
 
@@ -81,3 +83,43 @@ extern "C" void *cuda_host_alloc(size_t bytes) {
 extern "C" void cuda_host_free(void *p) {
     if (p) CUDA_CHECK(cudaFreeHost(p));
 }
+
+/* ---- the table's xfer ops (backend.h): a copy on its direction's copy
+ * stream after the compute queued so far; the handle is the event recorded
+ * after it. ---- */
+
+static struct be_xfer *xfer(cuda_stream_id_t s, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+    void *after = cuda_event_record(CUDA_STREAM_COMPUTE);
+    cuda_stream_wait_event(s, after);
+    cuda_event_release(after); /* the wait took its state; reuse is safe */
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, g_streams[s]));
+    return (struct be_xfer *)cuda_event_record(s);
+}
+
+struct be_xfer *cuda_xfer_to_host(void *host_dst, const void *src, size_t bytes) {
+    return xfer(CUDA_STREAM_COPY, host_dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+struct be_xfer *cuda_xfer_from_host(void *dst, const void *host_src, size_t bytes) {
+    return xfer(CUDA_STREAM_COPY_IN, dst, host_src, bytes, cudaMemcpyHostToDevice);
+}
+
+void cuda_xfer_order(struct be_xfer *x) {
+    if (x) cuda_stream_wait_event(CUDA_STREAM_COMPUTE, (void *)x);
+}
+
+void cuda_xfer_wait(struct be_xfer *x) {
+    if (!x) return;
+    cuda_event_sync((void *)x);
+    cuda_event_release((void *)x);
+}
+
+bool cuda_xfer_done(struct be_xfer *x) {
+    if (!x) return true;
+    cudaError_t e = cudaEventQuery((cudaEvent_t)(void *)x);
+    if (e == cudaErrorNotReady) return false;
+    CUDA_CHECK(e);
+    return true;
+}
+
+void *cuda_compute_stream_ptr(void) { return (void *)g_streams[CUDA_STREAM_COMPUTE]; }
