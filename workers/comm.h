@@ -111,6 +111,24 @@ int comm_wait(comm_req_t *req, char *err, size_t errlen);
  * training loop reports per step as the difference of two readings. */
 double comm_wait_seconds(void);
 
+/* Collectives whose results a stream already waits for, with their handles
+ * collected later. comm_use makes `stream` wait for *req (comm_stream_wait:
+ * an event on NCCL, a host wait on shm), sets *req to NULL and keeps the
+ * handle; once COMM_HOLD_MAX are kept it collects the oldest (comm_wait).
+ * So the host blocks only on a collective that is several behind, one the
+ * GPU has long passed, never on the one the next kernel needs. Buffers of
+ * a held collective must stay valid until it is collected.
+ * comm_hold_release collects every kept handle (before the buffers go, and
+ * at the end of a micro-step); the first error is returned. A zeroed
+ * comm_hold_t is empty. */
+#define COMM_HOLD_MAX 4
+typedef struct {
+    comm_req_t *r[COMM_HOLD_MAX];
+    int n;
+} comm_hold_t;
+int comm_use(comm_hold_t *h, comm_req_t **req, void *stream, char *err, size_t errlen);
+int comm_hold_release(comm_hold_t *h, char *err, size_t errlen);
+
 /* Whether a started collective has finished (comm_wait still required). */
 bool comm_test(comm_req_t *req);
 

@@ -87,6 +87,7 @@ int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen) {
         cfg.timeout_s = o->comm_timeout_s;
         cfg.slot_bytes = o->slot_bytes;
         cfg.device = o->device;
+        cfg.compute_stream = o->compute_stream;
         if ((rc = comm_init(&d->comm[k], &cfg, e, sizeof e))) {
             snprintf(err, errlen, "rank %d: %s group: %s", o->rank, group_kind_name((group_kind_t)k), e);
             goto fail;

@@ -23,6 +23,8 @@ typedef struct {
     comm_kind_t comm;            /* --comm */
     bool on_gpu;                 /* CUDA backend: buffers are device memory */
     int device;                  /* this rank's GPU */
+    void *compute_stream;        /* the backend's compute stream (be_stream): NCCL
+                                    collectives start after the work queued on it */
     const char *rdzv_addr;       /* where every rank reaches the store: "host:port" or "unix:/path" */
     const char *rdzv_listen;     /* what rank 0 binds when it serves; NULL = rdzv_addr */
     bool rdzv_serve;             /* rank 0 serves the store in-process (false: ballast-rdzv runs) */

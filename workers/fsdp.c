@@ -71,6 +71,7 @@ static void bfree(const backend_t *be, void *p) {
 void fsdp_destroy(fsdp_t *f) {
     char e[COMM_ERR_LEN];
     const backend_t *be = f->be;
+    comm_hold_release(&f->held, e, sizeof e);
     for (int i = 0; i < 2; i++) {
         wait_req(&f->rs_req[i], e, sizeof e);
         bfree(be, f->gbuf[i]);
@@ -200,10 +201,16 @@ static int gather_unit(fsdp_t *f, int u, act_t *dst, comm_req_t **req, char *err
                            err, errlen);
 }
 
-/* Wait for reduce-scatter slot i and add its result into the unit's chunk. */
+/* The compute stream waits for collective *r (the host only on shm); the
+ * handle is collected later (comm_use). */
+static int use_req(fsdp_t *f, comm_req_t **r, char *err, size_t errlen) {
+    return comm_use(&f->held, r, be_stream(f->be), err, errlen);
+}
+
+/* Add reduce-scatter slot i's result into the unit's chunk, after it. */
 static int drain_rs(fsdp_t *f, int i, char *err, size_t errlen) {
     if (!f->rs_req[i]) return 0;
-    int rc = wait_req(&f->rs_req[i], err, errlen);
+    int rc = use_req(f, &f->rs_req[i], err, errlen);
     if (rc) return rc;
     int u = f->rs_unit[i];
     f->be->acc(f->grad + f->shard_off[u], f->rs_out[i], f->chunk[u]);
@@ -215,7 +222,7 @@ int fsdp_begin_step(fsdp_t *f, char *err, size_t errlen) {
     f->be->memset0(f->rest_grad, (size_t)f->S * f->chunk[f->n_units - 1] * sizeof(float));
     comm_req_t *r = NULL;
     int rc = gather_unit(f, f->n_units - 1, f->rest_full, &r, err, errlen);
-    return rc ? rc : wait_req(&r, err, errlen);
+    return rc ? rc : use_req(f, &r, err, errlen);
 }
 
 /* The model's first TP collective failure as this call's error. */
@@ -241,7 +248,7 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
     model_embed_forward(m, embed, tokens, targets);
     if (L > 0 && (rc = gather_unit(f, 0, f->gbuf[0], &g, err, errlen))) return rc;
     for (int l = 0; l < L; l++) {
-        if ((rc = wait_req(&g, err, errlen))) return rc;
+        if ((rc = use_req(f, &g, err, errlen))) goto fail;
         if (l + 1 < L && (rc = gather_unit(f, l + 1, f->gbuf[(l + 1) % 2], &g, err, errlen))) return rc;
         if (f->ao && act_offload_produced(f->ao, l, err, errlen)) { rc = -EIO; goto fail; }
         model_block_forward(m, f->gbuf[l % 2], m->xs[l], m->xs[l + 1], &m->acts[m->act_ckpt ? 0 : l]);
@@ -253,7 +260,7 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
      * before block l computes (its buffer held block l+1, now done) */
     model_head_backward(m, norm, lm, dnorm, dlm, loss_scale);
     for (int l = L - 1; l >= 0; l--) {
-        if ((rc = wait_req(&g, err, errlen))) goto fail;
+        if ((rc = use_req(f, &g, err, errlen))) goto fail;
         if (l - 1 >= 0 && (rc = gather_unit(f, l - 1, f->gbuf[(l - 1) % 2], &g, err, errlen))) goto fail;
         const act_t *bp = f->gbuf[l % 2];
         block_acts_t *a = &m->acts[m->act_ckpt ? 0 : l];
@@ -278,12 +285,17 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
     if (f->ao && act_offload_backward_end(f->ao, err, errlen)) { rc = -EIO; goto fail; }
     model_embed_backward(m, dembed);
     if (m->tp.rc) { rc = tp_failed(f, err, errlen); goto fail; }
+    /* collect the handles while the GPU works through the queue */
+    if ((rc = comm_hold_release(&f->held, err, errlen))) goto fail;
+    if ((rc = tp_release(&m->tp, err, errlen))) goto fail;
     return 0;
 fail: {
         char e[COMM_ERR_LEN];
         if (f->ao) act_offload_backward_end(f->ao, e, sizeof e);
         wait_req(&g, e, sizeof e);
         for (int i = 0; i < 2; i++) wait_req(&f->rs_req[i], e, sizeof e);
+        comm_hold_release(&f->held, e, sizeof e);
+        tp_release(&m->tp, e, sizeof e);
         return rc;
     }
 }

@@ -23,6 +23,14 @@
  *             its full gradient is reduce-scattered (sum) in the shard group
  *             into the rank's gradient chunk, asynchronously, two blocks in
  *             flight at most.
+ * On a GPU nothing here blocks the host on a collective the next kernel
+ * needs: the compute stream waits for each gather and reduce-scatter
+ * through an event (comm_use) and the handles are collected a few
+ * collectives later or at the end of the micro-step, while NCCL runs them
+ * on its own stream after the compute queued before them; so block l+1's
+ * gather and block l+1's reduce-scatter run under block l's compute. (The
+ * shm backend, and shm staged for ranks sharing a GPU, complete each
+ * collective on the host: same order, no overlap.)
  * fsdp_end_step reduce-scatters the rest unit's gradient, then all-reduces
  * (sum) the gradient chunks across the replica group. The loss scale of a
  * micro-step is 1 / (tokens of the global batch), so the sums give the
@@ -71,6 +79,7 @@ typedef struct {
     float *rs_out[2];          /* (max block chunk) reduce-scatter results */
     comm_req_t *rs_req[2];     /* reduce-scatters in flight, or NULL */
     int rs_unit[2];            /* the unit each of them belongs to */
+    comm_hold_t held;          /* gathers and reduce-scatters the compute stream waits for, collected later */
     model_tensor_t *segs;      /* optimizer segments, offsets in the local buffers */
     int n_segs;
     optim_t opt;               /* AdamW moments over shard_total floats */

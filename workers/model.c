@@ -288,6 +288,7 @@ int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, 
     if (tp_size > 1) {
         m->tp.rows = aalloc(&ac, Nl * D);
         m->tp.lse = falloc(&ac, N);
+        m->tp.xbuf = falloc(&ac, N * (size_t)(tp_size + 3));
     }
     m->dq = aalloc(&ac, N * qd); m->dk = aalloc(&ac, N * kvd); m->dv = aalloc(&ac, N * kvd);
     m->dao = aalloc(&ac, N * qd);
@@ -308,6 +309,11 @@ void model_destroy(model_t *m) {
     if (!be) { free(m->tensors); memset(m, 0, sizeof *m); return; }
     if (m->tp.rows) be->free(m->tp.rows);
     if (m->tp.lse) be->free(m->tp.lse);
+    if (m->tp.xbuf) be->free(m->tp.xbuf);
+    if (m->tp.held.n) {
+        char e[COMM_ERR_LEN];
+        comm_hold_release(&m->tp.held, e, sizeof e);
+    }
     float *ps[] = { m->params, m->grads, m->xf, m->rstdf, m->logits, m->losses, m->dx, m->dtmp, m->ftmp,
                     m->dq, m->dk, m->dv, m->dao, m->dgate, m->dup, m->dh };
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) if (ps[i]) be->free(ps[i]);

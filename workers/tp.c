@@ -14,8 +14,14 @@
 
 /* ---- collectives ---- */
 
+/* The compute stream waits for r (the host only on shm); the handle is
+ * collected a few collectives later or by tp_release. */
 static void tp_wait(model_tp_t *tp, int rc, comm_req_t *r, char *e, size_t elen) {
-    if (!rc) rc = comm_wait(r, e, elen);
+    if (!rc) rc = comm_use(&tp->held, &r, tp->be->stream ? tp->be->stream() : NULL, e, elen);
+    else if (r) {
+        char e2[COMM_ERR_LEN];
+        comm_wait(r, e2, sizeof e2);
+    }
     if (rc && !tp->rc) {
         tp->rc = rc;
         snprintf(tp->err, sizeof tp->err, "tensor-parallel group: %s", e);
@@ -72,12 +78,9 @@ void tp_xent_fwd(model_tp_t *tp, float *losses, const act_t *logits, const int32
     const backend_t *be = tp->be;
     int Vt = tp->V, nv = valid_cols(tp, V), T = tp->size;
     int64_t lo = (int64_t)tp->rank * Vt;
-    /* one backend buffer: mx (N) | all (T*N) | st (2N) */
-    float *buf = be->alloc((size_t)N * (size_t)(T + 3) * sizeof(float));
-    if (!buf) {
-        if (!tp->rc) { tp->rc = -ENOMEM; snprintf(tp->err, sizeof tp->err, "cross-entropy: out of memory"); }
-        return;
-    }
+    /* the model's scratch (no allocation: on a GPU freeing would wait for
+     * the whole device): mx (N) | all (T*N) | st (2N) */
+    float *buf = tp->xbuf;
     float *mx = buf, *all = buf + N, *st = all + (size_t)T * N;
     /* the row max over the whole vocabulary: local maxima, gathered */
     be->vp_xent_max(mx, logits, N, Vt, nv);
@@ -91,7 +94,19 @@ void tp_xent_fwd(model_tp_t *tp, float *losses, const act_t *logits, const int32
     be->vp_xent_stats(st, mx, all, T, logits, targets, N, Vt, nv, lo);
     tp_all_reduce(tp, st, 2 * (size_t)N);
     be->vp_xent_finish(losses, tp->lse, st, mx, N);
-    be->free(buf);
+}
+
+int tp_release(model_tp_t *tp, char *err, size_t errlen) {
+    char e[COMM_ERR_LEN] = "";
+    int rc = comm_hold_release(&tp->held, e, sizeof e);
+    if (rc) {
+        if (!tp->rc) {
+            tp->rc = rc;
+            snprintf(tp->err, sizeof tp->err, "tensor-parallel group: %s", e);
+        }
+        snprintf(err, errlen, "tensor-parallel group: %s", e);
+    }
+    return rc;
 }
 
 void tp_xent_bwd(model_tp_t *tp, act_t *dl, const act_t *logits, const int32_t *targets, float scale, int N,

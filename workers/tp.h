@@ -30,6 +30,12 @@ void tp_scatter_rows(model_tp_t *tp, act_t *loc, const act_t *full, size_t width
 /* x (n) = sum over ranks of x, in place. */
 void tp_all_reduce(model_tp_t *tp, float *x, size_t n);
 
+/* The collectives above leave the compute stream waiting for their results
+ * (no host wait on a GPU) and keep their handles; this collects them (at
+ * the end of a micro-step). 0, or the first failure with a message (also
+ * recorded in tp->rc). */
+int tp_release(model_tp_t *tp, char *err, size_t errlen);
+
 /* out (N, D) = this rank's vocab rows of wte (Vt, D) for the tokens in its
  * range, zero rows for the others: summed over ranks it is the embedding. */
 void tp_embedding_fwd(model_tp_t *tp, act_t *out, const int32_t *tokens, const act_t *wte, int N, int D);

@@ -163,7 +163,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     /* join the job: groups, rendezvous, communicators */
     dist_opts_t dopt = {
         .world = world, .rank = rank, .S = (int)o->shard_degree, .T = (int)o->tp_degree,
-        .comm = comm_kind, .on_gpu = on_gpu, .device = device, .rdzv_addr = rdzv_addr, .rdzv_serve = true,
+        .comm = comm_kind, .on_gpu = on_gpu, .device = device, .compute_stream = be_stream(be), .rdzv_addr = rdzv_addr, .rdzv_serve = true,
         .job_id = "ballast-train", .rdzv_timeout_s = o->rdzv_timeout,
     };
     dist_t d;

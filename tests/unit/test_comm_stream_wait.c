@@ -88,3 +88,77 @@ Test(comm_stream_wait, null_handle_is_an_error) {
     cr_expect_eq(comm_stream_wait(NULL, NULL, err, sizeof err), -EINVAL);
     cr_expect(strstr(err, "NULL handle") != NULL, "message: %s", err);
 }
+
+/* comm_use on shm: each result is there when comm_use returns (host wait),
+ * at most COMM_HOLD_MAX handles are kept, the blocked time counts as
+ * exposed communication (comm_wait_seconds), and comm_hold_release
+ * collects the rest. Seven all-reduces of seeded random data, rank 1 late
+ * before the first. */
+#define HOLD_LEN 4099
+#define HOLD_N 7
+
+static int hold_rank_fn(int me, int n, void *argp) {
+    arg_t *a = argp;
+    char err[COMM_ERR_LEN];
+    int ranks[2] = { 0, 1 };
+    comm_config_t cfg;
+    comm_config_init(&cfg);
+    cfg.kind = COMM_SHM;
+    cfg.name = "hold";
+    cfg.n = n;
+    cfg.index = me;
+    cfg.ranks = ranks;
+    cfg.shm_fd = a->fd;
+    cfg.slot_bytes = 64 << 10;
+    cfg.timeout_s = 20;
+    comm_t *c;
+    if (comm_init(&c, &cfg, err, sizeof err)) { fprintf(stderr, "rank %d: %s\n", me, err); return 1; }
+    int bad = 0;
+    comm_hold_t h = { 0 };
+    float *in[2], *out[HOLD_N], *ref = malloc(HOLD_LEN * sizeof(float));
+    double w0 = comm_wait_seconds();
+    if (me == 1) usleep(LATE_MS * 1000);
+    for (int k = 0; k < HOLD_N && !bad; k++) {
+        for (int i = 0; i < 2; i++) {
+            in[i] = malloc(HOLD_LEN * sizeof(float));
+            cc_fill(in[i], HOLD_LEN, COMM_F32, 99 + 10 * (uint64_t)k + (uint64_t)i);
+        }
+        cc_reduce_ref(ref, (void *const *)in, 2, 0, HOLD_LEN, COMM_F32, COMM_SUM);
+        out[k] = malloc(HOLD_LEN * sizeof(float));
+        comm_req_t *r = NULL;
+        if (comm_all_reduce(c, in[me], out[k], HOLD_LEN, COMM_F32, COMM_SUM, &r, err, sizeof err) ||
+            comm_use(&h, &r, NULL, err, sizeof err)) {
+            fprintf(stderr, "rank %d: %s\n", me, err);
+            bad = 1;
+        }
+        if (r) { fprintf(stderr, "rank %d: comm_use left the handle with the caller\n", me); bad = 1; }
+        if (!bad && memcmp(out[k], ref, HOLD_LEN * sizeof(float))) {
+            fprintf(stderr, "rank %d: result %d not there after comm_use\n", me, k);
+            bad = 1;
+        }
+        int want = k + 1 < COMM_HOLD_MAX ? k + 1 : COMM_HOLD_MAX;
+        if (h.n != want) { fprintf(stderr, "rank %d: %d handles kept after %d uses, want %d\n", me, h.n, k + 1, want); bad = 1; }
+        for (int i = 0; i < 2; i++) free(in[i]);
+    }
+    if (comm_hold_release(&h, err, sizeof err)) { fprintf(stderr, "rank %d: release: %s\n", me, err); bad = 1; }
+    if (h.n != 0) { fprintf(stderr, "rank %d: %d handles left after release\n", me, h.n); bad = 1; }
+    a->waited[me] = comm_wait_seconds() - w0;
+    comm_destroy(c);
+    for (int k = 0; k < HOLD_N; k++) free(out[k]);
+    free(ref);
+    return bad;
+}
+
+Test(comm_stream_wait, comm_use_keeps_a_bounded_set_and_counts_the_wait) {
+    char err[COMM_ERR_LEN];
+    arg_t a;
+    a.fd = comm_shm_segment_create(2, 64 << 10, err, sizeof err);
+    cr_assert_geq(a.fd, 0, "%s", err);
+    a.waited = cc_shared(2 * sizeof(double));
+    cr_assert_not_null(a.waited);
+    int failed = cc_run_ranks(2, hold_rank_fn, &a, 30, NULL);
+    cr_assert_eq(failed, 0, "%d ranks failed (messages above)", failed);
+    cr_expect_geq(a.waited[0], LATE_MS * 0.8e-3, "rank 0's exposed communication is %.3f s with a peer %d ms late",
+                  a.waited[0], LATE_MS);
+    close(a.fd);
+}
