@@ -130,6 +130,12 @@ typedef struct backend {
     /* ---- sharded and tensor-parallel training (fsdp.c, tp.c) ---- */
     /* y[n] += x[n], fp32 (a reduce-scatter result into a gradient chunk) */
     void (*acc)(float *y, const float *x, size_t n);
+    /* gradients reduced in bf16 (--grad-reduce-dtype bf16): dst (n bf16,
+     * backend memory) = src (n fp32) rounded to nearest, ties to even;
+     * y (n fp32) += x (n bf16) widened; y = x widened */
+    void (*to_bf16)(void *dst, const float *src, size_t n);
+    void (*acc_bf16)(float *y, const void *x, size_t n);
+    void (*from_bf16)(float *y, const void *x, size_t n);
     /* host memory the device copies to and from at full speed (pinned on
      * CUDA, plain on the CPU) for staging collectives: zeroed; NULL when out
      * of memory. Host memory, not backend memory. */
@@ -190,6 +196,11 @@ typedef struct backend {
     void (*xfer_wait)(struct be_xfer *x);
     bool (*xfer_done)(struct be_xfer *x);
     void *(*stream)(void);
+    /* The ops that follow belong to scope s (a block index; -1: none, the
+     * default). Backends that keep per-tensor state across steps (FP8
+     * delayed scaling) key it by (scope, weight address), so blocks
+     * gathered into the same reused buffer keep their own. May be NULL. */
+    void (*op_scope)(int s);
 } backend_t;
 
 typedef struct be_xfer be_xfer_t;   /* an asynchronous copy in flight (NULL: complete) */

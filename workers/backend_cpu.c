@@ -435,6 +435,33 @@ static void cpu_acc(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* fp32 -> bf16 bits, round to nearest, ties to even (NaN stays NaN) */
+static uint16_t f32_to_bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf16_bits_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static void cpu_to_bf16(void *dst, const float *src, size_t n) {
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16_bits(src[i]);
+}
+static void cpu_acc_bf16(float *y, const void *x, size_t n) {
+    const uint16_t *s = x;
+    for (size_t i = 0; i < n; i++) y[i] += bf16_bits_to_f32(s[i]);
+}
+static void cpu_from_bf16(float *y, const void *x, size_t n) {
+    const uint16_t *s = x;
+    for (size_t i = 0; i < n; i++) y[i] = bf16_bits_to_f32(s[i]);
+}
+
 static void *cpu_host_alloc(size_t bytes) { return calloc(1, bytes ? bytes : 1); }
 
 static void cpu_vp_embedding_fwd(float *out, const int32_t *tok, const float *wte, int N, int D, int64_t lo, int Vt) {
@@ -592,6 +619,7 @@ static const backend_t cpu_backend = {
     .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
     .xent_fwd = cpu_xent_fwd, .xent_bwd = cpu_xent_bwd,
     .adamw = cpu_adamw,
+    .to_bf16 = cpu_to_bf16, .acc_bf16 = cpu_acc_bf16, .from_bf16 = cpu_from_bf16,
     .acc = cpu_acc, .host_alloc = cpu_host_alloc, .host_free = cpu_free,
     .vp_embedding_fwd = cpu_vp_embedding_fwd, .vp_embedding_bwd = cpu_vp_embedding_bwd,
     .vp_xent_max = cpu_vp_xent_max, .vp_xent_stats = cpu_vp_xent_stats, .vp_xent_finish = cpu_vp_xent_finish,

@@ -78,6 +78,11 @@ void fsdp_destroy(fsdp_t *f) {
         bfree(be, f->bgrad[i]);
         bfree(be, f->rs_out[i]);
     }
+    for (int i = 0; i < 2; i++) {
+        bfree(be, f->rs16_in[i]);
+        bfree(be, f->rs16_out[i]);
+    }
+    bfree(be, f->g16);
     free(f->numel);
     free(f->chunk);
     free(f->shard_off);
@@ -191,6 +196,32 @@ nomem:
     return errbuf_set(err, errlen, "out of memory allocating the sharded model state"), -ENOMEM;
 }
 
+int fsdp_set_grad_reduce(fsdp_t *f, comm_dtype_t dt, char *err, size_t errlen) {
+    f->grad_dt = dt;
+    if (dt != COMM_BF16) return 0;
+    if (!f->be->to_bf16 || !f->be->acc_bf16 || !f->be->from_bf16)
+        return errbuf_set(err, errlen, "--grad-reduce-dtype bf16: the %s backend has no bf16 gradient ops", f->be->name),
+               -EINVAL;
+    const backend_t *be = f->be;
+    int L = f->n_units - 1;
+    size_t maxc = 0, S = (size_t)f->S;
+    for (int u = 0; u < L; u++) if (f->chunk[u] > maxc) maxc = f->chunk[u];
+    size_t rest = (S + 1) * f->chunk[L], g = f->shard_total > rest ? f->shard_total : rest;
+    for (int i = 0; i < 2 && S > 1; i++) {
+        if (!f->rs16_in[i]) f->rs16_in[i] = be->alloc((S * maxc > 0 ? S * maxc : 1) * 2);
+        if (!f->rs16_out[i]) f->rs16_out[i] = be->alloc((maxc ? maxc : 1) * 2);
+        if (!f->rs16_in[i] || !f->rs16_out[i]) goto nomem;
+    }
+    if (!f->g16 && !(f->g16 = be->alloc(g * 2))) goto nomem;
+    return 0;
+nomem:
+    return errbuf_set(err, errlen, "--grad-reduce-dtype bf16: out of %s memory for the bf16 gradient buffers", be->name),
+           -ENOMEM;
+}
+
+/* Whether the shard group's gradient reductions go in bf16. */
+static bool shard_bf16(const fsdp_t *f) { return f->grad_dt == COMM_BF16 && f->S > 1; }
+
 /* The element type of act storage on the wire: the working copy travels
  * in it (bf16 on CUDA, fp32 on the CPU). */
 static comm_dtype_t act_dtype(const fsdp_t *f) { return f->be->act_bytes == 2 ? COMM_BF16 : COMM_F32; }
@@ -213,7 +244,8 @@ static int drain_rs(fsdp_t *f, int i, char *err, size_t errlen) {
     int rc = use_req(f, &f->rs_req[i], err, errlen);
     if (rc) return rc;
     int u = f->rs_unit[i];
-    f->be->acc(f->grad + f->shard_off[u], f->rs_out[i], f->chunk[u]);
+    if (shard_bf16(f)) f->be->acc_bf16(f->grad + f->shard_off[u], f->rs16_out[i], f->chunk[u]);
+    else f->be->acc(f->grad + f->shard_off[u], f->rs_out[i], f->chunk[u]);
     return 0;
 }
 
@@ -251,8 +283,10 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
         if ((rc = use_req(f, &g, err, errlen))) goto fail;
         if (l + 1 < L && (rc = gather_unit(f, l + 1, f->gbuf[(l + 1) % 2], &g, err, errlen))) return rc;
         if (f->ao && act_offload_produced(f->ao, l, err, errlen)) { rc = -EIO; goto fail; }
+        if (be->op_scope) be->op_scope(l); /* per-block FP8 scaling state in the shared buffers */
         model_block_forward(m, f->gbuf[l % 2], m->xs[l], m->xs[l + 1], &m->acts[m->act_ckpt ? 0 : l]);
     }
+    if (be->op_scope) be->op_scope(-1);
     *loss_sum = model_head_forward(m, norm, lm);
     if (m->tp.rc) { rc = tp_failed(f, err, errlen); goto fail; }
 
@@ -266,6 +300,7 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
         block_acts_t *a = &m->acts[m->act_ckpt ? 0 : l];
         /* activation offload: xs[l] back from ballastd, l - H requested */
         if (f->ao && act_offload_fetch(f->ao, l, err, errlen)) { rc = -EIO; goto fail; }
+        if (be->op_scope) be->op_scope(l);
         if (m->act_ckpt) model_block_forward(m, bp, m->xs[l], m->xs[l + 1], a);
         int i = l % 2;
         if ((rc = drain_rs(f, i, err, errlen))) goto fail;
@@ -277,11 +312,18 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
         if (m->tp.rc) { rc = tp_failed(f, err, errlen); goto fail; }
         if (f->ao && act_offload_release(f->ao, l, err, errlen)) { rc = -EIO; goto fail; }
         f->rs_unit[i] = l;
-        if ((rc = comm_reduce_scatter(f->shard, f->bgrad[i], f->rs_out[i], f->chunk[l], COMM_F32, COMM_SUM,
-                                      &f->rs_req[i], err, errlen)))
-            goto fail;
+        if (shard_bf16(f)) {
+            be->to_bf16(f->rs16_in[i], f->bgrad[i], (size_t)f->S * f->chunk[l]);
+            rc = comm_reduce_scatter(f->shard, f->rs16_in[i], f->rs16_out[i], f->chunk[l], COMM_BF16, COMM_SUM,
+                                     &f->rs_req[i], err, errlen);
+        } else {
+            rc = comm_reduce_scatter(f->shard, f->bgrad[i], f->rs_out[i], f->chunk[l], COMM_F32, COMM_SUM,
+                                     &f->rs_req[i], err, errlen);
+        }
+        if (rc) goto fail;
     }
     for (int i = 0; i < 2; i++) if ((rc = drain_rs(f, i, err, errlen))) goto fail;
+    if (be->op_scope) be->op_scope(-1);
     if (f->ao && act_offload_backward_end(f->ao, err, errlen)) { rc = -EIO; goto fail; }
     model_embed_backward(m, dembed);
     if (m->tp.rc) { rc = tp_failed(f, err, errlen); goto fail; }
@@ -296,6 +338,7 @@ fail: {
         for (int i = 0; i < 2; i++) wait_req(&f->rs_req[i], e, sizeof e);
         comm_hold_release(&f->held, e, sizeof e);
         tp_release(&m->tp, e, sizeof e);
+        if (be->op_scope) be->op_scope(-1);
         return rc;
     }
 }
@@ -308,14 +351,36 @@ int fsdp_end_step(fsdp_t *f, char *err, size_t errlen) {
         tp_all_reduce(&f->m->tp, f->rest_grad + f->rest_norm, (size_t)f->m->cfg.dim);
         if (f->m->tp.rc) return tp_failed(f, err, errlen);
     }
-    if ((rc = comm_reduce_scatter(f->shard, f->rest_grad, f->grad + f->shard_off[u],
-                                  f->chunk[u], COMM_F32, COMM_SUM, &r, err, errlen)))
-        return rc;
-    if ((rc = wait_req(&r, err, errlen))) return rc;
-    if (comm_size(f->replica) > 1) {
-        if ((rc = comm_all_reduce(f->replica, f->grad, f->grad, f->shard_total, COMM_F32, COMM_SUM, &r, err, errlen)))
+    const backend_t *be = f->be;
+    if (shard_bf16(f)) {
+        /* g16 = [ S chunks in | one chunk out ] */
+        size_t in = (size_t)f->S * f->chunk[u];
+        char *out16 = (char *)f->g16 + in * 2;
+        be->to_bf16(f->g16, f->rest_grad, in);
+        if ((rc = comm_reduce_scatter(f->shard, f->g16, out16, f->chunk[u], COMM_BF16, COMM_SUM, &r, err, errlen)))
             return rc;
         if ((rc = wait_req(&r, err, errlen))) return rc;
+        be->from_bf16(f->grad + f->shard_off[u], out16, f->chunk[u]);
+    } else {
+        if ((rc = comm_reduce_scatter(f->shard, f->rest_grad, f->grad + f->shard_off[u], f->chunk[u], COMM_F32,
+                                      COMM_SUM, &r, err, errlen)))
+            return rc;
+        if ((rc = wait_req(&r, err, errlen))) return rc;
+    }
+    if (comm_size(f->replica) > 1) {
+        if (f->grad_dt == COMM_BF16) {
+            be->to_bf16(f->g16, f->grad, f->shard_total);
+            if ((rc = comm_all_reduce(f->replica, f->g16, f->g16, f->shard_total, COMM_BF16, COMM_SUM, &r, err,
+                                      errlen)))
+                return rc;
+            if ((rc = wait_req(&r, err, errlen))) return rc;
+            be->from_bf16(f->grad, f->g16, f->shard_total);
+        } else {
+            if ((rc = comm_all_reduce(f->replica, f->grad, f->grad, f->shard_total, COMM_F32, COMM_SUM, &r, err,
+                                      errlen)))
+                return rc;
+            if ((rc = wait_req(&r, err, errlen))) return rc;
+        }
     }
     return 0;
 }

@@ -80,6 +80,10 @@ typedef struct {
     comm_req_t *rs_req[2];     /* reduce-scatters in flight, or NULL */
     int rs_unit[2];            /* the unit each of them belongs to */
     comm_hold_t held;          /* gathers and reduce-scatters the compute stream waits for, collected later */
+    comm_dtype_t grad_dt;      /* gradient reductions: COMM_F32, or COMM_BF16 (fsdp_set_grad_reduce) */
+    void *rs16_in[2];          /* (S * max block chunk) bf16 block gradients on the wire, when grad_dt is bf16 */
+    void *rs16_out[2];         /* (max block chunk) their bf16 reduce-scatter results */
+    void *g16;                 /* bf16 scratch of the rest unit's reduce-scatter and the replica all-reduce */
     model_tensor_t *segs;      /* optimizer segments, offsets in the local buffers */
     int n_segs;
     optim_t opt;               /* AdamW moments over shard_total floats */
@@ -94,6 +98,14 @@ typedef struct {
 int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t *replica,
                 const optim_config_t *ocfg, char *err, size_t errlen);
 void fsdp_destroy(fsdp_t *f);
+
+/* --grad-reduce-dtype: gradients travel and are summed in dt (COMM_F32,
+ * the default, or COMM_BF16: each rank's fp32 gradient is rounded to bf16,
+ * reduced in bf16 by the communicator, and widened into the fp32
+ * chunks). Halves the gradient traffic at the cost of bf16 rounding of
+ * every partial sum. Groups of one rank never round. Allocates the bf16
+ * buffers; call before the first step. 0 or -ENOMEM with a message. */
+int fsdp_set_grad_reduce(fsdp_t *f, comm_dtype_t dt, char *err, size_t errlen);
 
 /* Start a step: zero the gradients, gather the rest unit. */
 int fsdp_begin_step(fsdp_t *f, char *err, size_t errlen);

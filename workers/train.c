@@ -68,6 +68,7 @@ static const opt_t train_options[] = {
     { "backend", OPT_ENUM, "cpu", 0, 0, "cpu|cuda", "compute backend: cpu (fp32) or cuda (bf16 on GPU --device)", &g_opts.backend },
     { "device", OPT_INT, "0", 0, 1024, NULL, "GPU index for --backend cuda", &g_opts.device },
     { "precision", OPT_ENUM, "bf16", 0, 0, "bf16|fp8", "GEMM precision on --backend cuda: bf16, or fp8 (compute capability 8.9+: E4M3/E5M2, delayed scaling)", &g_opts.precision },
+    { "grad-reduce-dtype", OPT_ENUM, "fp32", 0, 0, "fp32|bf16", "gradient reductions across ranks in fp32, or bf16 (half the traffic; each partial sum rounded to bf16)", &g_opts.grad_reduce_dtype },
     { "metrics-port", OPT_INT, "0", 0, 65535, NULL, "serve Prometheus /metrics on this port + the local rank (0: off)", &g_opts.metrics_port },
     { "metrics-bind", OPT_STRING, "0.0.0.0", 0, 0, NULL, "address the /metrics endpoint binds (127.0.0.1: this machine only)", &g_opts.metrics_bind },
     { "skip-nonfinite", OPT_BOOL, "false", 0, 0, NULL, "skip the update of a step whose loss is NaN/inf instead of stopping (at most 9 in a row)", &g_opts.skip_nonfinite },

@@ -43,6 +43,7 @@ typedef struct {
     int backend;              /* 0 = cpu, 1 = cuda */
     int64_t device;           /* GPU index for the cuda backend */
     int precision;            /* --precision: 0 = bf16, 1 = fp8 (cuda only) */
+    int grad_reduce_dtype;    /* --grad-reduce-dtype: 0 = fp32, 1 = bf16 */
     const char *dump_grads;   /* test hook: step 1's logits, loss and gradients */
     int64_t metrics_port;     /* Prometheus /metrics port (docs/observability.md); 0 = off */
     const char *metrics_bind; /* address /metrics binds */

@@ -228,6 +228,10 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         goto out;
     }
     have_fs = true;
+    if (o->grad_reduce_dtype == 1 && fsdp_set_grad_reduce(&fs, COMM_BF16, err, sizeof err)) {
+        log_error("rank %d: %s", rank, err);
+        goto out;
+    }
     free(full);
     full = NULL;
 

@@ -94,3 +94,45 @@ Test(backend_xfer, tables_without_xfer_ops_copy_synchronously, .init = setup, .f
     t.free(dev);
     free(src);
 }
+
+/* The bf16 gradient ops (--grad-reduce-dtype bf16): rounding to nearest,
+ * ties to even, against a reference built from frexp/rint in double (8
+ * significant bits), on random normal floats of many magnitudes plus exact
+ * ties; acc_bf16 adds the widened values, from_bf16 overwrites. */
+#include <math.h>
+
+static double bf16_ref(float x) {
+    int e;
+    double m = frexp((double)x, &e);        /* x = m * 2^e, 0.5 <= |m| < 1 */
+    return ldexp(rint(m * 256.0), e - 8);   /* default rounding: ties to even */
+}
+
+Test(backend_xfer, bf16_gradient_ops_round_to_nearest_even, .init = setup, .fini = teardown) {
+    enum { M = 5000 };
+    float *x = malloc(M * sizeof(float)), *y = malloc(M * sizeof(float)), *w = malloc(M * sizeof(float));
+    uint16_t *b = malloc(M * sizeof(uint16_t));
+    srand(11);
+    for (int i = 0; i < M; i++) {
+        double u = (double)rand() / RAND_MAX, s = rand() % 2 ? 1 : -1;
+        x[i] = (float)(s * (0.5 + u) * pow(2.0, rand() % 60 - 30));
+    }
+    /* exact ties: 1 + 2^-8 (between 1 and 1 + 2^-7: even is 1) and 1 + 3 * 2^-8 (even is 1 + 2^-6) */
+    x[0] = 1.f + 1.f / 256.f;
+    x[1] = 1.f + 3.f / 256.f;
+    be->to_bf16(b, x, M);
+    be->from_bf16(w, b, M);
+    int bad = 0;
+    for (int i = 0; i < M && bad < 5; i++)
+        if ((double)w[i] != bf16_ref(x[i])) {
+            cr_log_error("element %d: %.9g -> %.9g, reference %.9g", i, x[i], w[i], bf16_ref(x[i]));
+            bad++;
+        }
+    cr_expect_eq(bad, 0);
+    cr_expect_eq(w[0], 1.f, "tie 1 + 2^-8 rounds to even (1)");
+    cr_expect_eq(w[1], 1.f + 1.f / 64.f, "tie 1 + 3 * 2^-8 rounds to even (1 + 2^-6)");
+    for (int i = 0; i < M; i++) y[i] = x[M - 1 - i];
+    be->acc_bf16(y, b, M);
+    for (int i = 0; i < M; i++)
+        if (y[i] != x[M - 1 - i] + w[i]) { cr_expect_fail("acc_bf16 element %d", i); break; }
+    free(x), free(y), free(w), free(b);
+}

@@ -370,6 +370,7 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     t.xfer_to_host = cuda_xfer_to_host; t.xfer_from_host = cuda_xfer_from_host;
     t.xfer_order = cuda_xfer_order; t.xfer_wait = cuda_xfer_wait; t.xfer_done = cuda_xfer_done;
     t.stream = cuda_compute_stream_ptr;
+    t.op_scope = cuda_op_scope;
     g_table = t;
     snprintf(g_device_name, sizeof g_device_name, "%s", prop.name);
     g_device = device;

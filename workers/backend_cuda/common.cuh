@@ -91,6 +91,7 @@ void cuda_xfer_order(struct be_xfer *x);
 void cuda_xfer_wait(struct be_xfer *x);
 bool cuda_xfer_done(struct be_xfer *x);
 void *cuda_compute_stream_ptr(void);
+void cuda_op_scope(int s);   /* gemm_fp8.cu: the scope FP8 states are keyed by */
 
 /* Device scratch that grows on demand, one buffer per slot (backend_cuda.cu).
  * Contents are undefined; a slot is owned by one op for the op's duration.

@@ -27,10 +27,11 @@
  * parameters and fp32 master weights are unchanged: FP8 copies are
  * transient, made per GEMM.
  *
- * States are keyed by the weight's address: right for a model whose
- * parameters stay put (one process, the whole model); a trainer that
- * gathers shards into reused buffers needs an explicit tensor id instead.
- * cuda_fp8_reset() forgets them all.
+ * States are keyed by (scope, weight address): the scope is the block
+ * index the sharded trainer sets (the table's op_scope) before each block,
+ * since it gathers every block into one of two reused buffers; a model
+ * whose parameters stay put runs in scope -1. cuda_fp8_reset() forgets
+ * them all.
  *
  * A GEMM whose N, I or O is not a multiple of 16, or whose output is not
  * 16-byte aligned, runs in bf16 instead (cuda_fp8_counts() tells how many
@@ -62,6 +63,8 @@ static cublasLtHandle_t g_lt;
 static void *g_ws;
 static fp8_meta_t *g_meta;               /* device (FP8_MAX_WEIGHTS, NROLES) */
 static const void *g_keys[FP8_MAX_WEIGHTS];
+static int g_key_scope[FP8_MAX_WEIGHTS];
+static int g_scope = -1;                 /* the table's op_scope */
 static bool g_fresh[FP8_MAX_WEIGHTS][NROLES];
 static int g_nkeys;
 static uint8_t *g_buf[4];                /* fp8 operand scratch: A, B of the current GEMM, and two more for bwd */
@@ -126,9 +129,10 @@ __global__ void update_kernel(fp8_meta_t *m, float fmax) {
  * fresh); -1 when FP8_MAX_WEIGHTS weights are tracked already. */
 static int meta_index(const void *w) {
     for (int i = 0; i < g_nkeys; i++)
-        if (g_keys[i] == w) return i;
+        if (g_keys[i] == w && g_key_scope[i] == g_scope) return i;
     if (g_nkeys == FP8_MAX_WEIGHTS) return -1;
     g_keys[g_nkeys] = w;
+    g_key_scope[g_nkeys] = g_scope;
     for (int r = 0; r < NROLES; r++) g_fresh[g_nkeys][r] = true;
     return g_nkeys++;
 }
@@ -320,8 +324,11 @@ extern "C" int cuda_set_precision(cuda_precision_t p, char *err, size_t errlen) 
 
 extern "C" cuda_precision_t cuda_precision(void) { return g_prec; }
 
+void cuda_op_scope(int s) { g_scope = s; }
+
 extern "C" void cuda_fp8_reset(void) {
     g_nkeys = 0;
+    g_scope = -1;
     if (g_meta)
         CUDA_CHECK(cudaMemsetAsync(g_meta, 0, sizeof(fp8_meta_t) * FP8_MAX_WEIGHTS * NROLES, cuda_compute_stream()));
 }
@@ -334,7 +341,7 @@ extern "C" void cuda_fp8_counts(long *fp8, long *bf16_fallback) {
 extern "C" int cuda_fp8_state(const void *w, int role, float *scale, float *hist_max) {
     int wi = -1;
     for (int i = 0; i < g_nkeys; i++)
-        if (g_keys[i] == w) wi = i;
+        if (g_keys[i] == w && g_key_scope[i] == g_scope) wi = i;
     if (wi < 0 || role < 0 || role >= NROLES) return -1;
     fp8_meta_t m;
     CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream()));

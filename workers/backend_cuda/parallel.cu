@@ -26,6 +26,36 @@ static void cu_acc(float *y, const float *x, size_t n) {
     CUDA_LAUNCH_CHECK("acc_kernel");
 }
 
+/* ---- gradients reduced in bf16 ---- */
+
+__global__ void grad_to_bf16_kernel(bf16 *d, const float *s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        d[i] = __float2bfloat16_rn(s[i]);
+}
+
+__global__ void acc_bf16_kernel(float *y, const bf16 *x, size_t n, int overwrite) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = overwrite ? __bfloat162float(x[i]) : y[i] + __bfloat162float(x[i]);
+}
+
+static void cu_to_bf16(void *dst, const float *src, size_t n) {
+    if (!n) return;
+    grad_to_bf16_kernel<<<cuda_blocks(n, PAR_THREADS), PAR_THREADS, 0, cuda_compute_stream()>>>((bf16 *)dst, src, n);
+    CUDA_LAUNCH_CHECK("grad_to_bf16_kernel");
+}
+
+static void cu_acc_bf16(float *y, const void *x, size_t n) {
+    if (!n) return;
+    acc_bf16_kernel<<<cuda_blocks(n, PAR_THREADS), PAR_THREADS, 0, cuda_compute_stream()>>>(y, (const bf16 *)x, n, 0);
+    CUDA_LAUNCH_CHECK("acc_bf16_kernel");
+}
+
+static void cu_from_bf16(float *y, const void *x, size_t n) {
+    if (!n) return;
+    acc_bf16_kernel<<<cuda_blocks(n, PAR_THREADS), PAR_THREADS, 0, cuda_compute_stream()>>>(y, (const bf16 *)x, n, 1);
+    CUDA_LAUNCH_CHECK("acc_bf16_kernel");
+}
+
 /* ---- pinned host staging (zeroed, as the table promises) ---- */
 
 static void *cu_host_alloc(size_t bytes) {
@@ -156,6 +186,9 @@ static void cu_vp_xent_bwd(act_t *dl, const act_t *logits, const float *lse, con
 
 void cuda_parallel_fill(backend_t *t) {
     t->acc = cu_acc;
+    t->to_bf16 = cu_to_bf16;
+    t->acc_bf16 = cu_acc_bf16;
+    t->from_bf16 = cu_from_bf16;
     t->host_alloc = cu_host_alloc;
     t->host_free = cu_host_free;
     t->vp_embedding_fwd = cu_vp_embedding_fwd;
