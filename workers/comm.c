@@ -240,7 +240,9 @@ static uint64_t mono_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-double comm_wait_seconds(void) { return 1e-9 * (double)atomic_load_explicit(&g_wait_ns, memory_order_relaxed); }
+double comm_wait_seconds(void) {
+    return 1e-9 * (double)atomic_load_explicit(&g_wait_ns, memory_order_relaxed) + comm_nccl_stall_seconds();
+}
 
 /* Block until r is done (the backend's wait hook first); its status, and
  * its message in err when it failed. r stays allocated. */

@@ -106,10 +106,15 @@ int comm_barrier(comm_t *c, comm_req_t **req, char *err, size_t errlen);
  * 0, or -ETIMEDOUT / -EPIPE (a peer died or failed) with a message. */
 int comm_wait(comm_req_t *req, char *err, size_t errlen);
 
-/* Seconds this process has spent blocked in comm_wait so far, over every
- * communicator: the exposed (not overlapped) communication time that the
- * training loop reports per step as the difference of two readings. */
+/* Seconds this process has spent blocked in comm_wait (and in the host
+ * wait of comm_stream_wait on shm) so far, over every communicator, plus
+ * the time CUDA streams stood still in comm_stream_wait for NCCL
+ * collectives (comm_nccl_stall_seconds: timed with events, counted once
+ * they have completed): the exposed (not overlapped) communication time
+ * that the training loop reports per step as the difference of two
+ * readings. */
 double comm_wait_seconds(void);
+double comm_nccl_stall_seconds(void);
 
 /* Collectives whose results a stream already waits for, with their handles
  * collected later. comm_use makes `stream` wait for *req (comm_stream_wait:

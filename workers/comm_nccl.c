@@ -15,7 +15,14 @@
  * cfg->compute_stream, that stream's work so far is ordered before each
  * collective through an event (inputs are ready, no host wait), and
  * comm_stream_wait() orders a collective before later compute the same
- * way. Buffers are device memory of cfg->device. */
+ * way. Buffers are device memory of cfg->device.
+ *
+ * Exposed communication on a GPU is not host time: the host no longer
+ * waits, the compute stream does. comm_stream_wait brackets its wait with
+ * two timing events on the waiting stream, and comm_nccl_stall_seconds()
+ * adds up, for every pair that has completed, the time between them: how
+ * long that stream stood still for a collective. comm_wait_seconds()
+ * includes it. */
 #include "workers/comm_impl.h"
 
 #include <dlfcn.h>
@@ -82,6 +89,7 @@ typedef struct {
     int (*event_query)(cuda_event_p);
     int (*event_sync)(cuda_event_p);
     int (*event_destroy)(cuda_event_p);
+    int (*event_elapsed)(float *, cuda_event_p, cuda_event_p);
     int (*stream_wait_event)(cuda_stream_p, cuda_event_p, unsigned);
     int (*cuda_malloc)(void **, size_t);
     int (*cuda_free)(void *);
@@ -134,6 +142,7 @@ static int lib_load(void) {
     SYM(cudart, event_query, "cudaEventQuery");
     SYM(cudart, event_sync, "cudaEventSynchronize");
     SYM(cudart, event_destroy, "cudaEventDestroy");
+    SYM(cudart, event_elapsed, "cudaEventElapsedTime");
     SYM(cudart, stream_wait_event, "cudaStreamWaitEvent");
     SYM(cudart, cuda_malloc, "cudaMalloc");
     SYM(cudart, cuda_free, "cudaFree");
@@ -311,9 +320,70 @@ static bool nccl_test(comm_t *c, comm_req_t *r) {
     return r->backend && lib.event_query(r->backend) != CUDA_NOT_READY;
 }
 
-/* comm_stream_wait: the stream waits on the collective's event. */
+/* ---- stalls of the waiting stream ---- */
+
+#define STALL_MAX 65536       /* pairs in flight; more are not timed */
+typedef struct { cuda_event_p a, b; } stall_pair_t;
+static stall_pair_t g_stall[STALL_MAX];
+static int g_nstall;
+static cuda_event_p g_free_ev[2 * 256];
+static int g_nfree_ev;
+static double g_stall_s;
+static pthread_mutex_t g_stall_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static cuda_event_p timing_event(void) {   /* under g_stall_mu */
+    if (g_nfree_ev > 0) return g_free_ev[--g_nfree_ev];
+    cuda_event_p e = NULL;
+    return lib.event_create(&e, 0) == CUDA_OK ? e : NULL;
+}
+
+static void drop_event(cuda_event_p e) {   /* under g_stall_mu */
+    if (g_nfree_ev < (int)(sizeof g_free_ev / sizeof g_free_ev[0])) g_free_ev[g_nfree_ev++] = e;
+    else lib.event_destroy(e);
+}
+
+double comm_nccl_stall_seconds(void) {
+    if (__atomic_load_n(&lib_state, __ATOMIC_ACQUIRE) != 1) return 0;
+    pthread_mutex_lock(&g_stall_mu);
+    int k = 0;
+    for (int i = 0; i < g_nstall; i++) {
+        stall_pair_t p = g_stall[i];
+        if (lib.event_query(p.b) == CUDA_NOT_READY) { g_stall[k++] = p; continue; }
+        float ms = 0;
+        if (lib.event_elapsed(&ms, p.a, p.b) == CUDA_OK && ms > 0) g_stall_s += 1e-3 * ms;
+        drop_event(p.a);
+        drop_event(p.b);
+    }
+    g_nstall = k;
+    double s = g_stall_s;
+    pthread_mutex_unlock(&g_stall_mu);
+    return s;
+}
+
+/* comm_stream_wait: the stream waits on the collective's event, between
+ * two timing events (the stall it causes, when there is room to time it). */
 static int nccl_stream_wait(comm_t *c, comm_req_t *r, void *stream, char *err, size_t errlen) {
+    cuda_event_p a = NULL, b = NULL;
+    if (r->backend) {
+        pthread_mutex_lock(&g_stall_mu);
+        if (g_nstall < STALL_MAX && (a = timing_event()) && !(b = timing_event())) {
+            drop_event(a);
+            a = NULL;
+        }
+        pthread_mutex_unlock(&g_stall_mu);
+    }
+    bool timed = a && b && lib.event_record(a, stream) == CUDA_OK;
     int rc = r->backend ? lib.stream_wait_event(stream, r->backend, 0) : CUDA_OK;
+    if (a) {
+        pthread_mutex_lock(&g_stall_mu);
+        if (timed && rc == CUDA_OK && lib.event_record(b, stream) == CUDA_OK && g_nstall < STALL_MAX) {
+            g_stall[g_nstall++] = (stall_pair_t){ a, b };
+        } else {
+            drop_event(a);
+            drop_event(b);
+        }
+        pthread_mutex_unlock(&g_stall_mu);
+    }
     if (rc != CUDA_OK) {
         snprintf(err, errlen, "comm %s: %s: cudaStreamWaitEvent: %s", c->name, comm_coll_name(r->coll),
                  lib.cuda_error(rc));
