@@ -10,7 +10,17 @@
  * (dimension, rank, size, local shape) and its flat element range
  * [start, end) inside the TP-local tensor, which is enough to rebuild the
  * full tensors: loading into the same (S, T) reads one file per rank,
- * another layout rebuilds the full state and re-cuts it. */
+ * another layout rebuilds the full state and re-cuts it.
+ *
+ * The state (f->master, f->opt.m, f->opt.v) is backend memory (a GPU's, or
+ * the CPU's): it is only touched through the backend's copies. Saving
+ * streams each tensor part through two pinned host buffers of at most
+ * CKPT_PIECE_FLOATS floats (the copy of piece k + 1 runs while piece k is
+ * written), so the host memory a save needs does not grow with the model;
+ * loading the same layout reads each part a piece at a time the same way.
+ * Loading another layout rebuilds the full tensors on the host first
+ * (3 x the model's fp32 parameters). Every collective here moves backend
+ * memory too (NCCL, or shm behind host staging). */
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -23,6 +33,76 @@
 #include "workers/safetensors.h"
 
 #define FSDP_SHARD_FMT "shard-%05d-of-%05d.safetensors"
+#define CKPT_PIECE_FLOATS ((size_t)4 << 20) /* floats per host buffer (16 MiB) */
+
+static const char *const SUFFIX[3] = { "", ".exp_avg", ".exp_avg_sq" };
+static const char *const WHAT[3] = { "fp32 master weights", "AdamW exp_avg", "AdamW exp_avg_sq" };
+
+/* Host buffers for copies to and from backend memory: pinned when the
+ * backend has host_alloc. */
+static void *hbuf_alloc(const backend_t *be, size_t bytes) {
+    return be->host_alloc ? be->host_alloc(bytes) : calloc(1, bytes);
+}
+static void hbuf_free(const backend_t *be, void *p) {
+    if (!p) return;
+    if (be->host_alloc) be->host_free(p);
+    else free(p);
+}
+
+/* The rank's three state arrays in file order (weights, exp_avg,
+ * exp_avg_sq), all of which must be in backend memory now: 0, or -1 with a
+ * message naming the missing one. */
+static int state_arrays(fsdp_t *f, float *a[3], char *err, size_t errlen) {
+    a[0] = f->master;
+    a[1] = f->opt.m;
+    a[2] = f->opt.v;
+    for (int s = 0; s < 3; s++)
+        if (!a[s] && f->shard_total)
+            return errbuf_set(err, errlen, "the rank's %s are not in memory (an optimizer offload keeps them in "
+                              "ballastd and must bring them back for checkpoints)", WHAT[s]), -1;
+    return 0;
+}
+
+/* Walks the pieces of a shard file's data in file order: array s (of 3),
+ * segment i, elements [off, off + n) with n <= CKPT_PIECE_FLOATS. */
+typedef struct { int s, i; size_t off, n; } piece_t;
+
+/* Advance *p to the next piece (start with s = i = off = n = 0 and
+ * first = true). false when there is none. */
+static bool next_piece(const fsdp_t *f, piece_t *p, bool first) {
+    if (!first) p->off += p->n;
+    for (; p->s < 3; p->s++, p->i = 0, p->off = 0)
+        for (; p->i < f->n_segs; p->i++, p->off = 0)
+            if (p->off < f->segs[p->i].numel) {
+                size_t left = f->segs[p->i].numel - p->off;
+                p->n = left < CKPT_PIECE_FLOATS ? left : CKPT_PIECE_FLOATS;
+                return true;
+            }
+    return false;
+}
+
+/* Floats of the largest piece (at least 1). */
+static size_t piece_floats(const fsdp_t *f) {
+    size_t mx = 1;
+    for (int i = 0; i < f->n_segs; i++) if (f->segs[i].numel > mx) mx = f->segs[i].numel;
+    return mx < CKPT_PIECE_FLOATS ? mx : CKPT_PIECE_FLOATS;
+}
+
+/* All-gather n floats of host memory per rank of group c into host out
+ * (size(c) * n): through backend memory, which the collectives take. */
+static int gather_host(const backend_t *be, comm_t *c, const float *in, size_t n, float *out, char *err,
+                       size_t errlen) {
+    size_t in_b = n * sizeof(float), out_b = (size_t)comm_size(c) * in_b;
+    char *buf = be->alloc(in_b + out_b);
+    if (!buf) return errbuf_set(err, errlen, "out of memory"), -ENOMEM;
+    be->from_host(buf, in, in_b);
+    comm_req_t *r = NULL;
+    int rc = comm_all_gather(c, buf, buf + in_b, n, COMM_F32, &r, err, errlen);
+    if (!rc) rc = comm_wait(r, err, errlen);
+    if (!rc) be->to_host(out, buf + in_b, out_b);
+    be->free(buf);
+    return rc;
+}
 
 /* A collective "everyone agrees": sums the ranks' failure flags; a rank
  * that failed keeps its own message, the others get one naming the count. */
@@ -91,22 +171,23 @@ static json_t *manifest_json(const fsdp_t *f, const ckpt_meta_t *meta, int world
                      "shards", shards);
 }
 
-/* This rank's shard file: its parts of every tensor and their moments. */
+/* This rank's shard file: its parts of every tensor and their moments,
+ * copied from backend memory a piece at a time through two host buffers
+ * (the copy of the next piece is in flight while one is written). */
 static int write_shard(fsdp_t *f, const char *path, int64_t step, char *err, size_t errlen) {
+    const backend_t *be = f->be;
+    float *src[3];
+    if (state_arrays(f, src, err, errlen)) return -1;
     st_writer_t *w = st_writer_new();
     if (!w) return errbuf_set(err, errlen, "out of memory writing %s", path);
-    const float *src[3] = { f->master, f->opt.m, f->opt.v };
-    const char *suffix[3] = { "", ".exp_avg", ".exp_avg_sq" };
-    for (int s = 0; s < 3; s++) {
-        for (int i = 0; i < f->n_segs; i++) {
+    int rc = 0;
+    for (int s = 0; s < 3 && !rc; s++) {
+        for (int i = 0; i < f->n_segs && !rc; i++) {
             const model_tensor_t *t = &f->segs[i];
             char name[MODEL_NAME_LEN + 16];
-            snprintf(name, sizeof name, "%s%s", t->name, suffix[s]);
+            snprintf(name, sizeof name, "%s%s", t->name, SUFFIX[s]);
             int64_t n = (int64_t)t->numel;
-            if (st_writer_add_f32(w, name, ST_F32, &n, 1, src[s] + t->offset)) {
-                st_writer_free(w);
-                return errbuf_set(err, errlen, "out of memory writing %s", path);
-            }
+            if (st_writer_declare(w, name, ST_F32, &n, 1)) rc = errbuf_set(err, errlen, "out of memory writing %s", path);
         }
     }
     char buf[32];
@@ -117,9 +198,35 @@ static int write_shard(fsdp_t *f, const char *path, int64_t step, char *err, siz
     st_writer_set_metadata(w, "shard", buf);
     snprintf(buf, sizeof buf, "%d", f->tidx);
     st_writer_set_metadata(w, "tp_rank", buf);
-    int rc = st_writer_save(w, path, err, errlen);
-    st_writer_free(w);
-    return rc;
+    size_t pf = piece_floats(f);
+    float *hb[2] = { hbuf_alloc(be, pf * sizeof(float)), hbuf_alloc(be, pf * sizeof(float)) };
+    if (!rc && (!hb[0] || !hb[1])) rc = errbuf_set(err, errlen, "out of host memory for 2 x %zu bytes writing %s",
+                                                   pf * sizeof(float), path);
+    if (!rc) rc = st_writer_begin(w, path, err, errlen);
+    be_xfer_t *x[2] = { NULL, NULL };
+    size_t pn[2] = { 0, 0 };
+    piece_t p = { 0 };
+    bool have = !rc && next_piece(f, &p, true);
+    if (have) {
+        x[0] = be_xfer_to_host(be, hb[0], src[p.s] + f->segs[p.i].offset + p.off, p.n * sizeof(float));
+        pn[0] = p.n;
+    }
+    for (int k = 0; have; k ^= 1) {
+        be_xfer_wait(be, x[k]); /* piece in hb[k] complete */
+        x[k] = NULL;
+        have = next_piece(f, &p, false);
+        if (have) {
+            x[k ^ 1] = be_xfer_to_host(be, hb[k ^ 1], src[p.s] + f->segs[p.i].offset + p.off, p.n * sizeof(float));
+            pn[k ^ 1] = p.n;
+        }
+        if (!rc && st_writer_append_f32(w, hb[k], pn[k], err, errlen)) rc = -1;
+        if (rc && have) { be_xfer_wait(be, x[k ^ 1]); x[k ^ 1] = NULL; break; }
+    }
+    if (!rc) rc = st_writer_finish(w, err, errlen);
+    st_writer_free(w); /* removes a half-written file */
+    hbuf_free(be, hb[0]);
+    hbuf_free(be, hb[1]);
+    return rc ? -1 : 0;
 }
 
 int fsdp_ckpt_save(fsdp_t *f, const char *dir, const ckpt_meta_t *meta, int rank, int world, char *err,
@@ -158,13 +265,11 @@ int fsdp_ckpt_save(fsdp_t *f, const char *dir, const ckpt_meta_t *meta, int rank
     int nf = f->S * f->T;
     double *tpi = calloc(2 * (size_t)f->T, sizeof *tpi), *all = calloc(2 * (size_t)nf, sizeof *all);
     if (!tpi || !all) { free(tpi); free(all); return errbuf_set(err, errlen, "out of memory"), -ENOMEM; }
-    comm_req_t *r = NULL;
     int rc = 0;
     memcpy(tpi, info, sizeof info);
-    if (f->T > 1 && !(rc = comm_all_gather(f->tp, info, tpi, 4, COMM_F32, &r, err, errlen)))
-        rc = comm_wait(r, err, errlen);
-    if (!rc && !(rc = comm_all_gather(f->shard, tpi, all, 4 * (size_t)f->T, COMM_F32, &r, err, errlen)))
-        rc = comm_wait(r, err, errlen);
+    /* (the doubles travel as fp32 word pairs, copied bit for bit) */
+    if (f->T > 1) rc = gather_host(f->be, f->tp, (const float *)info, 4, (float *)tpi, err, errlen);
+    if (!rc) rc = gather_host(f->be, f->shard, (const float *)tpi, 4 * (size_t)f->T, (float *)all, err, errlen);
     free(tpi);
     failed = rc != 0;
     if (!failed && rank == 0) {
@@ -329,8 +434,51 @@ out:
     return rc;
 }
 
+/* The same layout: this rank's file st (path sp) into its state in
+ * backend memory, a piece at a time through two host buffers (the copy of
+ * one piece runs while the next is read). 0, or -1 with a message. */
+static int read_own_shard(fsdp_t *f, st_t *st, const char *sp, char *err, size_t errlen) {
+    const backend_t *be = f->be;
+    float *dst[3];
+    if (state_arrays(f, dst, err, errlen)) return -1;
+    /* every tensor first: a wrong file changes nothing */
+    for (int s = 0; s < 3; s++) {
+        for (int i = 0; i < f->n_segs; i++) {
+            char name[MODEL_NAME_LEN + 16];
+            snprintf(name, sizeof name, "%s%s", f->segs[i].name, SUFFIX[s]);
+            const st_info_t *info = st_find(st, name);
+            if (!info) return errbuf_set(err, errlen, "%s: tensor %s is missing", sp, name), -1;
+            if (info->ndim != 1 || info->shape[0] != (int64_t)f->segs[i].numel)
+                return errbuf_set(err, errlen, "%s: tensor %s is not 1-D with %zu elements as this layout's part",
+                                  sp, name, f->segs[i].numel), -1;
+        }
+    }
+    size_t pf = piece_floats(f);
+    float *hb[2] = { hbuf_alloc(be, pf * sizeof(float)), hbuf_alloc(be, pf * sizeof(float)) };
+    be_xfer_t *x[2] = { NULL, NULL };
+    int rc = 0;
+    if (!hb[0] || !hb[1]) rc = errbuf_set(err, errlen, "out of host memory for 2 x %zu bytes reading %s",
+                                          pf * sizeof(float), sp);
+    piece_t p = { 0 };
+    for (int k = 0, first = 1; !rc && next_piece(f, &p, first); k ^= 1, first = 0) {
+        be_xfer_wait(be, x[k]); /* hb[k]'s previous copy is done: it may be refilled */
+        x[k] = NULL;
+        char name[MODEL_NAME_LEN + 16];
+        snprintf(name, sizeof name, "%s%s", f->segs[p.i].name, SUFFIX[p.s]);
+        if (st_read_f32_range(st, name, (int64_t)p.off, (int64_t)p.n, hb[k], err, errlen)) { rc = -1; break; }
+        x[k] = be_xfer_from_host(be, dst[p.s] + f->segs[p.i].offset + p.off, hb[k], p.n * sizeof(float));
+    }
+    be_xfer_wait(be, x[0]);
+    be_xfer_wait(be, x[1]);
+    hbuf_free(be, hb[0]);
+    hbuf_free(be, hb[1]);
+    return rc;
+}
+
 /* Another layout: rebuild the full state, keep this rank's part. */
 static int load_resharded(fsdp_t *f, const char *path, char *err, size_t errlen) {
+    float *dst[3];
+    if (state_arrays(f, dst, err, errlen)) return -EINVAL;
     size_t n = f->m->n_params;
     float *p = malloc(n * sizeof(float)), *mo = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
     int64_t step = 0;
@@ -374,21 +522,7 @@ int fsdp_ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen) {
     /* the same layout: this rank's own file */
     int idx = f->sidx * f->T + f->tidx;
     if (open_shard(path, p, json_array_get(shards, (size_t)idx), idx, sp, sizeof sp, &st, err, errlen)) goto out;
-    float *dst[3] = { f->master, f->opt.m, f->opt.v };
-    const char *suffix[3] = { "", ".exp_avg", ".exp_avg_sq" };
-    for (int s = 0; s < 3; s++) {
-        for (int i = 0; i < f->n_segs; i++) {
-            const model_tensor_t *t = &f->segs[i];
-            char name[MODEL_NAME_LEN + 16];
-            snprintf(name, sizeof name, "%s%s", t->name, suffix[s]);
-            int64_t n = (int64_t)t->numel;
-            if (!st_find(st, name)) {
-                errbuf_set(err, errlen, "%s: tensor %s is missing", sp, name);
-                goto out;
-            }
-            if (st_read_f32(st, name, &n, 1, dst[s] + t->offset, err, errlen)) goto out;
-        }
-    }
+    if (read_own_shard(f, st, sp, err, errlen)) goto out;
     f->opt.step = (int64_t)json_integer_value(json_object_get(root, "step"));
     fsdp_state_changed(f); /* the working copy follows the loaded master */
     rc = 0;

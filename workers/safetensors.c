@@ -6,6 +6,9 @@
  * size vs file size, JSON, dtypes, shape * element size == byte range,
  * ranges inside the buffer, neither overlapping nor leaving holes), so a
  * later read cannot run past a mapping. JSON goes through jansson.
+ * The writer either keeps every tensor's converted bytes until
+ * st_writer_save, or streams: the header from the declared tensors, then
+ * the data as it is appended (for files larger than the memory to spend).
  */
 #include "workers/safetensors.h"
 #include "errbuf.h"
@@ -466,6 +469,30 @@ int st_read_f32(st_t *st, const char *name, const int64_t *shape, int ndim, floa
     return 0;
 }
 
+int st_read_f32_range(st_t *st, const char *name, int64_t start, int64_t n, float *dst, char *err, size_t errlen) {
+    const st_tensor_t *t = find(st, name);
+    if (!t) return errbuf_set(err, errlen, "tensor '%s' is not in %s", name, st->n_files ? st->files[0].path : "(empty)");
+    const char *path = st->files[t->file].path;
+    int es = dtype_size(t->info.dtype);
+    int64_t total = es ? t->info.nbytes / es : 0;
+    if (t->info.dtype != ST_F32 && t->info.dtype != ST_BF16 && t->info.dtype != ST_F16)
+        return errbuf_set(err, errlen, "%s: tensor '%s' has dtype %s, which cannot be read as fp32 (F32, BF16, F16 only)",
+                          path, name, st_dtype_name(t->info.dtype));
+    if (start < 0 || n < 0 || start > total || n > total - start)
+        return errbuf_set(err, errlen, "%s: tensor '%s' has %lld elements; elements %lld..%lld are not all inside it",
+                          path, name, (long long)total, (long long)start, (long long)(start + n));
+    const uint8_t *p = st->files[t->file].buf + t->begin + (size_t)start * (size_t)es;
+    if (t->info.dtype == ST_F32) {
+        memcpy(dst, p, (size_t)n * 4);
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
+            dst[i] = t->info.dtype == ST_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+    }
+    return 0;
+}
+
 /* ---- writing ---- */
 
 typedef struct {
@@ -481,6 +508,13 @@ struct st_writer {
     wtensor_t *t;           /* (n) in insertion order */
     int n;
     json_t *meta;           /* object of strings */
+    /* streaming (st_writer_declare / begin / append / finish) */
+    int streaming;          /* tensors were declared without data */
+    char *path;             /* the final path while a file is open */
+    char tmp[PATH_MAX];     /* path.tmp being written */
+    FILE *fp;               /* open between begin and finish */
+    int cur;                /* tensor being appended to */
+    size_t cur_bytes;       /* bytes of it written so far */
 };
 
 st_writer_t *st_writer_new(void) {
@@ -494,12 +528,29 @@ void st_writer_free(st_writer_t *w) {
     if (!w) return;
     for (int i = 0; i < w->n; i++) { free(w->t[i].name); free(w->t[i].data); }
     free(w->t);
+    if (w->fp) { fclose(w->fp); unlink(w->tmp); }   /* abandoned half-written file */
+    free(w->path);
     json_decref(w->meta);
     free(w);
 }
 
-int st_writer_add_f32(st_writer_t *w, const char *name, st_dtype_t dtype, const int64_t *shape, int ndim, const float *data) {
-    if (!w || !name || !*name || strcmp(name, "__metadata__") == 0 || ndim < 0 || ndim > 8) return -1;
+/* dst (n elements of dtype, little-endian bytes) = src (n fp32) converted */
+static void convert_f32(uint8_t *dst, st_dtype_t dtype, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (dtype == ST_F32) {
+            uint32_t u = f2u(src[i]);
+            for (int j = 0; j < 4; j++) dst[4 * i + j] = (uint8_t)(u >> (8 * j));
+        } else {
+            uint16_t h = dtype == ST_BF16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+            dst[2 * i] = (uint8_t)h;
+            dst[2 * i + 1] = (uint8_t)(h >> 8);
+        }
+    }
+}
+
+/* A new entry (name, dtype, shape) with no data yet: its index, or -1. */
+static int add_entry(st_writer_t *w, const char *name, st_dtype_t dtype, const int64_t *shape, int ndim) {
+    if (!w || w->fp || !name || !*name || strcmp(name, "__metadata__") == 0 || ndim < 0 || ndim > 8) return -1;
     if (dtype != ST_F32 && dtype != ST_BF16 && dtype != ST_F16) return -1;
     for (int i = 0; i < w->n; i++) if (strcmp(w->t[i].name, name) == 0) return -1;
     int64_t n = 1;
@@ -512,25 +563,30 @@ int st_writer_add_f32(st_writer_t *w, const char *name, st_dtype_t dtype, const 
     w->t = nt;
     wtensor_t *t = &w->t[w->n];
     memset(t, 0, sizeof *t);
-    int es = dtype_size(dtype);
-    t->nbytes = (size_t)n * (size_t)es;
+    t->nbytes = (size_t)n * (size_t)dtype_size(dtype);
     t->name = strdup(name);
-    t->data = malloc(t->nbytes ? t->nbytes : 1);
-    if (!t->name || !t->data) { free(t->name); free(t->data); return -1; }
+    if (!t->name) return -1;
     t->dtype = dtype;
     t->ndim = ndim;
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-    for (int64_t i = 0; i < n; i++) {
-        if (dtype == ST_F32) {
-            uint32_t u = f2u(data[i]);
-            for (int j = 0; j < 4; j++) t->data[4 * i + j] = (uint8_t)(u >> (8 * j));
-        } else {
-            uint16_t h = dtype == ST_BF16 ? f32_to_bf16(data[i]) : f32_to_f16(data[i]);
-            t->data[2 * i] = (uint8_t)h;
-            t->data[2 * i + 1] = (uint8_t)(h >> 8);
-        }
-    }
-    w->n++;
+    return w->n++;
+}
+
+int st_writer_declare(st_writer_t *w, const char *name, st_dtype_t dtype, const int64_t *shape, int ndim) {
+    if (!w || (w->n > 0 && !w->streaming)) return -1;   /* no mixing with st_writer_add_f32 */
+    if (add_entry(w, name, dtype, shape, ndim) < 0) return -1;
+    w->streaming = 1;
+    return 0;
+}
+
+int st_writer_add_f32(st_writer_t *w, const char *name, st_dtype_t dtype, const int64_t *shape, int ndim, const float *data) {
+    if (!w || w->streaming) return -1;
+    int k = add_entry(w, name, dtype, shape, ndim);
+    if (k < 0) return -1;
+    wtensor_t *t = &w->t[k];
+    t->data = malloc(t->nbytes ? t->nbytes : 1);
+    if (!t->data) { free(t->name); w->n--; return -1; }
+    convert_f32(t->data, dtype, data, t->nbytes / (size_t)dtype_size(dtype));
     return 0;
 }
 
@@ -539,7 +595,10 @@ int st_writer_set_metadata(st_writer_t *w, const char *key, const char *value) {
     return json_object_set_new(w->meta, key, json_string(value));
 }
 
-int st_writer_save(st_writer_t *w, const char *path, char *err, size_t errlen) {
+/* Create path.tmp and write the 8-byte size and the header of every
+ * tensor (in insertion order, offsets back to back). 0, or -1 with a
+ * message. */
+static int open_and_write_header(st_writer_t *w, const char *path, char *err, size_t errlen) {
     json_t *root = json_object();
     if (!root) return errbuf_set(err, errlen, "out of memory");
     if (json_object_size(w->meta) > 0) json_object_set(root, "__metadata__", w->meta);
@@ -560,27 +619,108 @@ int st_writer_save(st_writer_t *w, const char *path, char *err, size_t errlen) {
     json_decref(root);
     if (!js) return errbuf_set(err, errlen, "%s: cannot serialize the header", path);
     size_t jl = strlen(js), hl = (jl + 7) & ~(size_t)7;   /* pad with spaces so the buffer is 8-aligned */
-    char tmp[PATH_MAX];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) { free(js); return errbuf_set(err, errlen, "%s: path too long", path); }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) { int e = errno; free(js); return errbuf_set(err, errlen, "%s: cannot create %s: %s", path, tmp, strerror(e)); }
+    if ((size_t)snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path) >= sizeof w->tmp) { free(js); return errbuf_set(err, errlen, "%s: path too long", path); }
+    free(w->path);
+    w->path = strdup(path);
+    if (!w->path) { free(js); return errbuf_set(err, errlen, "out of memory"); }
+    int fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) { int e = errno; free(js); return errbuf_set(err, errlen, "%s: cannot create %s: %s", path, w->tmp, strerror(e)); }
     FILE *fp = fdopen(fd, "wb");
-    if (!fp) { int e = errno; close(fd); unlink(tmp); free(js); return errbuf_set(err, errlen, "%s: %s", path, strerror(e)); }
+    if (!fp) { int e = errno; close(fd); unlink(w->tmp); free(js); return errbuf_set(err, errlen, "%s: %s", path, strerror(e)); }
     uint8_t n8[8];
     for (int i = 0; i < 8; i++) n8[i] = (uint8_t)((uint64_t)hl >> (8 * i));
     bool ok = fwrite(n8, 1, 8, fp) == 8 && fwrite(js, 1, jl, fp) == jl;
     for (size_t i = jl; ok && i < hl; i++) ok = fputc(' ', fp) != EOF;
-    for (int i = 0; ok && i < w->n; i++) ok = fwrite(w->t[i].data, 1, w->t[i].nbytes, fp) == w->t[i].nbytes;
+    int e = errno;
     free(js);
+    w->fp = fp;
+    w->cur = 0;
+    w->cur_bytes = 0;
+    if (!ok) return errbuf_set(err, errlen, "%s: write failed: %s (disk full?)", path, strerror(e));
+    return 0;
+}
+
+/* Close the file (flushed and fsynced when ok) and rename it into place,
+ * or remove it. 0, or -1 with a message. */
+static int close_and_rename(st_writer_t *w, bool ok, char *err, size_t errlen) {
+    FILE *fp = w->fp;
+    const char *path = w->path;
+    w->fp = NULL;
+    if (!fp) return errbuf_set(err, errlen, "safetensors writer: no file is open");
     ok = ok && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
     int e = errno;
     if (fclose(fp) != 0) ok = false;
-    if (!ok) { unlink(tmp); return errbuf_set(err, errlen, "%s: write failed: %s (disk full?)", path, strerror(e)); }
-    if (rename(tmp, path) != 0) { e = errno; unlink(tmp); return errbuf_set(err, errlen, "%s: rename failed: %s", path, strerror(e)); }
+    if (!ok) { unlink(w->tmp); return errbuf_set(err, errlen, "%s: write failed: %s (disk full?)", path, strerror(e)); }
+    if (rename(w->tmp, path) != 0) { e = errno; unlink(w->tmp); return errbuf_set(err, errlen, "%s: rename failed: %s", path, strerror(e)); }
     /* Make the rename durable. */
     char dcopy[PATH_MAX];
     snprintf(dcopy, sizeof dcopy, "%s", path);
     int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) { fsync(dfd); close(dfd); }
     return 0;
+}
+
+int st_writer_save(st_writer_t *w, const char *path, char *err, size_t errlen) {
+    if (!w || w->streaming || w->fp)
+        return errbuf_set(err, errlen, "%s: st_writer_save needs tensors added with their data", path ? path : "?");
+    if (open_and_write_header(w, path, err, errlen)) {
+        if (w->fp) { fclose(w->fp); w->fp = NULL; unlink(w->tmp); }
+        return -1;
+    }
+    bool ok = true;
+    for (int i = 0; ok && i < w->n; i++) ok = fwrite(w->t[i].data, 1, w->t[i].nbytes, w->fp) == w->t[i].nbytes;
+    int e = errno;
+    if (!ok) {
+        fclose(w->fp);
+        w->fp = NULL;
+        unlink(w->tmp);
+        return errbuf_set(err, errlen, "%s: write failed: %s (disk full?)", path, strerror(e));
+    }
+    return close_and_rename(w, true, err, errlen);
+}
+
+int st_writer_begin(st_writer_t *w, const char *path, char *err, size_t errlen) {
+    if (!w || !path || w->fp || (w->n > 0 && !w->streaming))
+        return errbuf_set(err, errlen, "%s: st_writer_begin needs tensors declared without data, and no file open",
+                          path ? path : "?");
+    if (open_and_write_header(w, path, err, errlen)) {
+        if (w->fp) { fclose(w->fp); w->fp = NULL; unlink(w->tmp); }
+        return -1;
+    }
+    return 0;
+}
+
+int st_writer_append_f32(st_writer_t *w, const float *data, size_t n, char *err, size_t errlen) {
+    if (!w || !w->fp) return errbuf_set(err, errlen, "safetensors writer: no file is open (st_writer_begin first)");
+    uint8_t buf[1 << 16];
+    while (n > 0) {
+        while (w->cur < w->n && w->cur_bytes == w->t[w->cur].nbytes) { w->cur++; w->cur_bytes = 0; }
+        if (w->cur >= w->n)
+            return errbuf_set(err, errlen, "%s: %zu elements past the end of the declared tensors", w->path, n);
+        wtensor_t *t = &w->t[w->cur];
+        size_t es = (size_t)dtype_size(t->dtype), left = (t->nbytes - w->cur_bytes) / es;
+        size_t k = n < left ? n : left;
+        if (k > sizeof buf / es) k = sizeof buf / es;
+        convert_f32(buf, t->dtype, data, k);
+        if (fwrite(buf, 1, k * es, w->fp) != k * es)
+            return errbuf_set(err, errlen, "%s: write failed: %s (disk full?)", w->path, strerror(errno));
+        w->cur_bytes += k * es;
+        data += k;
+        n -= k;
+    }
+    return 0;
+}
+
+int st_writer_finish(st_writer_t *w, char *err, size_t errlen) {
+    if (!w || !w->fp) return errbuf_set(err, errlen, "safetensors writer: no file is open (st_writer_begin first)");
+    while (w->cur < w->n && w->cur_bytes == w->t[w->cur].nbytes) { w->cur++; w->cur_bytes = 0; }
+    if (w->cur < w->n) {
+        errbuf_set(err, errlen, "%s: tensor %s got %zu of its %zu bytes: the file would be incomplete", w->path,
+                   w->t[w->cur].name, w->cur_bytes, w->t[w->cur].nbytes);
+        fclose(w->fp);
+        w->fp = NULL;
+        unlink(w->tmp);
+        return -1;
+    }
+    return close_and_rename(w, true, err, errlen);
 }

@@ -23,6 +23,10 @@ const st_info_t *st_info(const st_t *st, int i);
 const st_info_t *st_find(const st_t *st, const char *name);           /* NULL if absent */
 /* Read a tensor converted to fp32; fails (naming file, tensor, shapes) unless its shape equals shape[0..ndim). */
 int st_read_f32(st_t *st, const char *name, const int64_t *shape, int ndim, float *dst, char *err, size_t errlen);
+/* Elements [start, start + n) of a tensor in flat row-major order, converted
+ * to fp32 (F32, BF16, F16): for reading a large tensor a part at a time.
+ * Fails naming the file and tensor unless the range is inside it. */
+int st_read_f32_range(st_t *st, const char *name, int64_t start, int64_t n, float *dst, char *err, size_t errlen);
 /* Metadata value for key from "__metadata__" (first file / index), or NULL. */
 const char *st_metadata(const st_t *st, const char *key);
 /* The file a tensor lives in (for messages), or NULL if absent. */
@@ -34,6 +38,17 @@ st_writer_t *st_writer_new(void);
 int st_writer_add_f32(st_writer_t *w, const char *name, st_dtype_t dtype, const int64_t *shape, int ndim, const float *data);
 int st_writer_set_metadata(st_writer_t *w, const char *key, const char *value);   /* "__metadata__" */
 int st_writer_save(st_writer_t *w, const char *path, char *err, size_t errlen);    /* write to path.tmp, fsync, rename */
+/* Streaming, for files larger than the memory one wants to spend: declare
+ * every tensor (no data; not mixed with st_writer_add_f32) and the metadata,
+ * st_writer_begin writes the header to path.tmp, st_writer_append_f32 feeds
+ * fp32 elements of the declared tensors in declaration order (any split,
+ * converted through a 64 KiB buffer), st_writer_finish checks every byte
+ * came, fsyncs and renames to path. The same bytes as st_writer_save of the
+ * same tensors. After a failure st_writer_free removes path.tmp. */
+int st_writer_declare(st_writer_t *w, const char *name, st_dtype_t dtype, const int64_t *shape, int ndim);
+int st_writer_begin(st_writer_t *w, const char *path, char *err, size_t errlen);
+int st_writer_append_f32(st_writer_t *w, const float *data, size_t n, char *err, size_t errlen);
+int st_writer_finish(st_writer_t *w, char *err, size_t errlen);
 void st_writer_free(st_writer_t *w);
 /* Name of a dtype as written in headers ("F32", "BF16", ...). */
 const char *st_dtype_name(st_dtype_t t);

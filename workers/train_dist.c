@@ -7,6 +7,12 @@
  * buffers go to it directly); when several ranks share a GPU (NCCL refuses
  * that) it picks the shm collectives behind host staging
  * (workers/comm_stage.h), so fsdp.c and tp.c see device memory either way.
+ * Sharded checkpoints (--ckpt-dir, --resume) copy the state through the
+ * backend (workers/fsdp_ckpt.c), so they work on GPU ranks as on the CPU.
+ * BALLAST_TEST_SCRAMBLED_BACKEND=1 (a test hook) runs CPU ranks on
+ * workers/backend_scrambled.h with staged collectives: the GPU ranks'
+ * paths, on the CPU, where a direct access to backend memory gives wrong
+ * bits.
  *
  * The global batch of a step is A micro-steps x dp data-parallel ranks x B
  * rows of T tokens (dp = world / T); rank r reads rows r*B .. r*B+B-1 of
@@ -31,6 +37,7 @@
 #include "topology.h"
 #include "workers/backend.h"
 #include "workers/backend_cuda/backend_cuda.h"
+#include "workers/backend_scrambled.h"
 #include "workers/ckpt.h"
 #include "workers/comm_stage.h"
 #include "workers/data.h"
@@ -86,12 +93,6 @@ static int gpu_setup(const train_opts_t *o, int rank, int world, const backend_t
                  "CUDA=0); rebuild with nvcc on PATH, or use --backend cpu");
         return -1;
     }
-    if (o->resume || o->ckpt_dir) {
-        snprintf(err, errlen, "--ckpt-dir / --resume with --backend cuda and several processes (or an offload "
-                 "saver) are not supported in this build (sharded checkpoints read and write host memory); train without them, or "
-                 "use --backend cpu");
-        return -1;
-    }
     char why[256] = "";
     int count = cuda_device_count(why, sizeof why);
     if (count <= 0) {
@@ -144,7 +145,13 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         log_error("rank %d: %s", rank, err);
         return 1;
     }
-    if (!on_gpu) be = backend_cpu((int)o->threads);
+    /* BALLAST_TEST_SCRAMBLED_BACKEND=1: the CPU backend with memory that is
+     * not host memory (workers/backend_scrambled.h), so the GPU ranks' paths
+     * (staged collectives, checkpoints through the backend's copies) run and
+     * are checked on the CPU */
+    const char *scr = getenv("BALLAST_TEST_SCRAMBLED_BACKEND");
+    bool scrambled = !on_gpu && scr && !strcmp(scr, "1");
+    if (!on_gpu) be = scrambled ? backend_scrambled((int)o->threads) : backend_cpu((int)o->threads);
     if (o->resume && !o->ckpt_dir) { log_error("--resume needs --ckpt-dir DIR (where the step-NNNNNNNN directories are)"); return 1; }
     if (o->ckpt_every && !o->ckpt_dir) { log_error("--ckpt-every needs --ckpt-dir DIR"); return 1; }
     if (o->dump_grads) {
@@ -171,7 +178,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     /* BALLAST_COMM_STAGE=1 stages the CPU backend's collectives too (a test
      * hook: the copies are memcpy there, so the results must not change) */
     const char *force_stage = getenv("BALLAST_COMM_STAGE");
-    bool stage = d.kind == COMM_SHM && (on_gpu || (force_stage && !strcmp(force_stage, "1")));
+    bool stage = d.kind == COMM_SHM && (on_gpu || scrambled || (force_stage && !strcmp(force_stage, "1")));
     if (stage && stage_comms(&d, be, err, sizeof err)) {
         log_error("rank %d: %s", rank, err);
         for (int kk = 0; kk < GROUP_NKINDS; kk++) comm_destroy(d.comm[kk]);
@@ -181,6 +188,8 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         return 1;
     }
     if (on_gpu) log_info("rank %d: GPU %d, collectives %s", rank, device, comm_backend(d.comm[GROUP_SHARD]));
+    else if (scrambled) log_info("rank %d: scrambled test backend, collectives %s (BALLAST_TEST_SCRAMBLED_BACKEND=1)",
+                                 rank, comm_backend(d.comm[GROUP_SHARD]));
     else if (stage) log_info("rank %d: collectives %s (BALLAST_COMM_STAGE=1)", rank, comm_backend(d.comm[GROUP_SHARD]));
     const groups_t *g = &d.groups;
     int dp = world / g->T, dp_rank = g->replica * g->S + g->shard;
