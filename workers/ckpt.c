@@ -359,11 +359,18 @@ out:
 /* ---- Hugging Face directories ---- */
 
 int ckpt_load_hf(const char *dir, model_t *m, char *err, size_t errlen) {
+    float *host = malloc(m->n_params * sizeof(float));
+    if (!host) return snprintf(err, errlen, "out of memory loading %s", dir), -1;
+    int rc = ckpt_read_hf_host(dir, m, host, err, errlen);
+    if (!rc) model_set_params(m, host);
+    free(host);
+    return rc;
+}
+
+int ckpt_read_hf_host(const char *dir, const model_t *m, float *host, char *err, size_t errlen) {
     st_t *st = NULL;
     if (st_open(dir, &st, err, errlen)) return -1;
-    float *host = malloc(m->n_params * sizeof(float));
     int rc = -1;
-    if (!host) { snprintf(err, errlen, "out of memory loading %s", dir); goto out; }
     for (int i = 0; i < m->n_tensors; i++) {
         const model_tensor_t *t = &m->tensors[i];
         if (!st_find(st, t->name)) {
@@ -372,10 +379,8 @@ int ckpt_load_hf(const char *dir, model_t *m, char *err, size_t errlen) {
         }
         if (st_read_f32(st, t->name, t->shape, t->ndim, host + t->offset, err, errlen)) goto out;
     }
-    model_set_params(m, host);
     rc = 0;
 out:
-    free(host);
     st_close(st);
     return rc;
 }

@@ -55,6 +55,9 @@ int ckpt_read_weights(const char *path, const model_t *m, float *host, char *err
  * index with several files; F32, BF16 or F16) into m, whose config must
  * match. */
 int ckpt_load_hf(const char *dir, model_t *m, char *err, size_t errlen);
+/* The same into host memory (n_params floats, m's full layout; m needs
+ * only its layout). */
+int ckpt_read_hf_host(const char *dir, const model_t *m, float *host, char *err, size_t errlen);
 
 /* Write a Hugging Face directory (config.json + model.safetensors, F32 or
  * BF16 as dtype says) from host weights in m's layout. */

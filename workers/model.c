@@ -236,8 +236,21 @@ static int tp_check(const llama_config_t *c, const backend_t *be, int B, int T, 
     return 0;
 }
 
+static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+                  int tp_size, int tp_rank, comm_t *comm, bool with_params, char *err, size_t errlen);
+
 int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
                     int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen) {
+    return create(m, cfg, be, B, T, act_ckpt, tp_size, tp_rank, comm, true, err, errlen);
+}
+
+int model_create_acts(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+                      int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen) {
+    return create(m, cfg, be, B, T, act_ckpt, tp_size, tp_rank, comm, false, err, errlen);
+}
+
+static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+                  int tp_size, int tp_rank, comm_t *comm, bool with_params, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     if (llama_config_validate(cfg, err, errlen)) return -1;
     if (cfg->head_dim % 2) {
@@ -267,10 +280,12 @@ int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, 
     size_t N = (size_t)B * T, Nl = (size_t)m->tp.N, D = c->dim, F = m->tp.F, V = m->tp.V,
            qd = (size_t)m->tp.H * c->head_dim, kvd = (size_t)m->tp.Hkv * c->head_dim;
     alloc_ctx_t ac = { be, false };
-    m->params = aalloc(&ac, m->n_params);
-    /* fp32 master weights apart from the working copy when act storage is narrower */
-    m->master = be->act_bytes == (int)sizeof(float) ? m->params : falloc(&ac, m->n_params);
-    m->grads = falloc(&ac, m->n_params);
+    if (with_params) {
+        m->params = aalloc(&ac, m->n_params);
+        /* fp32 master weights apart from the working copy when act storage is narrower */
+        m->master = be->act_bytes == (int)sizeof(float) ? m->params : falloc(&ac, m->n_params);
+        m->grads = falloc(&ac, m->n_params);
+    }
     m->tokens = be->alloc(N * sizeof(int32_t));
     m->targets = be->alloc(N * sizeof(int32_t));
     if (!m->tokens || !m->targets) ac.failed = true;
@@ -348,6 +363,12 @@ static double randn(uint64_t *s) {
 void model_init_random(model_t *m, uint64_t seed) {
     float *host = malloc(m->n_params * sizeof(float));
     CHECK_ALLOC(host);
+    model_init_random_host(m, seed, host);
+    model_set_params(m, host);
+    free(host);
+}
+
+void model_init_random_host(const model_t *m, uint64_t seed, float *host) {
     /* tensors in parallel: the values do not depend on the thread count
      * (one stream per tensor, disjoint writes); a 7B model takes minutes
      * on one core */
@@ -359,8 +380,6 @@ void model_init_random(model_t *m, uint64_t seed) {
         for (size_t j = 0; j < t->numel; j++)
             host[t->offset + j] = t->ndim == 2 ? (float)(0.02 * randn(&s)) : 1.0f;
     }
-    model_set_params(m, host);
-    free(host);
 }
 
 const model_tensor_t *model_find(const model_t *m, const char *name) {

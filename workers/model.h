@@ -141,6 +141,14 @@ int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int
 int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
                     int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen);
 
+/* The same without the full parameter, master and gradient buffers
+ * (params, master, grads stay NULL): for the sharded trainer, whose
+ * parameters live in fsdp's chunks, so a rank never holds the whole model
+ * on its device (initial weights come from model_init_random_host or
+ * ckpt_read_hf_host in host memory). */
+int model_create_acts(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+                      int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen);
+
 /* The flat index in the full tensor full (of the model's tensor table) of
  * element i of TP rank tp_rank's part, whose local shape is lshape; -1 for
  * vocab padding. tp_size is implied by the shapes. */
@@ -165,6 +173,9 @@ void model_destroy(model_t *m);
 /* Deterministic initialisation from a seed: 2-D weights ~ N(0, 0.02^2)
  * (Hugging Face's initializer_range), norm gains 1. */
 void model_init_random(model_t *m, uint64_t seed);
+/* The same values into host (n_params floats, full layout); needs only
+ * the layout. */
+void model_init_random_host(const model_t *m, uint64_t seed, float *host);
 
 /* Find a tensor by Hugging Face name; NULL if absent. */
 const model_tensor_t *model_find(const model_t *m, const char *name);

@@ -212,21 +212,20 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         log_error("%s: %lld tokens, fewer than seq-len + 1 = %d", o->data, (long long)data_num_tokens(data), T + 1);
         goto out;
     }
-    if (model_create_tp(&model, &cfg, be, B, T, o->act_ckpt, g->T, g->tp, d.comm[GROUP_TP],
-                        err, sizeof err)) {
+    /* no full parameters on the device: they live in fsdp's chunks */
+    if (model_create_acts(&model, &cfg, be, B, T, o->act_ckpt, g->T, g->tp, d.comm[GROUP_TP], err, sizeof err)) {
         log_error("%s", err);
         goto out;
     }
     have_model = true;
-    /* every rank builds the same full initial weights, then keeps its chunks */
-    if (o->init_from) {
-        if (ckpt_load_hf(o->init_from, &model, err, sizeof err)) { log_error("%s", err); goto out; }
-    } else {
-        model_init_random(&model, (uint64_t)o->init_seed);
-    }
+    /* every rank builds the same full initial weights in host memory, then keeps its chunks */
     full = malloc(model.n_params * sizeof(float));
     CHECK_ALLOC(full);
-    model_get_params(&model, full);
+    if (o->init_from) {
+        if (ckpt_read_hf_host(o->init_from, &model, full, err, sizeof err)) { log_error("%s", err); goto out; }
+    } else {
+        model_init_random_host(&model, (uint64_t)o->init_seed, full);
+    }
     optim_config_t ocfg = {
         .lr = o->lr, .min_lr = o->min_lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps,
         .weight_decay = o->weight_decay, .grad_clip = o->grad_clip, .warmup_steps = o->warmup_steps,

@@ -143,6 +143,18 @@ if "$B" ckpt export --from "$D/t4-to-r4-final" --out "$D/hf" > "$D/exp.out" 2>&1
     t_check "ckpt export of a (1, 1, 4) checkpoint equals the run's --dump-params bit for bit" \
         $PY "$CMP" params "$D/t4-to-r4-full.st" "$D/hf/model.safetensors" 0
 else t_fail "ckpt export of a TP checkpoint" "$(tail -3 "$D/exp.out")"; fi
+# --init-from on 4 ranks (weights read into host memory, the device never
+# holds the whole model) starts from the same weights as one process:
+# 2 steps within the usual 1e-5 of one process with --init-from
+if "$W" "${ARGS[@]}" --steps 2 --micro-batch 8 --init-from "$D/hf" --log-json "$D/init1.jsonl" > "$D/init1.out" 2>&1 &&
+   train4 --steps 2 --tensor-parallel-degree 2 --micro-batch 4 --init-from "$D/hf" --log-json "$D/init4.jsonl" \
+       > "$D/init4.out" 2>&1 &&
+   "$W" "${ARGS[@]}" --steps 2 --micro-batch 8 --log-json "$D/seed1.jsonl" > "$D/seed1.out" 2>&1; then
+    t_check "--init-from on 4 ranks (S 2, T 2): losses within 1e-5 of one process" \
+        $PY "$CMP" losses "$D/init1.jsonl" "$D/init4.jsonl" 1e-5
+    t_expect_fail "--init-from changes the start (not the --init-seed weights)" "max relative loss difference (0\.0*[1-9]|[1-9])" \
+        $PY "$CMP" losses "$D/init1.jsonl" "$D/seed1.jsonl" 0
+else t_fail "--init-from on 1 and 4 ranks" "$(tail -3 "$D/init1.out" "$D/init4.out" "$D/seed1.out")"; fi
 
 t_expect_fail "resharding with another global batch is refused" "16 rows per step.*this run has 2 x 2 x 2 = 8 rows" \
     train4 --hybrid-shard-degree 1 --tensor-parallel-degree 2 --micro-batch 2 --ckpt-dir "$D/s4-to-r2t2-ck" --resume
