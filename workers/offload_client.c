@@ -528,6 +528,7 @@ static oc_status_t submit(oc_client_t *c, rp_req_t *q, uint64_t *id) {
 /* Wait for the completion of id; on OC_OK or a service status *out is the completion. */
 static oc_status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **priv, double timeout_s) {
     double deadline = timeout_s < 0 ? 1e300 : now_s() + timeout_s;
+    bool poll = timeout_s == 0, polled = false; /* 0: one look at the completion ring, no blocking */
     pthread_mutex_lock(&c->mu);
     slot_t *s = slot_of(c, id);
     if (!s || s->state == SLOT_FREE || s->state == SLOT_ABANDONED) {
@@ -549,7 +550,7 @@ static oc_status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **p
             return fail((oc_status_t)br, "%s", c->broken_msg);
         }
         double left = deadline - now_s();
-        if (left <= 0) {
+        if (polled || (left <= 0 && !poll)) {
             pthread_mutex_unlock(&c->mu);
             return fail(OC_DEADLINE_EXCEEDED, "ballastd at %s: no completion within %.3gs (handle stays valid)",
                         c->addr, timeout_s);
@@ -560,7 +561,7 @@ static oc_status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **p
             pthread_mutex_unlock(&c->mu);
             rp_cpl_t batch[32];
             int n = ring_pop_batch(&c->cpl, batch, 32);
-            if (n == 0) {
+            if (n == 0 && !poll) {
                 int rc = ring_wait_data(&c->cpl, wait_ms);
                 if (rc == 0) n = ring_pop_batch(&c->cpl, batch, 32);
                 else if (rc == -EBADMSG) n = -EBADMSG;
@@ -578,13 +579,14 @@ static oc_status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **p
                 else if (t && t->state == SLOT_ABANDONED) slot_release_locked(c, (uint32_t)(batch[i].req_id & 0xffff));
             }
             pthread_cond_broadcast(&c->cv);
-        } else {
+        } else if (!poll) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += (long)wait_ms * 1000000;
             while (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
             pthread_cond_timedwait(&c->cv, &c->mu, &ts);
         }
+        polled = poll;
     }
 }
 

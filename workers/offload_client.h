@@ -161,7 +161,8 @@ oc_status_t oc_prefetch_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h)
 oc_status_t oc_free_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h);
 oc_status_t oc_put_commit_async(oc_client_t *c, const oc_key_t *k, oc_buf_t *b, oc_handle_t *h);
 /* Wait for h; b (may be NULL) gets the region for a GET. timeout_s < 0:
- * forever. OC_DEADLINE_EXCEEDED when it ran out (h stays valid). */
+ * forever; 0: a poll (takes the completions already there, never blocks).
+ * OC_DEADLINE_EXCEEDED when it ran out (h stays valid). */
 oc_status_t oc_wait(oc_client_t *c, oc_handle_t h, oc_buf_t *b, double timeout_s);
 
 /* ---- service-wide ---- */

@@ -119,6 +119,52 @@ for st in "1 1 1 A" "1 1 1 B" "4 2 2 B" "4 4 1 C"; do
     else t_fail "world $np (S $S, T $T), saver $v staged" "no staging line: $(grep -m2 offload "$D/$name.out")"; fi
 done
 
+# Activation offload on the GPU ranks' path: staged through backend memory
+# with every asynchronous copy run as late as a copy stream could
+# (BALLAST_OFFLOAD_STAGE=1 defers the CPU backend's copies to the order or
+# wait of their handle), so a device order or host wait missing in
+# workers/act_offload.c moves stale bits. An 8-layer model, so that every
+# horizon H = 0..3 keeps H + 2 of the 9 block inputs resident, offloads
+# 7 - H and stages them through H + 1 buffers; with and without
+# --activation-checkpointing (whose recompute writes into the ring). World
+# 1 against the in-place run (the same sharded loop), world 2 (S 1, T 2)
+# against the run without offload: bit for bit. One more over
+# --offload-remote, where a put's bytes leave at its commit: a commit before
+# its copy out finished sends stale bytes.
+sed 's/"num_hidden_layers": 4/"num_hidden_layers": 8/' "$D/cfg.json" > "$D/cfg8.json"
+M8=(--model "$D/cfg8.json")
+for layout in "1 1 1" "2 1 2"; do
+    set -- $layout
+    np=$1 S=$2 T=$3
+    for ck in plain ckpt; do
+        ckf=(); [ $ck = ckpt ] && ckf=(--activation-checkpointing)
+        refflags=(); reftag="no offload"
+        [ $np = 1 ] && { refflags=(--activation-offload --activation-loading-horizon 1); reftag="in place"; }
+        ref=a8-w$np-t$T-$ck-ref
+        if ! run $ref $np $S $T "${M8[@]}" "${ckf[@]}" "${refflags[@]}"; then
+            t_fail "8 layers, world $np (S $S, T $T), $ck: reference runs" "$(tail -3 "$D/$ref.out")"; continue
+        fi
+        for h in 0 1 2 3; do
+            name=a8-w$np-t$T-$ck-h$h-staged
+            tag="8 layers, world $np (S $S, T $T), $ck, horizon $h, staged and late"
+            if ! BALLAST_OFFLOAD_STAGE=1 run $name $np $S $T "${M8[@]}" "${ckf[@]}" --activation-offload \
+                    --activation-loading-horizon $h; then
+                t_fail "$tag: runs" "$(tail -3 "$D/$name.out")"; continue
+            fi
+            if grep -q "activations: $((h + 2)) of 9 block inputs resident, $((7 - h)) offloaded per micro-step" "$D/$name.out" &&
+               grep -q "offload copies staged through backend memory, run late" "$D/$name.out"; then
+                t_check "$tag: bit-identical losses to $reftag" losses "$D/$ref.jsonl" "$D/$name.jsonl" 0
+            else t_fail "$tag: layout and staging reported" "$(grep -m3 -E 'activations:|staged' "$D/$name.out")"; fi
+        done
+    done
+done
+name=a8-w1-remote-staged
+if BALLAST_OFFLOAD_STAGE=1 run $name 1 1 1 "${M8[@]}" --activation-offload --activation-loading-horizon 2 \
+        --offload-remote "127.0.0.1:$BD_LISTEN_main" && grep -q "remote mode" "$D/$name.out"; then
+    t_check "8 layers, world 1, horizon 2, staged and late over --offload-remote: bit-identical losses to in place" \
+        losses "$D/a8-w1-t1-plain-ref.jsonl" "$D/$name.jsonl" 0
+else t_fail "8 layers, world 1, staged over --offload-remote runs" "$(tail -3 "$D/$name.out")"; fi
+
 # what saver A moved: 4 layers, horizon 1 -> ring of 3 of the 5 block inputs,
 # xs[0] and xs[1] offloaded: 2 x N x D x 4 bytes per micro-step, each way
 if grep -q "activations: 3 of 5 block inputs resident, 2 offloaded per micro-step" "$D/w1-s1-A.out"; then

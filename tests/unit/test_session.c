@@ -176,6 +176,44 @@ Test(session, async_handles) {
     svc_stop(&t);
 }
 
+/* oc_wait with timeout 0 is a poll: it never blocks, and it takes a
+ * completion that has arrived (nobody else has to reap the ring for it) */
+Test(session, wait_timeout_zero_polls) {
+    svc_t t;
+    svc_start(&t, 30, 16, 0);
+    oc_client_t *c = client(&t, "unit", 0, 0, 0);
+    oc_key_t k = { 0, OC_KIND_ACTIVATION, 7, 1 };
+    uint8_t buf[3000], want[3000];
+    fill(want, sizeof want, 77);
+    cr_assert_eq(oc_put_copy(c, &k, want, sizeof want, false), OC_OK, "%s", oc_last_error());
+    oc_handle_t h;
+    cr_assert_eq(oc_get_async(c, &k, &h), OC_OK, "%s", oc_last_error());
+    oc_buf_t b;
+    oc_status_t st = OC_DEADLINE_EXCEEDED;
+    int polls = 0;
+    struct timespec t0, t1, nap = { 0, 1000000 };
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (; polls < 2000 && st == OC_DEADLINE_EXCEEDED; polls++) {
+        struct timespec a, z;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        st = oc_wait(c, h, &b, 0);
+        clock_gettime(CLOCK_MONOTONIC, &z);
+        double took = (double)(z.tv_sec - a.tv_sec) + (double)(z.tv_nsec - a.tv_nsec) * 1e-9;
+        cr_assert_lt(took, 0.05, "a poll blocked %.3f s", took);
+        if (st == OC_DEADLINE_EXCEEDED) nanosleep(&nap, NULL);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cr_assert_eq(st, OC_OK, "no completion seen by %d polls over %.1f s: %s", polls,
+                 (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, oc_last_error());
+    cr_assert_eq(b.len, sizeof want);
+    memcpy(buf, b.ptr, sizeof buf);
+    cr_assert_eq(memcmp(buf, want, sizeof want), 0);
+    cr_assert_eq(oc_get_done(c, &k, &b), OC_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_wait(c, h, &b, 0), OC_INVALID_ARGUMENT, "a polled handle completes once");
+    oc_close(c, false);
+    svc_stop(&t);
+}
+
 /* a client that vanishes loses its memory when the lease ends; another stays */
 Test(session, lease_expiry_frees_memory) {
     svc_t t;
