@@ -124,7 +124,8 @@ static void set_chunks(fsdp_t *f, const float *full, float *dst) {
 /* The working copy of the chunks in act storage after the master changed
  * (nothing to do when act storage is the fp32 master itself). */
 static void refresh_wact(fsdp_t *f) {
-    if (f->wact != (act_t *)f->master) f->be->to_act(f->wact, f->master, f->shard_total);
+    /* no master (optimizer offload keeps it in ballastd): the working copy is current */
+    if (f->master && f->wact != (act_t *)f->master) f->be->to_act(f->wact, f->master, f->shard_total);
 }
 
 void fsdp_set_full_state(fsdp_t *f, const float *params, const float *exp_avg, const float *exp_avg_sq, int64_t step) {
@@ -467,6 +468,12 @@ int fsdp_gather_params(fsdp_t *f, float *full, char *err, size_t errlen) {
     float *host = malloc((size_t)f->S * maxc * sizeof(float)), *dbuf = be->alloc((size_t)f->S * maxc * sizeof(float));
     int rc = 0;
     if (!local || !host || !dbuf) { rc = -ENOMEM; errbuf_set(err, errlen, "out of memory"); goto out; }
+    if (!f->master) {
+        rc = -EINVAL;
+        errbuf_set(err, errlen, "the fp32 master chunks are in ballastd (optimizer offload): bring them back first "
+                   "(offload_run_before_ckpt)");
+        goto out;
+    }
     for (int u = 0; u < f->n_units && !rc; u++) {
         /* the fp32 master chunks, not the working copy */
         comm_req_t *r = NULL;
@@ -497,4 +504,9 @@ out:
     return rc;
 }
 
-size_t fsdp_state_bytes(const fsdp_t *f) { return f->shard_total * 4 * sizeof(float); }
+size_t fsdp_state_bytes(const fsdp_t *f) {
+    /* what is resident: optimizer offload frees the moments, and the master where the working copy is separate */
+    size_t per = sizeof(float) * (1 + (f->master != NULL) + (f->opt.m != NULL) + (f->opt.v != NULL));
+    if (f->master != (float *)f->wact) per += (size_t)f->be->act_bytes;
+    return f->shard_total * per;
+}

@@ -69,7 +69,8 @@ typedef struct {
     size_t *shard_off;         /* (n_units) offset of each unit's chunk in the local buffers */
     size_t shard_total;        /* floats in master, grad, and each moment */
     size_t rest_norm, rest_lm; /* offsets of norm and lm_head inside the rest unit */
-    float *master;             /* (shard_total) fp32 master chunks */
+    float *master;             /* (shard_total) fp32 master chunks; NULL while optimizer offload keeps
+                                  them in ballastd only (separate wact, workers/opt_offload.h) */
     act_t *wact;               /* (shard_total) working copy in act storage (== master when act_bytes == 4) */
     float *grad;               /* (shard_total) gradient chunks, summed over the step */
     act_t *rest_full;          /* (S * chunk[L]) gathered rest unit, act storage */
@@ -129,7 +130,7 @@ int fsdp_grad_norm(fsdp_t *f, double *norm, char *err, size_t errlen);
 void fsdp_optim_step(fsdp_t *f, double lr, float grad_scale);
 
 /* After writing f->master directly (a checkpoint load): refresh the
- * working copy from it. */
+ * working copy from it (nothing when the master is away, NULL). */
 void fsdp_state_changed(fsdp_t *f);
 
 /* Sum of x over every rank of the job, in global-rank order (the same
@@ -137,7 +138,8 @@ void fsdp_state_changed(fsdp_t *f);
 int fsdp_sum_all(fsdp_t *f, double x, double *out, char *err, size_t errlen);
 
 /* The full master parameters in model layout (n_params floats) on every
- * rank, gathered from the chunks (and the TP slices). */
+ * rank, gathered from the chunks (and the TP slices). Needs f->master
+ * (-EINVAL while optimizer offload keeps it away). */
 int fsdp_gather_params(fsdp_t *f, float *full, char *err, size_t errlen);
 
 /* The parts of the model's tensors inside chunk sidx (any shard index):
@@ -178,7 +180,10 @@ int fsdp_ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen);
 int fsdp_ckpt_read_full(const char *path, const model_t *m, float *params, float *exp_avg, float *exp_avg_sq,
                         int64_t *step, char *err, size_t errlen);
 
-/* Bytes of sharded state this rank holds: master, gradient and moments. */
+/* Bytes of sharded state this rank holds in backend memory: gradient,
+ * master and moments where present (optimizer offload frees the moments,
+ * and the master where the working copy is separate), and a separate
+ * working copy. */
 size_t fsdp_state_bytes(const fsdp_t *f);
 
 #endif

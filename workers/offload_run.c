@@ -91,9 +91,14 @@ void offload_run_describe(const offload_run_t *r, const fsdp_t *f, FILE *out) {
                 act_offload_resident(r->ao), m->cfg.n_layers + 1, act_offload_offloaded(r->ao), b);
     }
     if (r->oo) {
-        char b[32];
-        format_size(2 * f->shard_total * sizeof(float), b, sizeof b);
-        fprintf(out, "; optimizer: AdamW moments in ballastd (%s less memory per rank), streamed per unit", b);
+        char b[32], st[32];
+        bool away = opt_offload_master_away(r->oo);
+        format_size((away ? 3 : 2) * f->shard_total * sizeof(float), b, sizeof b);
+        format_size(opt_offload_staging_bytes(r->oo), st, sizeof st);
+        fprintf(out, "; optimizer: AdamW moments%s in ballastd (%s less memory per rank), streamed per unit",
+                away ? " and fp32 master" : "", b);
+        if (opt_offload_staging_bytes(r->oo))
+            fprintf(out, " through 2 staging sets in %s memory (%s)", f->be->name, st);
     }
     fprintf(out, "\n");
 }
@@ -104,6 +109,8 @@ int offload_run_optim_step(offload_run_t *r, fsdp_t *f, int64_t s, double lr, fl
     fsdp_optim_step(f, lr, grad_scale);
     return 0;
 }
+
+size_t offload_run_staging_bytes(const offload_run_t *r) { return r->oo ? opt_offload_staging_bytes(r->oo) : 0; }
 
 int offload_run_before_ckpt(offload_run_t *r, char *err, size_t errlen) {
     return r->oo ? opt_offload_load_moments(r->oo, err, errlen) : 0;

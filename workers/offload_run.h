@@ -48,9 +48,14 @@ void offload_run_describe(const offload_run_t *r, const fsdp_t *f, FILE *out);
 int offload_run_optim_step(offload_run_t *r, fsdp_t *f, int64_t s, double lr, float grad_scale, char *err,
                            size_t errlen);
 
-/* Around a sharded checkpoint: the moments back in memory, then gone again. */
+/* Around a sharded checkpoint or fsdp_gather_params: the moments (and the
+ * fp32 master where optimizer offload keeps it in ballastd only) back in
+ * backend memory, then gone again. */
 int offload_run_before_ckpt(offload_run_t *r, char *err, size_t errlen);
 void offload_run_after_ckpt(offload_run_t *r);
+
+/* Backend memory of the optimizer's staging sets (0 when none). */
+size_t offload_run_staging_bytes(const offload_run_t *r);
 
 /* Collective: the job's offload traffic and waits (summed over ranks),
  * printed by rank 0 to out as one "offload:" line. */

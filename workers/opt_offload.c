@@ -1,10 +1,13 @@
 /* opt_offload.c: AdamW state in ballastd, streamed unit by unit, with a
  * step record for resuming; see opt_offload.h. Relies on fsdp.h for the
- * chunk layout and the collectives, offload_link.h for the session. Every
- * copy between backend memory and the pool goes through the backend
- * (to_host, from_host); only the fp32 CPU backend runs AdamW on moments
- * that lie in the pool, other backends copy a unit's moments into one
- * staging buffer in backend memory, update them there and copy them back. */
+ * chunk layout and the collectives, offload_link.h for the session, the
+ * backend's asynchronous copies (backend.h, be_xfer_*) for the staged
+ * path. Only the fp32 CPU backend runs AdamW on moments that lie in the
+ * pool (in place); every other backend, and the CPU one with
+ * BALLAST_OFFLOAD_STAGE=1, streams each unit's whole blob [ m | v | master ]
+ * through two staging sets in backend memory (double buffering, see
+ * step_staged), and on a backend whose working copy is separate (bf16 on
+ * CUDA) the fp32 master chunks live in ballastd only. */
 #include "workers/opt_offload.h"
 
 #include <errno.h>
@@ -12,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "errbuf.h"
 #include "log.h"
@@ -29,6 +33,16 @@ typedef struct {
     int32_t n_units;
 } oo_record_t;
 
+/* One staging set in backend memory: a unit's blob while AdamW updates it.
+ * in and out are copies not yet waited (every handle gets one be_xfer_wait,
+ * in retire_stage or abort_step). */
+typedef struct {
+    float *buf;            /* (3 * maxc) backend memory: [ m | v | master ] of unit `unit`'s chunk */
+    int unit;              /* the unit in it, -1 = free */
+    be_xfer_t *in;         /* blob (old[unit]) -> buf, or NULL */
+    be_xfer_t *out;        /* buf -> new blob (nw[unit]), or NULL */
+} oo_stage_t;
+
 struct opt_offload {
     fsdp_t *f;
     offload_link_t *link;
@@ -41,8 +55,12 @@ struct opt_offload {
     oc_handle_t *put_h;    /* (n_units) commits in flight */
     oc_buf_t *old, *nw;    /* (n_units) regions of the version read and the one written */
     oc_key_t *nkey;        /* (n_units) keys of the version written */
+    bool *old_held;        /* (n_units) old[u] is a read region not yet released (oc_get_done) */
+    bool *nw_held;         /* (n_units) nw[u] is reserved and not yet committed */
     bool in_place;         /* the CPU backend (fp32): AdamW runs on the moments in the pool */
-    float *stage;          /* (2 * largest chunk) backend memory for one unit's moments, when !in_place */
+    bool master_away;      /* f->master freed: the fp32 master chunks live in the blobs only */
+    size_t maxc;           /* floats of the largest unit chunk */
+    oo_stage_t stage[2];   /* staging sets, when !in_place: unit u uses stage[u % 2] */
 };
 
 
@@ -74,6 +92,30 @@ static size_t blob_bytes(const fsdp_t *f, int u) { return 3 * f->chunk[u] * size
 
 size_t opt_offload_bytes(const opt_offload_t *o) { return o->f->shard_total * 3 * sizeof(float); }
 
+size_t opt_offload_staging_bytes(const opt_offload_t *o) {
+    return o->in_place ? 0 : 2 * 3 * o->maxc * sizeof(float);
+}
+
+bool opt_offload_master_away(const opt_offload_t *o) { return o->master_away; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* be_xfer_wait on *x (then NULL); the time the host blocked is exposed
+ * offload wait, counted like offload_link_wait counts its waits. */
+static void xfer_wait(opt_offload_t *o, be_xfer_t **x) {
+    if (!*x) return;
+    double t = now_s();
+    be_xfer_wait(o->f->be, *x);
+    *x = NULL;
+    double w = now_s() - t;
+    o->link->wait_s += w;
+    if (o->link->m_wait) metric_add(o->link->m_wait, w);
+}
+
 /* ---- life cycle ---- */
 
 opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_mode_t mode, int world, char *err,
@@ -96,7 +138,8 @@ opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_m
     size_t n = (size_t)f->n_units;
     if (!o || !(o->get_h = calloc(n, sizeof *o->get_h)) || !(o->put_h = calloc(n, sizeof *o->put_h)) ||
         !(o->old = calloc(n, sizeof *o->old)) || !(o->nw = calloc(n, sizeof *o->nw)) ||
-        !(o->nkey = calloc(n, sizeof *o->nkey))) {
+        !(o->nkey = calloc(n, sizeof *o->nkey)) || !(o->old_held = calloc(n, sizeof *o->old_held)) ||
+        !(o->nw_held = calloc(n, sizeof *o->nw_held))) {
         opt_offload_destroy(o);
         errbuf_set(err, errlen, "out of memory");
         return NULL;
@@ -108,14 +151,16 @@ opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_m
     o->layout = layout_hash(f, world);
     o->version = -1;
     o->in_place = offload_link_in_place(f->be);
-    if (!o->in_place) {
-        size_t maxc = 0;
-        for (int u = 0; u < f->n_units; u++) if (f->chunk[u] > maxc) maxc = f->chunk[u];
-        if (maxc && !(o->stage = f->be->alloc(2 * maxc * sizeof(float)))) {
-            opt_offload_destroy(o);
-            errbuf_set(err, errlen, "--optimizer-offload: out of %s memory for the staging buffer of one unit's AdamW "
-                       "moments (%zu bytes)", f->be->name, 2 * maxc * sizeof(float));
-            return NULL;
+    for (int u = 0; u < f->n_units; u++) if (f->chunk[u] > o->maxc) o->maxc = f->chunk[u];
+    for (int i = 0; i < 2; i++) o->stage[i].unit = -1;
+    if (!o->in_place && o->maxc) {
+        for (int i = 0; i < 2; i++) {
+            if (!(o->stage[i].buf = f->be->alloc(3 * o->maxc * sizeof(float)))) {
+                opt_offload_destroy(o);
+                errbuf_set(err, errlen, "--optimizer-offload: out of %s memory for the two staging sets of one unit's "
+                           "moments and master (2 x %zu bytes)", f->be->name, 3 * o->maxc * sizeof(float));
+                return NULL;
+            }
         }
     }
     return o;
@@ -123,12 +168,14 @@ opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_m
 
 void opt_offload_destroy(opt_offload_t *o) {
     if (!o) return;
-    if (o->stage) o->f->be->free(o->stage);
+    for (int i = 0; i < 2; i++) if (o->stage[i].buf) o->f->be->free(o->stage[i].buf);
     free(o->get_h);
     free(o->put_h);
     free(o->old);
     free(o->nw);
     free(o->nkey);
+    free(o->old_held);
+    free(o->nw_held);
     free(o);
 }
 
@@ -195,6 +242,17 @@ static int finish_version(opt_offload_t *o, int64_t v, char *err, size_t errlen)
     return 0;
 }
 
+/* With a separate working copy (bf16 on CUDA) the fp32 master chunks
+ * leave backend memory: every blob holds them, the step stages them. On
+ * the CPU backend the master is the working copy and stays. */
+static void send_master_away(opt_offload_t *o) {
+    fsdp_t *f = o->f;
+    if (!f->master || f->wact == (act_t *)f->master) return;
+    f->be->free(f->master);
+    f->master = NULL;
+    o->master_away = true;
+}
+
 /* The first version: the moments in f->opt (zero, or a checkpoint's) and
  * the current master, as version f->opt.step. */
 static int store_initial(opt_offload_t *o, char *err, size_t errlen) {
@@ -215,6 +273,7 @@ static int store_initial(opt_offload_t *o, char *err, size_t errlen) {
     if (finish_version(o, v0, err, errlen) || write_record(o, v0, err, errlen)) return -1;
     o->version = v0;
     o->freed_below = v0;
+    send_master_away(o);
     opt_offload_drop_moments(o);   /* they live in ballastd from now on */
     return 0;
 }
@@ -302,43 +361,176 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
     o->freed_below = c - 1 > 0 ? c - 1 : 0;
     f->opt.step = c;
     *start = c;
+    send_master_away(o);
     opt_offload_drop_moments(o);
     return 0;
 }
 
 /* ---- the step ---- */
 
-/* AdamW on unit u's segments: master and gradient local, moments in m, v
- * (chunk[u] floats each, unit-relative; backend memory, or the pool on the
- * CPU backend). Same arithmetic as optim_step, and like it refreshes the
- * working copy when that is separate (bf16 on CUDA). */
-static void adamw_unit(fsdp_t *f, int u, float *m, float *v, float lr, float step_size, float bc2_sqrt, float grad_scale) {
+/* AdamW on unit u's segments: gradient local; moments m, v and master p
+ * unit-relative (chunk[u] floats each: the pool and f->master on the CPU
+ * in place, a staging set otherwise). Same arithmetic as optim_step; the
+ * working copy in f->wact receives the result wherever it is not p itself
+ * (bf16 on CUDA; f->master == wact when the CPU backend stages). */
+static void adamw_unit(fsdp_t *f, int u, float *m, float *v, float *p, float lr, float step_size, float bc2_sqrt,
+                       float grad_scale) {
     const optim_config_t *c = &f->opt.cfg;
     size_t lo = f->shard_off[u], hi = lo + f->chunk[u];
     for (int i = 0; i < f->n_segs; i++) {
         const model_tensor_t *t = &f->segs[i];
         if (t->offset < lo || t->offset >= hi) continue;
         size_t off = t->offset, r = off - lo;
-        f->be->adamw(f->master + off, f->grad + off, m + r, v + r, t->numel, lr, (float)c->beta1, (float)c->beta2,
+        act_t *pa = be_act_at(f->be, f->wact, off);
+        f->be->adamw(p + r, f->grad + off, m + r, v + r, t->numel, lr, (float)c->beta1, (float)c->beta2,
                      (float)c->eps, t->decay ? (float)c->weight_decay : 0.f, step_size, bc2_sqrt, grad_scale,
-                     f->wact != (act_t *)f->master ? be_act_at(f->be, f->wact, off) : NULL);
+                     (void *)(p + r) != (void *)pa ? pa : NULL);
     }
 }
 
-/* Drop whatever of a failed step is still in flight. */
+/* Drop whatever of a failed step is still in flight: every copy handle
+ * gets its wait, reads are released, reserved blobs aborted. */
 static void abort_step(opt_offload_t *o, int64_t s) {
     oc_client_t *c = o->link->c;
+    for (int i = 0; i < 2; i++) {
+        be_xfer_wait(o->f->be, o->stage[i].in);
+        be_xfer_wait(o->f->be, o->stage[i].out);
+        o->stage[i] = (oo_stage_t){ .buf = o->stage[i].buf, .unit = -1 };
+    }
     for (int u = 0; u < o->f->n_units; u++) {
-        oc_key_t ko = state_key(o, u, s - 1);
+        oc_key_t ko = state_key(o, u, s - 1), kn = state_key(o, u, s);
         if (o->get_h[u]) { if (oc_wait(c, o->get_h[u], &o->old[u], -1) == OC_OK) oc_get_done(c, &ko, &o->old[u]); o->get_h[u] = 0; }
+        if (o->old_held[u]) { oc_get_done(c, &ko, &o->old[u]); o->old_held[u] = false; }
+        if (o->nw_held[u]) { oc_put_abort(c, &kn, &o->nw[u]); o->nw_held[u] = false; }
         if (o->put_h[u]) { oc_wait(c, o->put_h[u], NULL, -1); o->put_h[u] = 0; }
     }
+}
+
+/* Unit u of step s arrives: wait for its read of version s - 1 (old[u]),
+ * start unit u + 1's (the next unit comes while this one updates) and
+ * reserve its blob of version s (nw[u]). */
+static int receive_unit(opt_offload_t *o, int64_t s, int u, char *err, size_t errlen) {
+    fsdp_t *f = o->f;
+    oc_client_t *c = o->link->c;
+    oc_handle_t h = o->get_h[u];
+    o->get_h[u] = 0;
+    if (offload_link_wait(o->link, h, &o->old[u], "reading optimizer state from ballastd", err, errlen)) return -1;
+    o->old_held[u] = true;
+    if (o->old[u].len != blob_bytes(f, u))
+        return errbuf_set(err, errlen, "optimizer state of unit %d in ballastd has %llu bytes, expected %zu", u,
+                          (unsigned long long)o->old[u].len, blob_bytes(f, u));
+    if (u + 1 < f->n_units) {
+        oc_key_t kx = state_key(o, u + 1, s - 1);
+        if (oc_get_async(c, &kx, &o->get_h[u + 1]) != OC_OK) return offload_link_fail(err, errlen, "reading optimizer state");
+    }
+    oc_key_t kn = state_key(o, u, s);
+    if (offload_link_put_alloc(o->link, &kn, blob_bytes(f, u), true, &o->nw[u], err, errlen)) return -1;
+    o->nw_held[u] = true;
+    return 0;
+}
+
+/* Unit u is done with: release its read region, commit its new blob. */
+static int release_unit(opt_offload_t *o, int64_t s, int u, char *err, size_t errlen) {
+    oc_client_t *c = o->link->c;
+    oc_key_t ko = state_key(o, u, s - 1), kn = state_key(o, u, s);
+    o->old_held[u] = false;
+    if (oc_get_done(c, &ko, &o->old[u]) != OC_OK) return offload_link_fail(err, errlen, "releasing optimizer state");
+    o->nw_held[u] = false;
+    if (oc_put_commit_async(c, &kn, &o->nw[u], &o->put_h[u]) != OC_OK)
+        return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
+    offload_link_count(o->link, blob_bytes(o->f, u), 0);
+    return 0;
+}
+
+/* The CPU backend in place: the moments are copied from the old blob into
+ * the new one and updated there, the master in f->master (the working
+ * copy) and copied after them. */
+static int step_in_place(opt_offload_t *o, int64_t s, float lr, float step_size, float bc2_sqrt, float grad_scale,
+                         char *err, size_t errlen) {
+    fsdp_t *f = o->f;
+    for (int u = 0; u < f->n_units; u++) {
+        size_t ch = f->chunk[u];
+        if (receive_unit(o, s, u, err, errlen)) return -1;
+        float *m = o->nw[u].ptr, *v = m + ch;
+        memcpy(m, o->old[u].ptr, 2 * ch * sizeof(float));
+        adamw_unit(f, u, m, v, f->master + f->shard_off[u], lr, step_size, bc2_sqrt, grad_scale);
+        offload_link_count(o->link, 0, 2 * ch * sizeof(float));
+        memcpy(v + ch, f->master + f->shard_off[u], ch * sizeof(float));
+        if (release_unit(o, s, u, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+/* Queue unit u's blob into staging set st (free). */
+static void stage_in(opt_offload_t *o, oo_stage_t *st, int u) {
+    st->unit = u;
+    st->in = be_xfer_from_host(o->f->be, st->buf, o->old[u].ptr, blob_bytes(o->f, u));
+    offload_link_count(o->link, 0, blob_bytes(o->f, u));
+}
+
+/* Staging set st's unit is finished on the host side: its copies waited
+ * (the host blocks only as long as they still run; counted as exposed
+ * wait), then the old region released and the new blob committed; st is
+ * free again. Nothing to do for a free set. */
+static int retire_stage(opt_offload_t *o, int64_t s, oo_stage_t *st, char *err, size_t errlen) {
+    if (st->unit < 0) return 0;
+    int u = st->unit;
+    xfer_wait(o, &st->in);    /* done long ago (AdamW was ordered after it); ends the handle */
+    xfer_wait(o, &st->out);   /* the new blob is written, st may be overwritten */
+    st->unit = -1;
+    return release_unit(o, s, u, err, errlen);
+}
+
+/* Every other backend (and the CPU one with BALLAST_OFFLOAD_STAGE=1):
+ * unit u's blob [ m | v | master ] goes through staging set stage[u % 2]
+ * in backend memory, double buffered, with the host blocking on no copy
+ * the device has not had a whole unit's time to do:
+ *
+ *   unit u: order(in u); AdamW on the set (master and moments there, the
+ *           working copy in f->wact); out u = set -> nw[u] (queued after
+ *           AdamW); then the other set, which held unit u - 1, is
+ *           retired: wait out u - 1 (and in u - 1), release old[u - 1],
+ *           commit nw[u - 1]; then unit u + 1 arrives from ballastd
+ *           (receive_unit: its read waited, u + 2's started, its new blob
+ *           reserved) and in u + 1 = old[u + 1] -> that set.
+ *   end:    retire unit n - 2, then n - 1.
+ *
+ * At most two units' read and new regions are held in ballastd's pool
+ * (and one read in flight), against one unit's in place: retiring u - 1
+ * before u + 1 arrives keeps it so.
+ *
+ * Why the wait on out u - 1 before in u + 1 into the same set: a copy is
+ * queued after the compute queued so far, so in u + 1 cannot overwrite the
+ * set before AdamW of u - 1 read it, but it runs on the host-to-device
+ * copy stream while out u - 1 runs on the device-to-host one, which
+ * nothing orders it after. Two sets and this wait (whose copy has had
+ * AdamW u's time and in u's time to run) rather than three sets: the
+ * copies, not AdamW, bound the step, and both copy streams stay busy. */
+static int step_staged(opt_offload_t *o, int64_t s, float lr, float step_size, float bc2_sqrt, float grad_scale,
+                       char *err, size_t errlen) {
+    fsdp_t *f = o->f;
+    const backend_t *be = f->be;
+    int n = f->n_units;
+    if (receive_unit(o, s, 0, err, errlen)) return -1;
+    stage_in(o, &o->stage[0], 0);
+    for (int u = 0; u < n; u++) {
+        oo_stage_t *st = &o->stage[u % 2], *nx = &o->stage[(u + 1) % 2];
+        size_t ch = f->chunk[u];
+        be_xfer_order(be, st->in);   /* AdamW reads the blob's moments and master */
+        adamw_unit(f, u, st->buf, st->buf + ch, st->buf + 2 * ch, lr, step_size, bc2_sqrt, grad_scale);
+        st->out = be_xfer_to_host(be, o->nw[u].ptr, st->buf, blob_bytes(f, u));
+        if (u + 1 < n) {
+            if (retire_stage(o, s, nx, err, errlen) || receive_unit(o, s, u + 1, err, errlen)) return -1;
+            stage_in(o, nx, u + 1);
+        }
+    }
+    if (n >= 2 && retire_stage(o, s, &o->stage[n % 2], err, errlen)) return -1;
+    return retire_stage(o, s, &o->stage[(n - 1) % 2], err, errlen);
 }
 
 int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, char *err, size_t errlen) {
     fsdp_t *f = o->f;
     oc_client_t *c = o->link->c;
-    int n = f->n_units;
     if (o->version != s - 1)
         return errbuf_set(err, errlen, "optimizer offload: step %lld follows version %lld in ballastd", (long long)s,
                           (long long)o->version);
@@ -354,60 +546,23 @@ int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, c
 
     oc_key_t k0 = state_key(o, 0, s - 1);
     if (oc_get_async(c, &k0, &o->get_h[0]) != OC_OK) return offload_link_fail(err, errlen, "reading optimizer state");
-    for (int u = 0; u < n; u++) {
-        size_t ch = f->chunk[u];
-        oc_key_t ko = state_key(o, u, s - 1), kn = state_key(o, u, s);
-        oc_handle_t h = o->get_h[u];
-        o->get_h[u] = 0;
-        if (offload_link_wait(o->link, h, &o->old[u], "reading optimizer state from ballastd", err, errlen)) goto fail;
-        if (o->old[u].len != blob_bytes(f, u)) {
-            oc_get_done(c, &ko, &o->old[u]);
-            errbuf_set(err, errlen, "optimizer state of unit %d in ballastd has %llu bytes, expected %zu", u,
-                       (unsigned long long)o->old[u].len, blob_bytes(f, u));
-            goto fail;
-        }
-        /* double buffering: the next unit comes while this one updates */
-        if (u + 1 < n) {
-            oc_key_t kx = state_key(o, u + 1, s - 1);
-            if (oc_get_async(c, &kx, &o->get_h[u + 1]) != OC_OK) {
-                offload_link_fail(err, errlen, "reading optimizer state");
-                oc_get_done(c, &ko, &o->old[u]);
-                goto fail;
-            }
-        }
-        if (offload_link_put_alloc(o->link, &kn, blob_bytes(f, u), true, &o->nw[u], err, errlen)) {
-            oc_get_done(c, &ko, &o->old[u]);
-            goto fail;
-        }
-        float *m = o->nw[u].ptr, *v = m + ch;
-        if (o->in_place) {
-            memcpy(m, o->old[u].ptr, 2 * ch * sizeof(float));
-            adamw_unit(f, u, m, v, (float)lr, step_size, bc2_sqrt, grad_scale);
-        } else {
-            /* moments through the staging buffer: in, update, out */
-            f->be->from_host(o->stage, o->old[u].ptr, 2 * ch * sizeof(float));
-            adamw_unit(f, u, o->stage, o->stage + ch, (float)lr, step_size, bc2_sqrt, grad_scale);
-            f->be->to_host(m, o->stage, 2 * ch * sizeof(float));
-        }
-        offload_link_count(o->link, 0, 2 * ch * sizeof(float));
-        f->be->to_host(v + ch, f->master + f->shard_off[u], ch * sizeof(float));
-        if (oc_get_done(c, &ko, &o->old[u]) != OC_OK) {
-            offload_link_fail(err, errlen, "releasing optimizer state");
-            oc_put_abort(c, &kn, &o->nw[u]);
-            goto fail;
-        }
-        if (oc_put_commit_async(c, &kn, &o->nw[u], &o->put_h[u]) != OC_OK) {
-            offload_link_fail(err, errlen, "storing optimizer state in ballastd");
-            goto fail;
-        }
-        offload_link_count(o->link, blob_bytes(f, u), 0);
+    int rc = o->in_place ? step_in_place(o, s, (float)lr, step_size, bc2_sqrt, grad_scale, err, errlen)
+                         : step_staged(o, s, (float)lr, step_size, bc2_sqrt, grad_scale, err, errlen);
+    if (rc) {
+        abort_step(o, s);
+        return -1;
+    }
+    /* every copy of the step ran and was waited (deferred CPU copies: a
+     * missing wait or order would leave one queued) */
+    if (!strcmp(f->be->name, "cpu") && backend_cpu_copies_pending() != 0) {
+        errbuf_set(err, errlen, "optimizer offload: %zu backend copies still queued at the end of step %lld (a copy "
+                   "without its wait)", backend_cpu_copies_pending(), (long long)s);
+        abort_step(o, s);
+        return -1;
     }
     if (finish_version(o, s, err, errlen) || write_record(o, s, err, errlen)) return -1;
     o->version = s;
     return 0;
-fail:
-    abort_step(o, s);
-    return -1;
 }
 
 /* ---- checkpoints ---- */
@@ -416,21 +571,34 @@ int opt_offload_load_moments(opt_offload_t *o, char *err, size_t errlen) {
     fsdp_t *f = o->f;
     f->opt.m = f->be->alloc(f->shard_total * sizeof(float));
     f->opt.v = f->be->alloc(f->shard_total * sizeof(float));
-    if (!f->opt.m || !f->opt.v) {
+    if (o->master_away) f->master = f->be->alloc(f->shard_total * sizeof(float));
+    if (!f->opt.m || !f->opt.v || !f->master) {
         opt_offload_drop_moments(o);
-        return errbuf_set(err, errlen, "out of memory reading the AdamW moments back for a checkpoint");
+        return errbuf_set(err, errlen, "out of %s memory reading the AdamW moments%s back from ballastd (%zu bytes)",
+                          f->be->name, o->master_away ? " and master weights" : "",
+                          (o->master_away ? 3 : 2) * f->shard_total * sizeof(float));
     }
+    /* the master too when staged: it is away on a GPU; on the CPU reading
+     * it over the working copy (the same bits) checks the blobs' copy */
+    bool master = !o->in_place;
     for (int u = 0; u < f->n_units; u++) {
         oc_key_t k = state_key(o, u, o->version);
         oc_buf_t b;
-        size_t ch = f->chunk[u];
+        size_t ch = f->chunk[u], off = f->shard_off[u];
         if (oc_get(o->link->c, &k, &b) != OC_OK) {
             opt_offload_drop_moments(o);
             return offload_link_fail(err, errlen, "reading optimizer state for a checkpoint");
         }
-        f->be->from_host(f->opt.m + f->shard_off[u], b.ptr, ch * sizeof(float));
-        f->be->from_host(f->opt.v + f->shard_off[u], (float *)b.ptr + ch, ch * sizeof(float));
-        offload_link_count(o->link, 0, 2 * ch * sizeof(float));
+        if (b.len != blob_bytes(f, u)) {
+            oc_get_done(o->link->c, &k, &b);
+            opt_offload_drop_moments(o);
+            return errbuf_set(err, errlen, "optimizer state of unit %d in ballastd has %llu bytes, expected %zu", u,
+                              (unsigned long long)b.len, blob_bytes(f, u));
+        }
+        f->be->from_host(f->opt.m + off, b.ptr, ch * sizeof(float));
+        f->be->from_host(f->opt.v + off, (float *)b.ptr + ch, ch * sizeof(float));
+        if (master) f->be->from_host(f->master + off, (float *)b.ptr + 2 * ch, ch * sizeof(float));
+        offload_link_count(o->link, 0, (master ? 3 : 2) * ch * sizeof(float));
         oc_get_done(o->link->c, &k, &b);
     }
     return 0;
@@ -441,4 +609,8 @@ void opt_offload_drop_moments(opt_offload_t *o) {
     if (f->opt.m) f->be->free(f->opt.m);
     if (f->opt.v) f->be->free(f->opt.v);
     f->opt.m = f->opt.v = NULL;
+    if (o->master_away && f->master) {
+        f->be->free(f->master);
+        f->master = NULL;
+    }
 }

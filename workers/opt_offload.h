@@ -7,17 +7,30 @@
  * holding [ exp_avg | exp_avg_sq | master ] of the rank's chunk (3 x
  * chunk[u] fp32). On the CPU backend the working parameters are the fp32
  * master, so the rank keeps its master chunk for the forward; the copy in
- * the blob is what a restarted rank resumes from.
+ * the blob is what a restarted rank resumes from. Where the working copy
+ * is separate (bf16 on CUDA) the fp32 master leaves too: f->master is
+ * freed once the first version is stored (NULL from then on, see fsdp.h)
+ * and comes back only around a checkpoint or fsdp_gather_params
+ * (opt_offload_load_moments).
  *
  * Versions: the blobs written by step s have key step = s (version 0 is
- * the initial state). Step s streams version s - 1 unit by unit, double
- * buffered (unit u + 1's get in flight while AdamW updates unit u, straight
- * into unit u's new blob on the CPU backend; on a GPU through a staging
- * buffer in device memory, then copied into it), commits version s, then a small persistent
- * step record saying "step s is complete on this rank". Version s - 2 is
- * freed at the start of step s: every rank has committed record s - 1 by
- * then (step s's collectives came after it), so a resume always finds the
- * versions it needs. host pins the current version in the pool; nvme lets
+ * the initial state). Step s streams version s - 1 unit by unit, unit
+ * u + 1's get in flight while unit u updates, and commits version s, then
+ * a small persistent step record saying "step s is complete on this rank".
+ * On the fp32 CPU backend AdamW runs on the moments in the pool (in place,
+ * straight into unit u's new blob). Everywhere else (and on the CPU with
+ * BALLAST_OFFLOAD_STAGE=1) each unit's whole blob is copied
+ * asynchronously (backend.h, be_xfer_*) into one of two staging sets in
+ * backend memory, updated there (the master too; the working copy in
+ * f->wact follows), and copied into the new blob, double buffered: unit
+ * u + 1's blob copies in while unit u updates and unit u - 1's copies out,
+ * and a blob is committed only after the host waited for its copy (see
+ * opt_offload.c, step_staged). Host time in those waits counts as exposed
+ * offload wait (offload_link_t.wait_s).
+ *
+ * Version s - 2 is freed at the start of step s: every rank has committed
+ * record s - 1 by then (step s's collectives came after it), so a resume
+ * always finds the versions it needs. host pins the current version in the pool; nvme lets
  * ballastd spill it (persistent blobs are on NVMe from their commit on).
  *
  * Keys: state (rank, OPTIMIZER_STATE, index = unit, step = version);
@@ -26,7 +39,8 @@
  *
  * Resume: every rank reads its records; the job resumes at c = the lowest
  * complete step over ranks (ranks differ by at most one); each rank loads
- * its master chunk from version c and continues at step c + 1.
+ * its master chunk from version c (then frees it again when it is away)
+ * and continues at step c + 1.
  *
  * Functions return 0 or -1 with a message in err. */
 #ifndef BALLAST_OPT_OFFLOAD_H
@@ -53,23 +67,34 @@ void opt_offload_destroy(opt_offload_t *o);
 /* Collective over every rank. resume = false: clear what an earlier run of
  * this job and rank left, store the current state (the moments in f->opt,
  * zero or loaded by --resume, and the master) as version f->opt.step and
- * free f's moment buffers; *start is left alone. resume = true: find the last step complete on
- * every rank, load the master chunk and the optimizer step from it and set
- * *start to it; no state in ballastd for this job is an error naming the
- * job. */
+ * free f's moment buffers; *start is left alone. resume = true: find the
+ * last step complete on every rank, load the master chunk (and the working
+ * copy from it) and the optimizer step from it and set *start to it; no
+ * state in ballastd for this job is an error naming the job. Either way a
+ * separate working copy's rank frees f->master at the end. */
 int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, size_t errlen);
 
 /* The AdamW update of step s (1-based; lr, gradients scaled by grad_scale)
  * streamed through ballastd, then step s's record. Replaces
- * fsdp_optim_step. */
+ * fsdp_optim_step. Every asynchronous copy it queued has been waited when
+ * it returns (on the CPU backend a copy still queued is an error). */
 int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, char *err, size_t errlen);
 
-/* For a checkpoint: bring the current moments into f->opt.m/v (allocated
- * here); opt_offload_drop_moments frees them again. */
+/* For a checkpoint or fsdp_gather_params: bring the current moments into
+ * f->opt.m/v (allocated here) and, when the master is away, the master
+ * into f->master (allocated here; a staging CPU rank re-reads it over its
+ * working copy, the same bits); opt_offload_drop_moments frees what was
+ * brought back. */
 int opt_offload_load_moments(opt_offload_t *o, char *err, size_t errlen);
 void opt_offload_drop_moments(opt_offload_t *o);
 
 /* Bytes of optimizer state this rank keeps in ballastd per version. */
 size_t opt_offload_bytes(const opt_offload_t *o);
+
+/* Bytes of backend memory in the two staging sets (0 in place). */
+size_t opt_offload_staging_bytes(const opt_offload_t *o);
+
+/* Whether f->master was freed (it lives in ballastd only). */
+bool opt_offload_master_away(const opt_offload_t *o);
 
 #endif

@@ -298,7 +298,10 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         format_size(fsdp_state_bytes(&fs), st, sizeof st);
         format_size((uint64_t)model.n_params * 16, whole, sizeof whole);
         fprintf(con, "memory: %s (%zu bytes) of sharded fp32 weights, gradients and AdamW moments per rank "
-                     "(the whole model's: %s)\n", st, fsdp_state_bytes(&fs), whole);
+                     "(the whole model's: %s)", st, fsdp_state_bytes(&fs), whole);
+        if (orun.oo) fprintf(con, ", less what ballastd holds, plus %zu bytes of optimizer staging",
+                             offload_run_staging_bytes(&orun));
+        fprintf(con, "\n");
         offload_run_describe(&orun, &fs, con);
         fflush(con);
     }
@@ -345,8 +348,10 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     /* after the settings record of a fresh log: the layout and the per-rank sharded state (tests read it) */
     if (jlog && start == 0) {
         fprintf(jlog, "{\"kind\": \"layout\", \"world\": %d, \"replicas\": %d, \"shard_degree\": %d, "
-                      "\"tensor_parallel_degree\": %d, \"state_bytes_per_rank\": %zu, \"model_state_bytes\": %llu}\n",
-                world, g->R, g->S, g->T, fsdp_state_bytes(&fs), (unsigned long long)model.n_params * 16);
+                      "\"tensor_parallel_degree\": %d, \"state_bytes_per_rank\": %zu, \"model_state_bytes\": %llu, "
+                      "\"offload_staging_bytes\": %zu}\n",
+                world, g->R, g->S, g->T, fsdp_state_bytes(&fs), (unsigned long long)model.n_params * 16,
+                offload_run_staging_bytes(&orun));
         fflush(jlog);
     }
     size_t N = (size_t)B * T;
@@ -445,7 +450,11 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     if (o->dump_params) {
         full = malloc(model.n_params * sizeof(float));
         CHECK_ALLOC(full);
-        if (fsdp_gather_params(&fs, full, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
+        /* the master back from ballastd where optimizer offload keeps it there */
+        int gp_rc = offload_run_before_ckpt(&orun, err, sizeof err);
+        if (!gp_rc) gp_rc = fsdp_gather_params(&fs, full, err, sizeof err);
+        offload_run_after_ckpt(&orun);
+        if (gp_rc) { log_error("rank %d: %s", rank, err); goto out; }
         if (rank == 0 && train_dump_params(o->dump_params, &model, full, err, sizeof err)) {
             log_error("%s", err);
             goto out;

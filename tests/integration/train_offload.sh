@@ -19,7 +19,10 @@
 # runs agree with each other bit for bit.
 # Also: the worker reports how many block inputs stay resident and moves the
 # bytes that implies; the copies staged through backend memory as on GPU
-# ranks (BALLAST_OFFLOAD_STAGE=1) change no bit; an unreachable ballastd
+# ranks (BALLAST_OFFLOAD_STAGE=1, which also runs every asynchronous copy
+# as late as a GPU copy stream could, so a missing order or wait changes
+# bits) change no bit, over --offload-remote too; the layout record counts
+# what optimizer offload leaves on the rank and its staging bytes; an unreachable ballastd
 # gives a message naming the socket and how to start one; bad flag
 # combinations are refused.
 source "$(dirname "$0")/../lib.sh"
@@ -104,7 +107,7 @@ done
 # every fetched block input, and every unit's AdamW moments, through a
 # staging buffer in backend memory (as on CUDA) instead of using the pool in
 # place; on the CPU those copies are memcpy, so the losses stay bit-identical
-for st in "1 1 1 A" "1 1 1 B" "4 2 2 B" "4 4 1 C"; do
+for st in "1 1 1 A" "1 1 1 B" "1 1 1 C" "2 2 1 B" "4 2 2 B" "4 4 1 C"; do
     set -- $st
     np=$1 S=$2 T=$3 v=$4
     base=w$np-s$S-t$T; [ "$T" = 1 ] && base=w$np-s$S
@@ -165,6 +168,47 @@ if BALLAST_OFFLOAD_STAGE=1 run $name 1 1 1 "${M8[@]}" --activation-offload --act
         losses "$D/a8-w1-t1-plain-ref.jsonl" "$D/$name.jsonl" 0
 else t_fail "8 layers, world 1, staged over --offload-remote runs" "$(tail -3 "$D/$name.out")"; fi
 
+# optimizer offload staged over --offload-remote: the new blobs travel at
+# their commit, so a commit before its device-to-host copy ran (a missing
+# wait on the copy) would send stale bytes
+PORT=$BD_LISTEN_main
+if BALLAST_OFFLOAD_STAGE=1 run w1-s1-C-remote-staged 1 1 1 "${SAVER_C[@]}" --offload-remote "127.0.0.1:$PORT" &&
+   grep -q "offload copies staged through backend memory" "$D/w1-s1-C-remote-staged.out"; then
+    t_check "world 1, --optimizer-offload nvme staged over --offload-remote: bit-identical losses to in place" \
+        losses "$D/w1-s1-C.jsonl" "$D/w1-s1-C-remote-staged.jsonl" 0
+else t_fail "world 1, optimizer offload staged over --offload-remote runs" "$(tail -3 "$D/w1-s1-C-remote-staged.out")"; fi
+
+# what stays on the rank with optimizer offload (the layout record), counted
+# here from the config: per unit chunk the gradient and the master (the CPU's
+# working copy), no moments: 8 bytes a float, 16 without offload; staged, two
+# staging sets of [ m | v | master ] of the largest chunk: 24 bytes a float
+# of it, none in place. S 2: ceil(unit / 2) floats per chunk.
+offmem() {  # RUN.jsonl S PER_FLOAT STAGED(0|1)
+    $PY - "$D/cfg.json" "$@" <<'EOF2'
+import json, sys
+c = json.load(open(sys.argv[1])); run, S, per, staged = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+D, L, H, F, V = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["intermediate_size"], c["vocab_size"]
+Hkv = c["num_key_value_heads"]; Dh = D // H
+block = H * Dh * D + 2 * Hkv * Dh * D + D * H * Dh + 3 * F * D + 2 * D
+rest = 2 * V * D + D
+chunks = [-(-block // S)] * L + [-(-rest // S)]
+rec = next(r for r in (json.loads(l) for l in open(run)) if r.get("kind") == "layout")
+want = (per * sum(chunks), 24 * max(chunks) if staged else 0)
+got = (rec["state_bytes_per_rank"], rec.get("offload_staging_bytes"))
+print("state and staging bytes per rank: %s (expected %s)" % (got, want))
+sys.exit(got != want)
+EOF2
+}
+t_check "world 2 (S 2) without offload: 16 bytes a float of the rank's chunks, no staging" offmem "$D/w2-s2-ref.jsonl" 2 16 0
+t_check "world 2 (S 2), --optimizer-offload host staged: 8 bytes a float, two staging sets" \
+    offmem "$D/w2-s2-B-staged.jsonl" 2 8 1
+t_check "world 1, --optimizer-offload nvme in place: master + gradient (8 bytes a float), no staging" \
+    offmem "$D/w1-s1-C.jsonl" 1 8 0
+t_check "world 1, --optimizer-offload host staged: 8 bytes a float and two staging sets of the largest chunk" \
+    offmem "$D/w1-s1-B-staged.jsonl" 1 8 1
+t_check "world 4 (S 4), --optimizer-offload nvme staged: the same per S-th of each unit" \
+    offmem "$D/w4-s4-C-staged.jsonl" 4 8 1
+
 # what saver A moved: 4 layers, horizon 1 -> ring of 3 of the 5 block inputs,
 # xs[0] and xs[1] offloaded: 2 x N x D x 4 bytes per micro-step, each way
 if grep -q "activations: 3 of 5 block inputs resident, 2 offloaded per micro-step" "$D/w1-s1-A.out"; then
@@ -176,7 +220,6 @@ if grep -qE "offload: .* \(all ranks: $want and $want bytes\)" "$D/w1-s1-A.out";
 else t_fail "activation bytes" "want $want each way: $(grep -E '^offload: .*all ranks' "$D/w1-s1-A.out")"; fi
 
 # remote mode: the same numbers with the bytes inside gRPC messages
-PORT=$BD_LISTEN_main
 if run w1-s1-remote 1 1 1 "${SAVER_A[@]}" "${SAVER_C[@]}" --offload-remote "127.0.0.1:$PORT" &&
    grep -q "remote mode" "$D/w1-s1-remote.out"; then
     t_check "world 1 over --offload-remote: bit-identical losses to the shared-memory run" \

@@ -6,19 +6,27 @@
 #    and --optimizer-offload nvme and nothing on the offload socket starts a
 #    ballastd for the run (spill directory under the run directory), trains
 #    30 steps and stops it: the uninterrupted reference.
-# 2. The same run again; kill -9 of rank 1 once a few steps are done: the
-#    launcher exits non-zero naming rank 1, stops rank 0 and its ballastd.
-# 3. The same command with --resume-from-service: a new ballastd on the same
-#    spill directory recovers the persistent state, the workers continue
-#    after the last step complete on both ranks, with no checkpoint file,
-#    and every step's loss equals the reference bit for bit. This run
-#    copies through staging buffers in backend memory as GPU ranks do
-#    (BALLAST_OFFLOAD_STAGE=1): state written in place is read back and
-#    carried on through the staged path.
+# 2. The same run again, copying through staging buffers in backend memory
+#    as GPU ranks do (BALLAST_OFFLOAD_STAGE=1: every asynchronous copy runs
+#    as late as a copy stream could, so a blob committed before its copy
+#    ran reaches the spill directory stale); kill -9 of rank 1 once a few
+#    steps are done: the launcher exits non-zero naming rank 1, stops rank
+#    0 and its ballastd.
+# 3. The same command with --resume-from-service, staged too: a new
+#    ballastd on the same spill directory recovers the persistent state,
+#    the workers continue after the last step complete on both ranks, with
+#    no checkpoint file, and every step's loss equals the reference (in
+#    place) bit for bit.
 # 4. --optimizer-offload nvme against a ballastd whose pool (1M, its least)
 #    is smaller than one copy of the optimizer state (1.25M for an 8-layer
-#    variant: 3 x 109,088 floats): the same losses as a roomy pool, and
-#    `ballast status --json` shows spilled bytes and evictions.
+#    variant: 3 x 109,088 floats), staged: the same losses as a roomy pool
+#    in place, and `ballast status --json` shows spilled bytes and
+#    evictions.
+# 5. A staged optimizer-offload run (2 ranks, S 2) saving checkpoints at
+#    steps 5 and 10, then --resume from step 5, staged: the moments and
+#    master come back from ballastd for each checkpoint; every loss and the
+#    final parameters (--dump-params, which brings the master back too)
+#    equal an in-place run's bit for bit.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/ballastd.lib"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
@@ -82,7 +90,7 @@ else t_fail "launcher-managed ballastd" "pid '$bp': $(grep -E 'ballastd' "$D/ful
 mkdir -p "$D/run"
 RUN=("$BALLAST" train --nproc 2 "${COMMON[@]}" "${SAVERS[@]}" --micro-batch 2 --hybrid-shard-degree 2
      --offload-socket "$D/run/bd.sock" --log-json "$D/run/log.jsonl")
-"${RUN[@]}" > "$D/kill.out" 2>&1 &
+BALLAST_OFFLOAD_STAGE=1 "${RUN[@]}" > "$D/kill.out" 2>&1 &
 LP=$!
 for _ in $(seq 600); do
     [ "$(grep -c '"loss"' "$D/run/log.jsonl" 2>/dev/null || echo 0)" -ge 8 ] && break
@@ -117,8 +125,9 @@ if BALLAST_OFFLOAD_STAGE=1 timeout 120 "${RUN[@]}" --resume-from-service > "$D/r
     if ! ls "$D/run"/step-* >/dev/null 2>&1 && [ "${rec:-0}" -gt 0 ]; then
         t_ok "no checkpoint file involved; the new ballastd recovered $rec persistent blobs from the spill directory"
     else t_fail "state from ballastd only" "$(ls "$D/run"), recovered lines $rec"; fi
-    if grep -q "offload copies staged through backend memory" "$D/resume.out"; then
-        t_ok "the resumed run copies through backend memory (BALLAST_OFFLOAD_STAGE=1)"
+    if grep -q "offload copies staged through backend memory" "$D/resume.out" &&
+       grep -q "offload copies staged through backend memory" "$D/kill.out"; then
+        t_ok "the killed and the resumed run copy through backend memory (BALLAST_OFFLOAD_STAGE=1)"
     else t_fail "staged resumed run" "no staging line: $(grep -m2 offload "$D/resume.out")"; fi
     t_check "resumed run: every step's loss equals the uninterrupted run's, bit for bit" same "$D/full/log.jsonl" "$D/run/log.jsonl"
 else t_fail "--resume-from-service runs" "$(tail -5 "$D/resume.out")"; fi
@@ -131,11 +140,32 @@ bd_start big "$D" --pool-bytes 64M --spill-dir "$D/spill-big" --spill-bytes 64M 
     { t_fail "big ballastd starts" "$(tail -3 "$D/big.log")"; t_done; exit 1; }
 ONE=("$W" "${COMMON[@]}" --model "$D/cfg8.json" --steps 10 --micro-batch 4 --optimizer-offload nvme)
 if timeout 120 "${ONE[@]}" --offload-socket "$(bd_sock big)" --log-json "$D/big.jsonl" > "$D/big.out" 2>&1 &&
-   timeout 120 "${ONE[@]}" --offload-socket "$(bd_sock small)" --log-json "$D/small.jsonl" > "$D/small.out" 2>&1; then
-    t_check "pool 1M < optimizer state 1.25M: the same losses as a 64M pool" same "$D/big.jsonl" "$D/small.jsonl"
+   BALLAST_OFFLOAD_STAGE=1 timeout 120 "${ONE[@]}" --offload-socket "$(bd_sock small)" --log-json "$D/small.jsonl" \
+       > "$D/small.out" 2>&1; then
+    t_check "pool 1M < optimizer state 1.25M, staged: the same losses as a 64M pool in place" same "$D/big.jsonl" "$D/small.jsonl"
     sp=$(bd_json small 'd["spilled_bytes"]') ev=$(bd_json small 'd["evictions"]')
     if [ "${sp:-0}" -gt 0 ] && [ "${ev:-0}" -gt 0 ]; then
         t_ok "ballast status --json: spilled_bytes $sp, evictions $ev"
     else t_fail "spill shown in status" "spilled_bytes '$sp', evictions '$ev'"; fi
-else t_fail "small-pool runs" "$(tail -3 "$D/small.out" "$D/big.out")"; fi
+else t_fail "small-pool runs" "$(tail -n 3 "$D/small.out" "$D/big.out")"; fi
+
+# 5. checkpoints of a staged optimizer-offload run, and --resume from one
+CK=("$BALLAST" train --nproc 2 "${COMMON[@]}" --steps 10 --micro-batch 2 --hybrid-shard-degree 2
+    --optimizer-offload host --offload-pool 32M)
+if timeout 120 "${CK[@]}" --offload-socket "$D/ck-ref.sock" --offload-job ck-ref --log-json "$D/ck-ref.jsonl" \
+       --dump-params "$D/ck-ref.st" > "$D/ck-ref.out" 2>&1 &&
+   BALLAST_OFFLOAD_STAGE=1 timeout 120 "${CK[@]}" --offload-socket "$D/ck-a.sock" --offload-job ck-a \
+       --log-json "$D/ck-a.jsonl" --ckpt-dir "$D/ck" --ckpt-every 5 > "$D/ck-a.out" 2>&1 &&
+   [ -d "$D/ck/step-00000005" ] && [ -d "$D/ck/step-00000010" ] && rm -rf "$D/ck/step-00000010" &&
+   BALLAST_OFFLOAD_STAGE=1 timeout 120 "${CK[@]}" --offload-socket "$D/ck-b.sock" --offload-job ck-b \
+       --log-json "$D/ck-b.jsonl" --ckpt-dir "$D/ck" --resume --dump-params "$D/ck-b.st" > "$D/ck-b.out" 2>&1; then
+    t_check "staged optimizer offload with checkpoints at 5 and 10: every loss equals the in-place run's" \
+        same "$D/ck-ref.jsonl" "$D/ck-a.jsonl"
+    if grep -q "resumed from .*step-00000005 (step 5)" "$D/ck-b.out" &&
+       grep -q "offload copies staged through backend memory" "$D/ck-b.out"; then
+        t_check "--resume from step 5, staged: steps 6..10 equal the in-place run's" same "$D/ck-ref.jsonl" "$D/ck-b.jsonl" 6
+        t_check "--resume from step 5, staged: the final parameters equal the in-place run's bit for bit" \
+            $PY "$(dirname "$0")/fsdp_cmp.py" params "$D/ck-ref.st" "$D/ck-b.st" 0
+    else t_fail "staged --resume from step 5" "$(grep -iE 'resum|staged|error' "$D/ck-b.out" | head -3)"; fi
+else t_fail "staged optimizer-offload runs with checkpoints" "$(tail -n 3 "$D/ck-ref.out" "$D/ck-a.out" "$D/ck-b.out" 2>&1)"; fi
 t_done
