@@ -83,6 +83,7 @@ void fsdp_destroy(fsdp_t *f) {
         bfree(be, f->rs16_out[i]);
     }
     bfree(be, f->g16);
+    free(f->init_host);
     free(f->numel);
     free(f->chunk);
     free(f->shard_off);
@@ -96,10 +97,10 @@ void fsdp_destroy(fsdp_t *f) {
     memset(f, 0, sizeof *f);
 }
 
-/* dst (shard_total, backend memory) = this rank's chunks of full (host,
- * model layout: its TP slice, then its chunk of each unit; padding zero),
- * built on the host and copied over once. */
-static void set_chunks(fsdp_t *f, const float *full, float *dst) {
+/* This rank's chunks of full (host, model layout: its TP slice, then its
+ * chunk of each unit; padding zero) in host memory (shard_total floats,
+ * malloc'ed). */
+static float *chunks_host(const fsdp_t *f, const float *full) {
     const model_t *m = f->m;
     float *local = NULL;
     const float *src = full;
@@ -116,9 +117,37 @@ static void set_chunks(fsdp_t *f, const float *full, float *dst) {
         for (size_t j = 0; j < f->chunk[u] && lo + j < f->numel[u]; j++)
             host[f->shard_off[u] + j] = src[unit_to_model(f, u, lo + j)];
     }
+    free(local);
+    return host;
+}
+
+/* dst (shard_total, backend memory) = this rank's chunks of full, built on
+ * the host and copied over once. */
+static void set_chunks(fsdp_t *f, const float *full, float *dst) {
+    float *host = chunks_host(f, full);
     f->be->from_host(dst, host, f->shard_total * sizeof(float));
     free(host);
-    free(local);
+}
+
+/* The working copy (act storage) from host chunks without a backend fp32
+ * master: unit by unit through one fp32 buffer of the largest chunk, the
+ * same rounding as refresh_wact. 0 or -ENOMEM. */
+static int wact_from_host(fsdp_t *f, const float *host) {
+    size_t maxc = 0;
+    for (int u = 0; u < f->n_units; u++) if (f->chunk[u] > maxc) maxc = f->chunk[u];
+    float *tmp = f->be->alloc((maxc ? maxc : 1) * sizeof(float));
+    if (!tmp) return -ENOMEM;
+    for (int u = 0; u < f->n_units; u++) {
+        f->be->from_host(tmp, host + f->shard_off[u], f->chunk[u] * sizeof(float));
+        f->be->to_act(be_act_at(f->be, f->wact, f->shard_off[u]), tmp, f->chunk[u]);
+    }
+    f->be->free(tmp);
+    return 0;
+}
+
+void fsdp_drop_init(fsdp_t *f) {
+    free(f->init_host);
+    f->init_host = NULL;
 }
 
 /* The working copy of the chunks in act storage after the master changed
@@ -170,13 +199,15 @@ int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t 
     }
     size_t S = (size_t)f->S, ab = (size_t)f->be->act_bytes;
     const backend_t *be = f->be;
-    /* backend memory, zeroed (the padding stays zero) */
-    f->master = be->alloc(f->shard_total * sizeof(float));
+    /* backend memory, zeroed (the padding stays zero); with the optimizer
+     * state elsewhere and a separate working copy, no fp32 master */
+    bool no_master = ocfg->state_elsewhere && ab != sizeof(float);
+    f->master = no_master ? NULL : be->alloc(f->shard_total * sizeof(float));
     f->wact = ab == sizeof(float) ? (act_t *)f->master : be->alloc(f->shard_total * ab);
     f->grad = be->alloc(f->shard_total * sizeof(float));
     f->rest_full = be->alloc(S * f->chunk[L] * ab);
     f->rest_grad = be->alloc(S * f->chunk[L] * sizeof(float));
-    if (!f->master || !f->wact || !f->grad || !f->rest_full || !f->rest_grad) goto nomem;
+    if ((!no_master && !f->master) || !f->wact || !f->grad || !f->rest_full || !f->rest_grad) goto nomem;
     for (int i = 0; i < 2; i++) {
         f->gbuf[i] = be->alloc(S * maxc * ab);
         f->bgrad[i] = be->alloc(S * maxc * sizeof(float));
@@ -184,8 +215,16 @@ int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t 
         if (!f->gbuf[i] || !f->bgrad[i] || !f->rs_out[i]) goto nomem;
     }
     f->n_segs = fsdp_segments(f, f->sidx, f->segs, NULL);
-    set_chunks(f, full, f->master);
-    refresh_wact(f);
+    if (ocfg->state_elsewhere) {
+        /* the chunks stay in host memory for the first stored version */
+        f->init_host = chunks_host(f, full);
+        if (f->master) be->from_host(f->master, f->init_host, f->shard_total * sizeof(float));
+        if (no_master && wact_from_host(f, f->init_host)) goto nomem;
+        refresh_wact(f);
+    } else {
+        set_chunks(f, full, f->master);
+        refresh_wact(f);
+    }
     model_drop_params(m);
     if (optim_create(&f->opt, ocfg, f->be, f->shard_total, err, errlen)) {
         fsdp_destroy(f);

@@ -89,6 +89,8 @@ typedef struct {
     int n_segs;
     optim_t opt;               /* AdamW moments over shard_total floats */
     struct act_offload *ao;    /* --activation-offload (workers/act_offload.h), or NULL */
+    float *init_host;          /* (shard_total) host copy of the initial fp32 chunks when the optimizer
+                                  state lives elsewhere (ocfg->state_elsewhere), until fsdp_drop_init */
 } fsdp_t;
 
 /* Set up sharding over m (created by model_create_tp; this drops its full
@@ -98,6 +100,15 @@ typedef struct {
  * communicators (the TP one is m->tp.comm). Returns 0 or a negative errno. */
 int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t *replica,
                 const optim_config_t *ocfg, char *err, size_t errlen);
+
+/* With ocfg->state_elsewhere (optimizer offload starting fresh) fsdp_create
+ * allocates no AdamW moments and, when the working copy is separate (bf16
+ * on CUDA), no fp32 master: the backend holds the working copy and the
+ * gradient only (6 bytes a parameter of the chunk instead of 18), and the
+ * initial fp32 chunks stay in host memory (init_host) for the first version
+ * stored in ballastd (workers/opt_offload.c), which then calls this to
+ * free them. */
+void fsdp_drop_init(fsdp_t *f);
 void fsdp_destroy(fsdp_t *f);
 
 /* --grad-reduce-dtype: gradients travel and are summed in dt (COMM_F32,

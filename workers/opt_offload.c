@@ -253,8 +253,10 @@ static void send_master_away(opt_offload_t *o) {
     o->master_away = true;
 }
 
-/* The first version: the moments in f->opt (zero, or a checkpoint's) and
- * the current master, as version f->opt.step. */
+/* The first version: the moments in f->opt (a checkpoint's), or zeros when
+ * fsdp kept none (ocfg.state_elsewhere), and the master from the backend,
+ * or from the host copy of the initial chunks (f->init_host) when fsdp
+ * kept one; as version f->opt.step. */
 static int store_initial(opt_offload_t *o, char *err, size_t errlen) {
     fsdp_t *f = o->f;
     int64_t v0 = f->opt.step;
@@ -263,9 +265,14 @@ static int store_initial(opt_offload_t *o, char *err, size_t errlen) {
         oc_buf_t b;
         size_t c = f->chunk[u], off = f->shard_off[u];
         if (offload_link_put_alloc(o->link, &k, blob_bytes(f, u), true, &b, err, errlen)) return -1;
-        f->be->to_host(b.ptr, f->opt.m + off, c * sizeof(float));
-        f->be->to_host((float *)b.ptr + c, f->opt.v + off, c * sizeof(float));
-        f->be->to_host((float *)b.ptr + 2 * c, f->master + off, c * sizeof(float));
+        if (f->opt.m) {
+            f->be->to_host(b.ptr, f->opt.m + off, c * sizeof(float));
+            f->be->to_host((float *)b.ptr + c, f->opt.v + off, c * sizeof(float));
+        } else {
+            memset(b.ptr, 0, 2 * c * sizeof(float));   /* fresh AdamW moments */
+        }
+        if (f->init_host) memcpy((float *)b.ptr + 2 * c, f->init_host + off, c * sizeof(float));
+        else f->be->to_host((float *)b.ptr + 2 * c, f->master + off, c * sizeof(float));
         if (oc_put_commit_async(o->link->c, &k, &b, &o->put_h[u]) != OC_OK)
             return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
         offload_link_count(o->link, blob_bytes(f, u), 0);
@@ -275,6 +282,7 @@ static int store_initial(opt_offload_t *o, char *err, size_t errlen) {
     o->freed_below = v0;
     send_master_away(o);
     opt_offload_drop_moments(o);   /* they live in ballastd from now on */
+    fsdp_drop_init(f);
     return 0;
 }
 
@@ -327,7 +335,12 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
         return errbuf_set(err, errlen, "--resume-from-service: the ranks' last complete steps in ballastd disagree by more "
                           "than one (this rank: %lld, mean %.2f); the state is not consistent, start fresh",
                           (long long)best, sum_best / o->world);
-    /* load the master chunk of version c; the moments stay in ballastd */
+    /* load the master chunk of version c; the moments stay in ballastd
+     * (fsdp may have kept no master: one for the load, freed after it) */
+    fsdp_drop_init(f);
+    if (!f->master && !(f->master = f->be->alloc(f->shard_total * sizeof(float))))
+        return errbuf_set(err, errlen, "out of %s memory for the master weights being resumed (%zu bytes)", f->be->name,
+                          f->shard_total * sizeof(float));
     for (int u = 0; u < f->n_units; u++) {
         oc_key_t k = state_key(o, u, c);
         oc_buf_t b;

@@ -10,6 +10,7 @@ int optim_create(optim_t *o, const optim_config_t *cfg, const backend_t *be, siz
     o->cfg = *cfg;
     o->be = be;
     o->n = n;
+    if (cfg->state_elsewhere) return 0;
     o->m = be->alloc(n * sizeof(float));
     o->v = be->alloc(n * sizeof(float));
     if (!o->m || !o->v) {

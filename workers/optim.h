@@ -27,6 +27,9 @@ typedef struct {
     int64_t warmup_steps;  /* linear warmup length in steps */
     int64_t total_steps;   /* schedule length (the run's --steps) */
     lr_schedule_t schedule;
+    bool state_elsewhere;  /* the moments live elsewhere (optimizer offload starting fresh):
+                              optim_create leaves m and v NULL, and fsdp_create keeps no
+                              separate fp32 master on the backend (workers/fsdp.h) */
 } optim_config_t;
 
 typedef struct {

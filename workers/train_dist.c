@@ -230,6 +230,10 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         .lr = o->lr, .min_lr = o->min_lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps,
         .weight_decay = o->weight_decay, .grad_clip = o->grad_clip, .warmup_steps = o->warmup_steps,
         .total_steps = o->steps, .schedule = (lr_schedule_t)o->lr_schedule,
+        /* optimizer offload from scratch (or from the service): the moments and,
+         * on a GPU, the fp32 master never take device memory; a checkpoint
+         * resume loads them on the device first */
+        .state_elsewhere = o->opt_offload && !o->resume,
     };
     if (fsdp_create(&fs, &model, full, d.comm[GROUP_SHARD], d.comm[GROUP_REPLICA], &ocfg, err, sizeof err)) {
         log_error("rank %d: %s", rank, err);

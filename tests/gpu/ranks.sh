@@ -128,4 +128,47 @@ for saver in ckpt "${EXTRA_SAVERS[@]}"; do
         cp "$name.out" "$name.jsonl" "$LOGD/" 2>/dev/null
     done
 done
+
+# --grad-reduce-dtype bf16 on GPU ranks: (S 2, T 2) against one GPU process
+name=$D/w4-s2-t2-bf16grad
+if timeout 300 "$B" train --nproc 4 "${RUN[@]}" --activation-checkpointing --micro-batch $((GB * 2 / 4)) \
+        --hybrid-shard-degree 2 --tensor-parallel-degree 2 --grad-reduce-dtype bf16 --log-json "$name.jsonl" \
+        > "$name.out" 2>&1; then
+    if msg=$(cmp_losses "$D/ref-ckpt.jsonl" "$name.jsonl"); then
+        ok "4 ranks (S 2, T 2), gradients reduced in bf16: losses within $TOL of one GPU ($msg)"
+    else notok "4 ranks (S 2, T 2), gradients reduced in bf16: losses within $TOL of one GPU" "$msg"; fi
+else notok "4 ranks with --grad-reduce-dtype bf16 runs" "$(tail -8 "$name.out")"; fi
+cp "$name.out" "$LOGD/" 2>/dev/null
+
+# sharded checkpoints on GPU ranks: (S 2, T 2) saves at steps 5 and 10;
+# with step 10's directory removed, --resume continues from step 5 and
+# steps 6..10 track the first run's own
+name=$D/w4-s2-t2-ck
+if timeout 300 "$B" train --nproc 4 "${RUN[@]}" --activation-checkpointing --micro-batch $((GB * 2 / 4)) \
+        --hybrid-shard-degree 2 --tensor-parallel-degree 2 --ckpt-dir "$D/ck" --ckpt-every 5 \
+        --log-json "$name-first.jsonl" > "$name.out" 2>&1 && [ -f "$D/ck/step-00000005/manifest.json" ] &&
+   rm -rf "$D/ck/step-00000010" &&
+   timeout 300 "$B" train --nproc 4 "${RUN[@]}" --activation-checkpointing --micro-batch $((GB * 2 / 4)) \
+        --hybrid-shard-degree 2 --tensor-parallel-degree 2 --ckpt-dir "$D/ck" --resume --log-json "$name.jsonl" \
+        >> "$name.out" 2>&1; then
+    msg=$(paste <(losses "$name-first.jsonl" | tail -5) <(losses "$name.jsonl" | tail -5) | awk -v tol=$TOL '
+        { k++; d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1); if (r > w) w = r; if (!(r <= tol)) bad++ }
+        END { printf "%d steps, worst relative difference %.2e", k, w; exit (k != 5 || bad > 0) }')
+    if [ $? -eq 0 ]; then ok "GPU ranks save sharded checkpoints and resume from step 5: $msg"
+    else notok "GPU ranks resume from a sharded checkpoint within $TOL" "$msg"; fi
+else notok "GPU ranks save and resume a sharded checkpoint" "$(tail -8 "$name.out")"; fi
+cp "$name.out" "$LOGD/" 2>/dev/null
+
+# the NCCL path with one rank per communicator: one GPU process in the
+# sharded loop (activation offload puts it there) with --comm nccl
+if [ ${#SAVER_FLAGS_aoff[@]} -gt 0 ] && [ -f "$D/ref-aoff.jsonl" ]; then
+    name=$D/w1-nccl-aoff
+    if timeout 240 "$B" train --nproc 1 "${RUN[@]}" "${SAVER_FLAGS_aoff[@]}" --comm nccl --micro-batch $GB \
+            --log-json "$name.jsonl" > "$name.out" 2>&1; then
+        if msg=$(cmp_losses "$D/ref-aoff.jsonl" "$name.jsonl"); then
+            ok "one GPU rank, NCCL groups of one, activation offload: losses within $TOL ($msg)"
+        else notok "one GPU rank with NCCL: losses within $TOL" "$msg"; fi
+    else notok "one GPU rank with --comm nccl runs" "$(tail -8 "$name.out")"; fi
+    cp "$name.out" "$LOGD/" 2>/dev/null
+else skip "one GPU rank with --comm nccl" "no activation-offload reference run"; fi
 finish
