@@ -110,6 +110,25 @@ static inline int cc_run_ranks(int n, cc_rank_fn fn, void *arg, int timeout_s, i
     return failed;
 }
 
+/* Rank `rank` of an n-rank shm group on segment fd (from
+ * comm_shm_segment_create), slot_bytes per slot, a 30 s peer timeout;
+ * NULL with the message on stderr when it cannot attach. */
+static inline comm_t *cc_open_shm(const char *name, int fd, int n, int rank, size_t slot_bytes) {
+    comm_config_t cfg;
+    comm_config_init(&cfg);
+    cfg.kind = COMM_SHM;
+    cfg.name = name;
+    cfg.n = n;
+    cfg.index = rank;
+    cfg.shm_fd = fd;
+    cfg.slot_bytes = slot_bytes;
+    cfg.timeout_s = 30;
+    char err[COMM_ERR_LEN];
+    comm_t *c = NULL;
+    if (comm_init(&c, &cfg, err, sizeof err)) fprintf(stderr, "rank %d: %s: %s\n", rank, name, err);
+    return c;
+}
+
 /* Anonymous shared memory visible to all forked ranks. */
 static inline void *cc_shared(size_t bytes) {
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -425,21 +425,24 @@ int fsdp_end_step(fsdp_t *f, char *err, size_t errlen) {
     return 0;
 }
 
-/* All-gather n doubles per rank (as fp32 word pairs, copied bit for bit)
- * in a group: host x (n) -> host out (group size * n), through backend
- * memory (the collectives take backend memory). */
-static int gather_doubles(const backend_t *be, comm_t *c, const double *x, size_t n, double *out, char *err,
-                          size_t errlen) {
-    size_t in_b = n * sizeof(double), out_b = (size_t)comm_size(c) * in_b;
+int fsdp_all_gather_host(const backend_t *be, comm_t *c, const void *in, size_t n, void *out, char *err,
+                         size_t errlen) {
+    size_t in_b = n * sizeof(float), out_b = (size_t)comm_size(c) * in_b;
     char *buf = be->alloc(in_b + out_b);
     if (!buf) return errbuf_set(err, errlen, "out of memory"), -ENOMEM;
-    be->from_host(buf, x, in_b);
+    be->from_host(buf, in, in_b);
     comm_req_t *r = NULL;
-    int rc = comm_all_gather(c, buf, buf + in_b, 2 * n, COMM_F32, &r, err, errlen);
+    int rc = comm_all_gather(c, buf, buf + in_b, n, COMM_F32, &r, err, errlen);
     if (!rc) rc = wait_req(&r, err, errlen);
     if (!rc) be->to_host(out, buf + in_b, out_b);
     be->free(buf);
     return rc;
+}
+
+/* All-gather n doubles per rank (as fp32 word pairs, copied bit for bit). */
+static int gather_doubles(const backend_t *be, comm_t *c, const double *x, size_t n, double *out, char *err,
+                          size_t errlen) {
+    return fsdp_all_gather_host(be, c, x, 2 * n, out, err, errlen);
 }
 
 /* Sum of x over the ranks of the TP and shard groups (and the replica group

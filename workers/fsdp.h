@@ -191,6 +191,12 @@ int fsdp_ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen);
 int fsdp_ckpt_read_full(const char *path, const model_t *m, float *params, float *exp_avg, float *exp_avg_sq,
                         int64_t *step, char *err, size_t errlen);
 
+/* All-gather n 4-byte words of host memory per rank of group c into host
+ * out (size(c) * n words), bit for bit, through backend memory (which the
+ * collectives take). 0 or a negative errno with a message. */
+int fsdp_all_gather_host(const backend_t *be, comm_t *c, const void *in, size_t n, void *out, char *err,
+                         size_t errlen);
+
 /* Bytes of sharded state this rank holds in backend memory: gradient,
  * master and moments where present (optimizer offload frees the moments,
  * and the master where the working copy is separate), and a separate

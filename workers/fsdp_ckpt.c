@@ -88,22 +88,6 @@ static size_t piece_floats(const fsdp_t *f) {
     return mx < CKPT_PIECE_FLOATS ? mx : CKPT_PIECE_FLOATS;
 }
 
-/* All-gather n floats of host memory per rank of group c into host out
- * (size(c) * n): through backend memory, which the collectives take. */
-static int gather_host(const backend_t *be, comm_t *c, const float *in, size_t n, float *out, char *err,
-                       size_t errlen) {
-    size_t in_b = n * sizeof(float), out_b = (size_t)comm_size(c) * in_b;
-    char *buf = be->alloc(in_b + out_b);
-    if (!buf) return errbuf_set(err, errlen, "out of memory"), -ENOMEM;
-    be->from_host(buf, in, in_b);
-    comm_req_t *r = NULL;
-    int rc = comm_all_gather(c, buf, buf + in_b, n, COMM_F32, &r, err, errlen);
-    if (!rc) rc = comm_wait(r, err, errlen);
-    if (!rc) be->to_host(out, buf + in_b, out_b);
-    be->free(buf);
-    return rc;
-}
-
 /* A collective "everyone agrees": sums the ranks' failure flags; a rank
  * that failed keeps its own message, the others get one naming the count. */
 static int agree(fsdp_t *f, int failed, const char *what, char *err, size_t errlen) {
@@ -268,8 +252,8 @@ int fsdp_ckpt_save(fsdp_t *f, const char *dir, const ckpt_meta_t *meta, int rank
     int rc = 0;
     memcpy(tpi, info, sizeof info);
     /* (the doubles travel as fp32 word pairs, copied bit for bit) */
-    if (f->T > 1) rc = gather_host(f->be, f->tp, (const float *)info, 4, (float *)tpi, err, errlen);
-    if (!rc) rc = gather_host(f->be, f->shard, (const float *)tpi, 4 * (size_t)f->T, (float *)all, err, errlen);
+    if (f->T > 1) rc = fsdp_all_gather_host(f->be, f->tp, info, 4, tpi, err, errlen);
+    if (!rc) rc = fsdp_all_gather_host(f->be, f->shard, tpi, 4 * (size_t)f->T, all, err, errlen);
     free(tpi);
     failed = rc != 0;
     if (!failed && rank == 0) {

@@ -30,19 +30,8 @@ static double now_s(void) {
 static int rank_fn(int me, int n, void *argp) {
     arg_t *a = argp;
     char err[COMM_ERR_LEN];
-    int ranks[2] = { 0, 1 };
-    comm_config_t cfg;
-    comm_config_init(&cfg);
-    cfg.kind = COMM_SHM;
-    cfg.name = "sw";
-    cfg.n = n;
-    cfg.index = me;
-    cfg.ranks = ranks;
-    cfg.shm_fd = a->fd;
-    cfg.slot_bytes = 64 << 10;
-    cfg.timeout_s = 20;
-    comm_t *c;
-    if (comm_init(&c, &cfg, err, sizeof err)) { fprintf(stderr, "rank %d: %s\n", me, err); return 1; }
+    comm_t *c = cc_open_shm("sw", a->fd, n, me, 64 << 10);
+    if (!c) return 1;
     float *in[2], *out = malloc(LEN * sizeof(float)), *ref = malloc(LEN * sizeof(float));
     for (int i = 0; i < 2; i++) {
         in[i] = malloc(LEN * sizeof(float));
@@ -100,19 +89,8 @@ Test(comm_stream_wait, null_handle_is_an_error) {
 static int hold_rank_fn(int me, int n, void *argp) {
     arg_t *a = argp;
     char err[COMM_ERR_LEN];
-    int ranks[2] = { 0, 1 };
-    comm_config_t cfg;
-    comm_config_init(&cfg);
-    cfg.kind = COMM_SHM;
-    cfg.name = "hold";
-    cfg.n = n;
-    cfg.index = me;
-    cfg.ranks = ranks;
-    cfg.shm_fd = a->fd;
-    cfg.slot_bytes = 64 << 10;
-    cfg.timeout_s = 20;
-    comm_t *c;
-    if (comm_init(&c, &cfg, err, sizeof err)) { fprintf(stderr, "rank %d: %s\n", me, err); return 1; }
+    comm_t *c = cc_open_shm("hold", a->fd, n, me, 64 << 10);
+    if (!c) return 1;
     int bad = 0;
     comm_hold_t h = { 0 };
     float *in[2], *out[HOLD_N], *ref = malloc(HOLD_LEN * sizeof(float));

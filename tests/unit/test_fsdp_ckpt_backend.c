@@ -58,20 +58,7 @@ static optim_config_t tiny_ocfg(void) {
                              .weight_decay = 0.1, .total_steps = 10 };
 }
 
-static comm_t *open_shm(const char *name, int fd, int n, int rank) {
-    comm_config_t cfg;
-    comm_config_init(&cfg);
-    cfg.name = name;
-    cfg.n = n;
-    cfg.index = rank;
-    cfg.shm_fd = fd;
-    cfg.slot_bytes = SLOT;
-    cfg.timeout_s = 30;
-    char err[COMM_ERR_LEN];
-    comm_t *c = NULL;
-    if (comm_init(&c, &cfg, err, sizeof err)) fprintf(stderr, "rank %d: %s: %s\n", rank, name, err);
-    return c;
-}
+static comm_t *open_shm(const char *name, int fd, int n, int rank) { return cc_open_shm(name, fd, n, rank, SLOT); }
 
 /* A communicator of one rank (its own segment). */
 static comm_t *open_solo(const char *name) {
