@@ -72,6 +72,7 @@ void fsdp_destroy(fsdp_t *f) {
     char e[COMM_ERR_LEN];
     const backend_t *be = f->be;
     comm_hold_release(&f->held, e, sizeof e);
+    if (f->m) tp_release(&f->m->tp, e, sizeof e); /* before the communicators go (dist_destroy) */
     for (int i = 0; i < 2; i++) {
         wait_req(&f->rs_req[i], e, sizeof e);
         bfree(be, f->gbuf[i]);
@@ -389,7 +390,7 @@ int fsdp_end_step(fsdp_t *f, char *err, size_t errlen) {
     if (f->T > 1) {
         /* the final norm's gradient covers this rank's rows only */
         tp_all_reduce(&f->m->tp, f->rest_grad + f->rest_norm, (size_t)f->m->cfg.dim);
-        if (f->m->tp.rc) return tp_failed(f, err, errlen);
+        if (f->m->tp.rc || tp_release(&f->m->tp, err, errlen)) return tp_failed(f, err, errlen);
     }
     const backend_t *be = f->be;
     if (shard_bf16(f)) {

@@ -325,10 +325,6 @@ void model_destroy(model_t *m) {
     if (m->tp.rows) be->free(m->tp.rows);
     if (m->tp.lse) be->free(m->tp.lse);
     if (m->tp.xbuf) be->free(m->tp.xbuf);
-    if (m->tp.held.n) {
-        char e[COMM_ERR_LEN];
-        comm_hold_release(&m->tp.held, e, sizeof e);
-    }
     float *ps[] = { m->params, m->grads, m->xf, m->rstdf, m->logits, m->losses, m->dx, m->dtmp, m->ftmp,
                     m->dq, m->dk, m->dv, m->dao, m->dgate, m->dup, m->dh };
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) if (ps[i]) be->free(ps[i]);

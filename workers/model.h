@@ -73,7 +73,9 @@ typedef struct {
     act_t *rows;               /* (N/tp, D) scratch: local rows before a gather / after a reduce-scatter; NULL when size == 1 */
     float *lse;                /* (N) log-sum-exp of each row's logits over the whole vocabulary; NULL when size == 1 */
     float *xbuf;               /* (N * (size + 3)) cross-entropy scratch: row max, gathered maxima, sums; NULL when size == 1 */
-    comm_hold_t held;          /* collectives the compute stream waits for, collected later (tp_release) */
+    comm_hold_t held;          /* collectives the compute stream waits for, collected later (tp_release;
+                                  fsdp releases them at the end of each micro-step and step, and
+                                  before the communicators are destroyed) */
     int rc;                    /* first collective failure (negative errno), 0 when none */
     char err[COMM_ERR_LEN];    /* its message */
 } model_tp_t;
