@@ -37,10 +37,20 @@ static void register_pool(offload_run_t *r, const backend_t *be, int rank) {
     r->reg = reg;   /* pool_register logged the outcome (or why copies stay pageable) */
 }
 
+bool offload_run_opt_durable(const train_opts_t *o) {
+    if (!o->opt_offload) return false;
+    return o->opt_durable == 1 || (o->opt_durable == 0 && o->opt_offload == OPT_OFFLOAD_NVME);
+}
+
 int offload_run_check(const train_opts_t *o, char *err, size_t errlen) {
     if (o->resume_from_service && !o->opt_offload)
         return errbuf_set(err, errlen, "--resume-from-service needs --optimizer-offload host|nvme (the state it resumes "
                           "from lives in ballastd only then)");
+    if (o->resume_from_service && !offload_run_opt_durable(o))
+        return errbuf_set(err, errlen, "--resume-from-service needs durable optimizer state: --optimizer-offload %s keeps "
+                          "it in memory only (%s); give --optimizer-offload-durable yes to the run to be resumed and to "
+                          "the resume, or resume from a checkpoint with --ckpt-dir and --resume", o->opt_offload == OPT_OFFLOAD_NVME ? "nvme" : "host",
+                          o->opt_durable == 2 ? "--optimizer-offload-durable no" : "durability is off by default for host");
     if (o->resume_from_service && o->resume)
         return errbuf_set(err, errlen, "--resume and --resume-from-service both given: pick one (a checkpoint file, or "
                           "the state ballastd holds)");
@@ -72,7 +82,8 @@ int offload_run_open(offload_run_t *r, const train_opts_t *o, fsdp_t *f, int ran
         f->ao = r->ao;
     }
     if (o->opt_offload) {
-        if (!(r->oo = opt_offload_create(f, &r->link, (opt_offload_mode_t)o->opt_offload, world, err, errlen))) return -1;
+        if (!(r->oo = opt_offload_create(f, &r->link, (opt_offload_mode_t)o->opt_offload,
+                                          offload_run_opt_durable(o), world, err, errlen))) return -1;
         if (opt_offload_start(r->oo, o->resume_from_service, start, err, errlen)) return -1;
     }
     return 0;
@@ -95,8 +106,10 @@ void offload_run_describe(const offload_run_t *r, const fsdp_t *f, FILE *out) {
         bool away = opt_offload_master_away(r->oo);
         format_size((away ? 3 : 2) * f->shard_total * sizeof(float), b, sizeof b);
         format_size(opt_offload_staging_bytes(r->oo), st, sizeof st);
-        fprintf(out, "; optimizer: AdamW moments%s in ballastd (%s less memory per rank), streamed per unit",
-                away ? " and fp32 master" : "", b);
+        fprintf(out, "; optimizer: AdamW moments%s in ballastd (%s less memory per rank, %s), streamed per unit",
+                away ? " and fp32 master" : "", b,
+                opt_offload_durable(r->oo) ? "durable: persistent, written to NVMe behind the steps"
+                                           : "not durable: memory only");
         if (opt_offload_staging_bytes(r->oo))
             fprintf(out, " through 2 staging sets in %s memory (%s)", f->be->name, st);
     }
@@ -138,6 +151,12 @@ int offload_run_summary(offload_run_t *r, fsdp_t *f, int rank, FILE *out, char *
 }
 
 void offload_run_close(offload_run_t *r, fsdp_t *f) {
+    if (r->oo) {
+        /* the last step's commits (and, durable, its step record) */
+        char e[1024];
+        if (opt_offload_finish(r->oo, e, sizeof e))
+            log_warn("rank %u: optimizer offload at shutdown: %s", r->link.rank, e);
+    }
     if (r->ao) act_offload_destroy(r->ao);
     if (f && f->ao == r->ao) f->ao = NULL;
     opt_offload_destroy(r->oo);

@@ -26,6 +26,10 @@ typedef struct {
                                   (workers/backend_cuda/pool_register.h) */
 } offload_run_t;
 
+/* Whether the flags make the optimizer state durable
+ * (--optimizer-offload-durable; auto = yes for nvme, no for host). */
+bool offload_run_opt_durable(const train_opts_t *o);
+
 /* Check the flag combination (no service contact). */
 int offload_run_check(const train_opts_t *o, char *err, size_t errlen);
 
@@ -61,7 +65,9 @@ size_t offload_run_staging_bytes(const offload_run_t *r);
  * printed by rank 0 to out as one "offload:" line. */
 int offload_run_summary(offload_run_t *r, fsdp_t *f, int rank, FILE *out, char *err, size_t errlen);
 
-/* Tear down (before model_destroy). */
+/* Tear down (before model_destroy). Optimizer offload first collects the
+ * last step's commits and, when durable, writes its step record (a failure
+ * there is logged as a warning). */
 void offload_run_close(offload_run_t *r, fsdp_t *f);
 
 #endif

@@ -47,12 +47,15 @@ struct opt_offload {
     fsdp_t *f;
     offload_link_t *link;
     opt_offload_mode_t mode;
+    bool durable;          /* persistent blobs and step records (--optimizer-offload-durable) */
     int world;
     uint64_t layout;       /* oo_record_t.layout of this run */
-    int64_t version;       /* newest complete version in ballastd, -1 = none */
+    int64_t version;       /* newest version fully written (its commits may still run), -1 = none */
+    int64_t pending;       /* version whose commits are not collected yet (collect_version), -1 = none */
+    int64_t recorded;      /* durable: newest version acknowledged with its step record written, -1 = none */
     int64_t freed_below;   /* versions below this are freed (or never existed) */
     oc_handle_t *get_h;    /* (n_units) reads in flight */
-    oc_handle_t *put_h;    /* (n_units) commits in flight */
+    oc_handle_t *put_h;    /* (n_units) commits in flight (of version `version`, or the one being written) */
     oc_buf_t *old, *nw;    /* (n_units) regions of the version read and the one written */
     oc_key_t *nkey;        /* (n_units) keys of the version written */
     bool *old_held;        /* (n_units) old[u] is a read region not yet released (oc_get_done) */
@@ -98,6 +101,8 @@ size_t opt_offload_staging_bytes(const opt_offload_t *o) {
 
 bool opt_offload_master_away(const opt_offload_t *o) { return o->master_away; }
 
+bool opt_offload_durable(const opt_offload_t *o) { return o->durable; }
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -118,8 +123,8 @@ static void xfer_wait(opt_offload_t *o, be_xfer_t **x) {
 
 /* ---- life cycle ---- */
 
-opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_mode_t mode, int world, char *err,
-                                  size_t errlen) {
+opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_mode_t mode, bool durable, int world,
+                                  char *err, size_t errlen) {
     if (mode != OPT_OFFLOAD_HOST && mode != OPT_OFFLOAD_NVME) {
         errbuf_set(err, errlen, "opt_offload_create: mode must be host or nvme");
         return NULL;
@@ -147,9 +152,12 @@ opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_m
     o->f = f;
     o->link = link;
     o->mode = mode;
+    o->durable = durable;
     o->world = world;
     o->layout = layout_hash(f, world);
     o->version = -1;
+    o->pending = -1;
+    o->recorded = -1;
     o->in_place = offload_link_in_place(f->be);
     for (int u = 0; u < f->n_units; u++) if (f->chunk[u] > o->maxc) o->maxc = f->chunk[u];
     for (int i = 0; i < 2; i++) o->stage[i].unit = -1;
@@ -213,14 +221,20 @@ static int read_record(opt_offload_t *o, int slot, oo_record_t *r, char *err, si
     return 1;
 }
 
+/* Durable only (a no-op otherwise): the record "step s is complete on this
+ * rank", in slot s % 2, written synchronously (one small persistent put:
+ * acknowledged once on NVMe). */
 static int write_record(opt_offload_t *o, int64_t s, char *err, size_t errlen) {
+    if (!o->durable) return 0;
     oo_record_t r = { .step = (uint64_t)s, .layout = o->layout, .shard_total = o->f->shard_total, .S = o->f->S,
                       .sidx = o->f->sidx, .world = o->world, .n_units = o->f->n_units };
     memcpy(r.magic, OO_MAGIC, 8);
     oc_key_t k = record_key(o, (int)(s % 2));
     /* the slot holds step s - 2's record, no longer needed: step s - 1's is in the other */
     if (offload_link_free(o->link, &k, err, errlen)) return -1;
-    return offload_link_put(o->link, &k, &r, sizeof r, true, err, errlen);
+    if (offload_link_put(o->link, &k, &r, sizeof r, true, err, errlen)) return -1;
+    o->recorded = s;
+    return 0;
 }
 
 /* Wait for every commit of the version being written; host: pin it. */
@@ -240,6 +254,66 @@ static int finish_version(opt_offload_t *o, int64_t v, char *err, size_t errlen)
         }
     }
     return 0;
+}
+
+static bool pinning(const opt_offload_t *o) { return o->mode == OPT_OFFLOAD_HOST && oc_is_shared(o->link->c); }
+
+/* Not durable: unit u's blob of version v is acknowledged, so its blob of
+ * version v - 1 goes at once (host: the new one pinned first). At most one
+ * version plus the units in flight stay in ballastd. */
+static int unit_replaced(opt_offload_t *o, int64_t v, int u, char *err, size_t errlen) {
+    oc_key_t kn = state_key(o, u, v), ko = state_key(o, u, v - 1);
+    if (pinning(o)) {
+        if (oc_pin(o->link->c, &kn) != OC_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
+        oc_unpin(o->link->c, &ko);   /* may hold none */
+    }
+    return offload_link_free(o->link, &ko, err, errlen);
+}
+
+/* Not durable: take the commits of version v that are already acknowledged
+ * (oc_wait with timeout 0 polls, never blocks) and free what they replace. */
+static int reap_commits(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
+    for (int u = 0; u < o->f->n_units; u++) {
+        if (!o->put_h[u]) continue;
+        oc_status_t st = oc_wait(o->link->c, o->put_h[u], NULL, 0);
+        if (st == OC_DEADLINE_EXCEEDED) continue;
+        o->put_h[u] = 0;
+        if (st != OC_OK) return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
+        if (unit_replaced(o, v, u, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+/* The lazy end of the version written last (o->pending), at the latest
+ * before it is read back (the next step, a checkpoint) or at shutdown:
+ * wait for its commits still in flight (they ran behind the forward and
+ * backward since; the host's wait counts as exposed offload wait). Durable:
+ * they are on NVMe then; pin the version (host) and write its step record.
+ * Not durable: free what each commit replaced. `when` says where, for the
+ * debug log. Nothing to do when nothing is pending. */
+static int collect_version(opt_offload_t *o, const char *when, char *err, size_t errlen) {
+    int64_t v = o->pending;
+    if (v < 0) return 0;
+    if (o->durable) {
+        if (finish_version(o, v, err, errlen) || write_record(o, v, err, errlen)) return -1;
+    } else {
+        for (int u = 0; u < o->f->n_units; u++) {
+            if (!o->put_h[u]) continue;
+            oc_handle_t h = o->put_h[u];
+            o->put_h[u] = 0;
+            if (offload_link_wait(o->link, h, NULL, "storing optimizer state in ballastd", err, errlen) ||
+                unit_replaced(o, v, u, err, errlen))
+                return -1;
+        }
+    }
+    o->pending = -1;
+    log_debug("rank %u: optimizer state of step %lld acknowledged by ballastd%s %s", o->link->rank, (long long)v,
+              o->durable ? " (on NVMe), step record written" : ", the previous version freed", when);
+    return 0;
+}
+
+int opt_offload_finish(opt_offload_t *o, char *err, size_t errlen) {
+    return collect_version(o, "at shutdown", err, errlen);
 }
 
 /* With a separate working copy (bf16 on CUDA) the fp32 master chunks
@@ -264,7 +338,7 @@ static int store_initial(opt_offload_t *o, char *err, size_t errlen) {
         oc_key_t k = state_key(o, u, v0);
         oc_buf_t b;
         size_t c = f->chunk[u], off = f->shard_off[u];
-        if (offload_link_put_alloc(o->link, &k, blob_bytes(f, u), true, &b, err, errlen)) return -1;
+        if (offload_link_put_alloc(o->link, &k, blob_bytes(f, u), o->durable, &b, err, errlen)) return -1;
         if (f->opt.m) {
             f->be->to_host(b.ptr, f->opt.m + off, c * sizeof(float));
             f->be->to_host((float *)b.ptr + c, f->opt.v + off, c * sizeof(float));
@@ -303,6 +377,7 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
         int rc = 0;
         for (int i = 0; i < 2 && !rc; i++) {
             if (!have[i]) continue;
+            /* record r: versions r - 1 and r complete, r + 1 written lazily (complete or partial) */
             for (int64_t v = (int64_t)r[i].step - 1; v <= (int64_t)r[i].step + 1 && !rc; v++)
                 rc = free_version(o, v, err, errlen);
         }
@@ -313,6 +388,9 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
         if (!rc) rc = store_initial(o, err, errlen);
         return rc;
     }
+    if (!o->durable)
+        return errbuf_set(err, errlen, "--resume-from-service needs durable optimizer state: give "
+                          "--optimizer-offload-durable yes (to the run to be resumed as well)");
     /* the last step complete on this rank, then on every rank */
     int64_t best = -1;
     for (int i = 0; i < 2; i++) if (have[i] && (int64_t)r[i].step > best) best = (int64_t)r[i].step;
@@ -356,7 +434,9 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
     }
     /* versions other than c and c - 1 (partial or stale), and a record of
      * step c + 1 that the other ranks never matched, go */
-    if (free_version(o, c + 1, err, errlen) || free_version(o, c - 2, err, errlen)) return -1;
+    if (free_version(o, c + 1, err, errlen) || free_version(o, c + 2, err, errlen) ||
+        free_version(o, c - 2, err, errlen))
+        return -1;
     for (int i = 0; i < 2; i++) {
         if (have[i] && (int64_t)r[i].step > c) {
             oc_key_t k = record_key(o, i);
@@ -371,6 +451,7 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
     }
     if (f->wact != (act_t *)f->master) fsdp_state_changed(f); /* the working copy follows the loaded master */
     o->version = c;
+    o->recorded = c;   /* this rank's record of c is in its slot (a newer one was freed above) */
     o->freed_below = c - 1 > 0 ? c - 1 : 0;
     f->opt.step = c;
     *start = c;
@@ -437,7 +518,7 @@ static int receive_unit(opt_offload_t *o, int64_t s, int u, char *err, size_t er
         if (oc_get_async(c, &kx, &o->get_h[u + 1]) != OC_OK) return offload_link_fail(err, errlen, "reading optimizer state");
     }
     oc_key_t kn = state_key(o, u, s);
-    if (offload_link_put_alloc(o->link, &kn, blob_bytes(f, u), true, &o->nw[u], err, errlen)) return -1;
+    if (offload_link_put_alloc(o->link, &kn, blob_bytes(f, u), o->durable, &o->nw[u], err, errlen)) return -1;
     o->nw_held[u] = true;
     return 0;
 }
@@ -452,7 +533,8 @@ static int release_unit(opt_offload_t *o, int64_t s, int u, char *err, size_t er
     if (oc_put_commit_async(c, &kn, &o->nw[u], &o->put_h[u]) != OC_OK)
         return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
     offload_link_count(o->link, blob_bytes(o->f, u), 0);
-    return 0;
+    /* not durable: old blobs go as soon as their replacements are acknowledged */
+    return o->durable ? 0 : reap_commits(o, s, err, errlen);
 }
 
 /* The CPU backend in place: the moments are copied from the old blob into
@@ -547,9 +629,31 @@ int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, c
     if (o->version != s - 1)
         return errbuf_set(err, errlen, "optimizer offload: step %lld follows version %lld in ballastd", (long long)s,
                           (long long)o->version);
-    /* every rank committed record s - 1 before this step's collectives */
-    for (int64_t v = o->freed_below; v <= s - 2; v++)
-        if (free_version(o, v, err, errlen)) return -1;
+    /* version s - 1's commits ran behind this step's forward and backward;
+     * they must be in before it is read back */
+    char when[64];
+    snprintf(when, sizeof when, "at the start of step %lld", (long long)s);
+    if (collect_version(o, when, err, errlen)) return -1;
+    if (o->durable) {
+        /* version s - 2 may go once every rank's record of s - 1 is on NVMe
+         * (a resume then starts at s - 1 or later): this rank's was written
+         * just now, the others' before they reach this sum */
+        if (o->world > 1) {
+            double sum;
+            char ce[COMM_ERR_LEN];
+            if (fsdp_sum_all(f, (double)o->recorded, &sum, ce, sizeof ce)) return errbuf_set(err, errlen, "%s", ce);
+            if (sum != (double)o->world * (double)(s - 1))
+                return errbuf_set(err, errlen, "optimizer offload: at step %lld the ranks' step records in ballastd "
+                                  "disagree (this rank: %lld, sum over %d ranks %.0f)", (long long)s,
+                                  (long long)o->recorded, o->world, sum);
+        } else if (o->recorded != s - 1) {
+            return errbuf_set(err, errlen, "optimizer offload: step record %lld in ballastd before step %lld",
+                              (long long)o->recorded, (long long)s);
+        }
+        for (int64_t v = o->freed_below; v <= s - 2; v++)
+            if (free_version(o, v, err, errlen)) return -1;
+    }
+    /* (not durable: each unit's version s - 2 went when its s - 1 came) */
     if (s - 1 > o->freed_below) o->freed_below = s - 1;
 
     f->opt.step++;
@@ -573,15 +677,19 @@ int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, c
         abort_step(o, s);
         return -1;
     }
-    if (finish_version(o, s, err, errlen) || write_record(o, s, err, errlen)) return -1;
+    /* the commits of version s run on behind the next forward and backward
+     * (durable: to NVMe); collected at the start of step s + 1, before a
+     * checkpoint, or at shutdown (collect_version) */
     o->version = s;
-    return 0;
+    o->pending = s;
+    return o->durable ? 0 : reap_commits(o, s, err, errlen);
 }
 
 /* ---- checkpoints ---- */
 
 int opt_offload_load_moments(opt_offload_t *o, char *err, size_t errlen) {
     fsdp_t *f = o->f;
+    if (collect_version(o, "before reading it back for a checkpoint", err, errlen)) return -1;
     f->opt.m = f->be->alloc(f->shard_total * sizeof(float));
     f->opt.v = f->be->alloc(f->shard_total * sizeof(float));
     if (o->master_away) f->master = f->be->alloc(f->shard_total * sizeof(float));

@@ -87,11 +87,12 @@ static const opt_t train_options[] = {
     { "activation-offload", OPT_BOOL, "false", 0, 0, NULL, "send each kept block input to ballastd as it is produced; fetch it back for backward", &g_opts.act_offload },
     { "activation-loading-horizon", OPT_INT, "2", 0, 1 << 20, NULL, "with --activation-offload: fetch block inputs this many blocks before backward needs them", &g_opts.act_horizon },
     { "optimizer-offload", OPT_ENUM, "none", 0, 0, "none|host|nvme", "keep AdamW moments (and a master copy) in ballastd: host = pinned in its pool, nvme = may spill", &g_opts.opt_offload },
+    { "optimizer-offload-durable", OPT_ENUM, "auto", 0, 0, "auto|yes|no", "optimizer state in ballastd durable for --resume-from-service (persistent blobs written to NVMe behind the steps, a step record per step) or memory only, freed as replaced; auto = yes for nvme, no for host", &g_opts.opt_durable },
     { "offload-socket", OPT_STRING, "unix:/run/ballast/ballastd.sock", 0, 0, NULL, "ballastd's Unix socket (shared-memory mode)", &g_opts.offload_socket },
     { "offload-remote", OPT_STRING, NULL, 0, 0, NULL, "HOST:PORT of a ballastd serving TCP (remote mode: bytes travel in gRPC messages)", &g_opts.offload_remote },
     { "offload-job", OPT_STRING, "ballast-train", 0, 0, NULL, "job name of this run's blobs in ballastd (1..63 of [A-Za-z0-9._-]; the same name to resume)", &g_opts.offload_job },
     { "offload-token-file", OPT_STRING, NULL, 0, 0, NULL, "file with the token ballastd asks for (its --token-file); unset: none", &g_opts.offload_token_file },
-    { "resume-from-service", OPT_BOOL, "false", 0, 0, NULL, "continue from the last finished step whose state ballastd holds (needs --optimizer-offload)", &g_opts.resume_from_service },
+    { "resume-from-service", OPT_BOOL, "false", 0, 0, NULL, "continue from the last finished step whose state ballastd holds (needs --optimizer-offload with durable state: nvme, or --optimizer-offload-durable yes)", &g_opts.resume_from_service },
 };
 #define N_OPTS (sizeof train_options / sizeof train_options[0])
 

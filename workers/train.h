@@ -63,6 +63,7 @@ typedef struct {
     bool act_offload;         /* --activation-offload: kept block inputs go to ballastd */
     int64_t act_horizon;      /* --activation-loading-horizon H: blocks fetched ahead in backward */
     int opt_offload;          /* --optimizer-offload: 0 none, 1 host, 2 nvme */
+    int opt_durable;          /* --optimizer-offload-durable: 0 auto (yes for nvme, no for host), 1 yes, 2 no */
     const char *offload_socket; /* ballastd's Unix socket ("unix:/path" or a path) */
     const char *offload_remote; /* "host:port": remote mode instead of the socket; NULL = off */
     const char *offload_job;  /* job name of this run's blobs in ballastd */

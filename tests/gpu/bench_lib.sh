@@ -9,8 +9,10 @@
 #   LOG   a directory for the logs   PY   python3
 # and may set GPU_BENCH_DRYRUN=1 (below). The functions, all prefixed gb_:
 #
-#   gb_model_dims MODEL      "PARAMS LAYERS DIM VOCAB" of a preset (the
-#                            worker's own count, llama_total_params)
+#   gb_model_dims MODEL      "PARAMS LAYERS DIM VOCAB UNIT" of a preset
+#                            (PARAMS: the worker's own count,
+#                            llama_total_params; UNIT: floats of the largest
+#                            unit, a block or the embedding/head unit)
 #   gb_step_stats FILE WARM  one JSON object from a --log-json file: mean
 #                            ms/step and tokens/s over the steps after the
 #                            first WARM, exposed offload wait, bytes moved,
@@ -22,7 +24,10 @@
 #                            GPU_DISK_BYTES overrides)
 #   gb_need KIND MODEL       GB_NEED_DEV, GB_NEED_HOST, GB_NEED_DISK,
 #                            GB_POOL, GB_SPILL for a run of KIND (plain,
-#                            actoff, optoff) at seq 4096, micro-batch 1
+#                            actoff, optoff = --optimizer-offload host,
+#                            optnvme = --optimizer-offload nvme, both with
+#                            --optimizer-offload-durable no) at seq 4096,
+#                            micro-batch 1
 #   gb_fits KIND MODEL       exit 0 when gb_need fits gb_capacity, else
 #                            prints why not (one line) and exits 1
 #   gb_worker_bench NAME KIND MODEL LIMIT_S [worker flags...]
@@ -36,28 +41,41 @@
 #
 # ---- What fits on the GPU machine (one H200: about 140 GiB of GPU memory,
 # 16 cores, 128 GiB host memory, 64 GiB disk) ----
-# P = parameters. One process trains the whole model (world 1):
-# - device: the single-process loop holds bf16 working weights (2 B/P), the
-#   fp32 master (4), gradients (4) and AdamW moments (8) = 18 B/P; an
-#   offload run goes through the sharded loop (S = T = 1), which builds the
-#   model (10 B/P) and then its sharded state (10 B/P) before dropping the
-#   first: 20 B/P at start-up, also with --optimizer-offload (its moments go
-#   to ballastd after that). Plus activations (checkpointed block inputs,
-#   one block's internals, the logits) and ~2 GiB of workspaces.
-#   llama3.2-1b 32 GB, llama3.2-3b 72 GB, llama2-7b 140 GB (fits, barely),
-#   llama2-13b 267 GB (does not fit).
+# P = parameters, U = floats of the largest unit (for these presets the
+# embedding/head unit). One process trains the whole model (world 1):
+# - device without optimizer offload (plain, actoff): bf16 working weights
+#   (2 B/P), the fp32 master (4), gradients (4) and AdamW moments (8) =
+#   18 B/P (the sharded loop that offload runs go through no longer holds
+#   the model twice at start-up). Plus activations (checkpointed block
+#   inputs, one block's internals, the logits) and ~2 GiB of workspaces.
+#   llama3.2-1b 30 GB, llama3.2-3b 66 GB, llama2-7b 127 GB (fits),
+#   llama2-13b 241 GB (does not fit).
+# - device with optimizer offload: the bf16 working copy (2 B/P) and the
+#   fp32 gradient (4) = 6 B/P; the master and the moments stay in ballastd
+#   and stream through two staging sets of the largest unit (24 bytes a
+#   float of it, both sets). Plus activations. llama2-7b 52 GB, llama2-13b
+#   93 GB: both fit on the H200.
 # - host, the worker: the random initial weights are made on the host and
-#   copied once more for the sharded state: 8 B/P for a moment.
+#   copied once more for the sharded state: 8 B/P for a moment, gone before
+#   the first optimizer version enters ballastd's pool; a host copy of the
+#   master (4 B/P) may be held while that version is written. So with
+#   optimizer offload the host needs max(8 B/P, 4 B/P + pool) + 2 GiB
+#   (ballastd's pool pages are touched only when blobs are written).
 # - ballastd with --optimizer-offload: m, v and the master, 12 B/P per
-#   version, and up to two versions live (docs/offload.md): 24 B/P. Both
-#   modes write every version through to the spill tier (persistent blobs
-#   are durable at commit), so the spill tier needs 24 B/P of disk; host
-#   pins the current version in the pool, so the pool needs 12 B/P at
-#   least. llama3.2-1b: 30 GB of spill; llama3.2-3b 77 GB; llama2-7b
-#   162 GB; llama2-13b 312 GB. On a 64 GiB disk only llama3.2-1b fits, so
-#   the goal of 13B at seq 4096 cannot be met on that machine: it needs a
-#   GPU with ~267 GB at start-up (or a start-up that does not hold the
-#   model twice) and ~312 GB of NVMe.
+#   version. The benchmarks run it with --optimizer-offload-durable no (no
+#   resume from the service needed): plain blobs, nothing written to NVMe
+#   unless the pool is full, and each unit's old version freed once its new
+#   one is in, so one version lives: a pool of 12 B/P + 2 GiB of slack and
+#   a fixed 1 GiB spill tier (never used). llama3.2-1b 17 GB of pool,
+#   llama3.2-3b 41 GB, llama2-7b 83 GB: fits the 128 GiB machine.
+#   llama2-13b needs 156 GB of pool: more than the host memory, so the
+#   largest-model run uses --optimizer-offload nvme (optnvme): the pool gets
+#   what the host has left (host - 4 B/P - 2 GiB, about 83 GB) and the spill
+#   tier must hold the rest of the version (about 76 GB, written and read
+#   back every step): more than the 64 GiB disk, so 13B is skipped there
+#   with these figures; it needs ~93 GB of GPU memory and 156 GB of pool
+#   and spill tier together. (A durable run, the default of nvme, would
+#   write every version through to NVMe: 24 B/P of spill.)
 # - ballastd with --activation-offload only: the offloaded block inputs of
 #   a micro-step, (L + 1 - K) x T x D x 2 bytes (K = horizon + 2 resident),
 #   twice, plus 1 GiB: about 3 GB for llama2-7b; a 1 GiB spill tier that is
@@ -103,8 +121,9 @@ gb_model_dims() {
     awk -v m="$1" '
         $1 == m { D = $2; L = $3; H = $4; KV = $5; Dh = $6; F = $7; V = $8; tie = $9
                   blk = D * H * Dh + 2 * D * KV * Dh + H * Dh * D + 3 * D * F + 2 * D
-                  p = blk * L + V * D * (tie ? 1 : 2) + D
-                  printf "%.0f %d %d %d\n", p, L, D, V; found = 1 }
+                  rest = V * D * (tie ? 1 : 2) + D
+                  p = blk * L + rest
+                  printf "%.0f %d %d %d %.0f\n", p, L, D, V, (blk > rest ? blk : rest); found = 1 }
         END { exit !found }' <<'EOF'
 llama2-7b   4096 32 32 32 128 11008 32000  0
 llama2-13b  5120 40 40 40 128 13824 32000  0
@@ -183,29 +202,43 @@ gb_human() { awk -v b="$1" 'BEGIN { if (b >= 1e9) printf "%.1f GB", b / 1e9; els
 # Sizes of one run at seq SEQ (default GB_SEQ), micro-batch GB_MB,
 # activation checkpointing on (every worker benchmark uses it).
 gb_need() {   # KIND MODEL [SEQ]
-    local kind=$1 seq=${3:-$GB_SEQ} dims P L D V act off
+    local kind=$1 seq=${3:-$GB_SEQ} dims P L D V U act off room
     dims=$(gb_model_dims "$2") || return 1
-    read -r P L D V <<< "$dims"
+    read -r P L D V U <<< "$dims"
     # checkpointed block inputs, one block's internals (generous), logits and their gradient, workspaces
     act=$(( (L + 1) * seq * GB_MB * D * 2 + 40 * seq * GB_MB * D * 2 + seq * GB_MB * V * 8 + 2 * GiB ))
-    GB_NEED_DEV=$(( 20 * P + act ))
+    GB_NEED_DEV=$(( 18 * P + act ))
+    GB_DEV_WHAT="18 B/param + activations"
     GB_NEED_HOST=$(( 8 * P + 2 * GiB ))
-    GB_NEED_DISK=0 GB_POOL=0 GB_SPILL=0
+    GB_NEED_DISK=0 GB_POOL=0 GB_SPILL=0 GB_DISK_WHAT=""
     case $kind in
     plain) ;;
     actoff)
         off=$(( L - 3 > 0 ? L - 3 : 1 ))   # L + 1 - K block inputs leave per micro-step, K = 2 + 2 (horizon 2)
         GB_POOL=$(( 2 * off * seq * GB_MB * D * 2 + GB_SLACK ))
-        GB_SPILL=$GB_SLACK ;;
-    optoff)
-        # both versions in the pool when the host has room, else the pinned one
-        # (the version being written is on NVMe from its commit on: evictable)
-        GB_POOL=$(( 24 * P + 2 * GB_SLACK ))
-        [ $(( GB_POOL + GB_NEED_HOST )) -gt "${GB_HOST_BYTES:-0}" ] && GB_POOL=$(( 12 * P + 2 * GB_SLACK ))
-        GB_SPILL=$(( 24 * P + GB_SLACK )) ;;
+        GB_SPILL=$GB_SLACK
+        GB_NEED_HOST=$(( GB_NEED_HOST + GB_POOL )) ;;
+    optoff|optnvme)
+        # --optimizer-offload-durable no: one version (12 B/P) in the pool
+        GB_NEED_DEV=$(( 6 * P + 24 * U + act ))
+        GB_DEV_WHAT="6 B/param + 2 staging sets of the largest unit + activations"
+        GB_POOL=$(( 12 * P + 2 * GB_SLACK ))
+        GB_SPILL=$GB_SLACK
+        if [ "$kind" = optnvme ]; then
+            # the pool gets what the host has left, the spill tier the rest of the version
+            room=$(( ${GB_HOST_BYTES:-0} - 4 * P - 2 * GiB ))
+            [ "$room" -lt $(( 2 * GB_SLACK )) ] && room=$(( 2 * GB_SLACK ))
+            if [ "$GB_POOL" -gt "$room" ]; then
+                GB_SPILL=$(( GB_POOL - room + GB_SLACK ))
+                GB_DISK_WHAT=" (one version of m, v and master is $(gb_human $(( 12 * P ))) at 12 B/param; the host leaves room for a pool of $(gb_human $room), the spill tier holds the rest)"
+                GB_POOL=$room
+            fi
+        fi
+        GB_NEED_HOST=$(( 4 * P + GB_POOL ))
+        [ "$GB_NEED_HOST" -lt $(( 8 * P )) ] && GB_NEED_HOST=$(( 8 * P ))
+        GB_NEED_HOST=$(( GB_NEED_HOST + 2 * GiB )) ;;
     *) echo "gb_need: unknown kind $kind" >&2; return 1 ;;
     esac
-    GB_NEED_HOST=$(( GB_NEED_HOST + GB_POOL ))
     GB_NEED_DISK=$GB_SPILL
 }
 
@@ -215,13 +248,13 @@ gb_fits() {   # KIND MODEL
     if [ "$GB_DEV_BYTES" -le 0 ]; then
         why="no GPU found (nvidia-smi; GPU_DEVICE_BYTES overrides)"
     elif [ "$GB_NEED_DEV" -gt "$GB_DEV_BYTES" ]; then
-        why="GPU memory: needs ~$(gb_human $GB_NEED_DEV) (20 B/param at start-up + activations), the GPU has $(gb_human $GB_DEV_BYTES)"
+        why="GPU memory: needs ~$(gb_human $GB_NEED_DEV) ($GB_DEV_WHAT), the GPU has $(gb_human $GB_DEV_BYTES)"
     fi
     if [ "$GB_NEED_HOST" -gt "$GB_HOST_BYTES" ]; then
-        why="${why:+$why; }host memory: needs ~$(gb_human $GB_NEED_HOST) (ballastd pool $(gb_human $GB_POOL) + the worker's start-up), $(gb_human $GB_HOST_BYTES) available"
+        why="${why:+$why; }host memory: needs ~$(gb_human $GB_NEED_HOST) (ballastd pool $(gb_human $GB_POOL)$(case $1 in optoff|optnvme) echo ': 12 B/param, one version of m, v and master';; esac) + the worker's start-up), $(gb_human $GB_HOST_BYTES) available"
     fi
     if [ "$GB_NEED_DISK" -gt "$GB_DISK_BYTES" ]; then
-        why="${why:+$why; }disk: ballastd's spill tier needs $(gb_human $GB_NEED_DISK)$([ "$1" = optoff ] && echo ' (two versions of m, v and master, 24 B/param, written through)'), $(gb_human $GB_DISK_BYTES) free under $GB_SPILL_ROOT"
+        why="${why:+$why; }disk: ballastd's spill tier needs $(gb_human $GB_NEED_DISK)$GB_DISK_WHAT, $(gb_human $GB_DISK_BYTES) free under $GB_SPILL_ROOT"
     fi
     [ -z "$why" ] && return 0
     echo "$why"
@@ -289,7 +322,7 @@ gb_worker_bench() {   # NAME KIND MODEL LIMIT_S [flags...]
         gb_need "$kind" "$run_model" "$seq"   # pools sized for the model that runs
     fi
     dims=$(gb_model_dims "$run_model")
-    read -r P L D V <<< "$dims"
+    read -r P L D V _ <<< "$dims"
     data=$(gb_data "$V") || { gb_skip "$name" "ballast data synth failed"; return 1; }
     d=$GB_WORK/$name
     rm -rf "$d"; mkdir -p "$d"

@@ -48,12 +48,15 @@
 #                             --activation-offload on vs off (goal: on < 3%
 #                             slower), then on with every block input
 #                             resident (the loop without the copies)
-#                           optoff: --optimizer-offload host on vs off on
+#                           optoff: --optimizer-offload host
+#                             --optimizer-offload-durable no on vs off on
 #                             the largest of llama3.2-3b, llama3.2-1b where
 #                             both fit
 #                           largest: the first of llama2-13b, llama2-7b,
 #                             llama3.2-3b, llama3.2-1b that fits with
-#                             --optimizer-offload, its tokens/s
+#                             --optimizer-offload nvme
+#                             --optimizer-offload-durable no (pool what the
+#                             host has, spill the rest), its tokens/s
 #                           2 warm-up + 3 timed steps each, step times from
 #                           the worker's --log-json records
 #   5. a short table, last
@@ -417,7 +420,7 @@ if want optoff; then
     done
     if [ -n "$OPT_MODEL" ]; then
         gb_worker_bench opt-off plain "$OPT_MODEL" 150
-        gb_worker_bench opt-on optoff "$OPT_MODEL" 200 --optimizer-offload host
+        gb_worker_bench opt-on optoff "$OPT_MODEL" 200 --optimizer-offload host --optimizer-offload-durable no
         gb_ratio optimizer_offload opt-on opt-off ""
     else
         gb_skip opt-off "no preset fits both with and without optimizer offload here"
@@ -427,7 +430,7 @@ if want largest; then
     # the largest model that trains with optimizer offload: the first that fits
     LARGEST=""
     for m in llama2-13b llama2-7b llama3.2-3b llama3.2-1b; do
-        if why=$(gb_fits optoff "$m"); then LARGEST=$m; break; fi
+        if why=$(gb_fits optnvme "$m"); then LARGEST=$m; break; fi
         gb_skip "largest-$m" "$why"
     done
     if [ -z "$LARGEST" ]; then
@@ -435,7 +438,7 @@ if want largest; then
     elif [ "$LARGEST" = "$OPT_MODEL" ] && grep -q '"name": "opt-on"' "$RES"; then
         gb_say "largest with optimizer offload: $LARGEST, measured above as opt-on"
         "$PY" -c 'import json, sys; print(json.dumps({"kind": "largest", "model": sys.argv[1], "from": "opt-on"}))' "$LARGEST" >> "$RES"
-    elif gb_worker_bench "largest-$LARGEST" optoff "$LARGEST" 240 --optimizer-offload nvme; then
+    elif gb_worker_bench "largest-$LARGEST" optnvme "$LARGEST" 240 --optimizer-offload nvme --optimizer-offload-durable no; then
         "$PY" -c 'import json, sys; print(json.dumps({"kind": "largest", "model": sys.argv[1], "from": sys.argv[2]}))' \
             "$LARGEST" "largest-$LARGEST" >> "$RES"
     fi

@@ -13,10 +13,12 @@
 #   with the pools the plan gives; gpu_train's flags through the Makefile
 #   build's gpu_train), on the figures of the H200 machine (140 GiB GPU,
 #   128 GiB host memory; 60 GB of free disk): activation offload moves
-#   bytes only when on, the resident variant none; optimizer offload falls
-#   back from llama3.2-3b to llama3.2-1b for lack of disk; the largest-model
-#   plan skips llama2-13b (GPU memory) and llama2-7b (disk) with the
-#   figures; the records' ms/step equal the mean of the copied JSON logs.
+#   bytes only when on, the resident variant none; optimizer offload (not
+#   durable: one version, 12 B/param, in the pool, nothing on disk) runs on
+#   llama3.2-3b; the largest-model plan skips llama2-13b (its 156 GB
+#   version needs a 73 GB spill tier beside the 83 GB pool the host allows;
+#   60 GB of disk) with the figures and trains llama2-7b; the records' ms/step
+#   equal the mean of the copied JSON logs.
 # - A GPU too small, a spent budget and a failing worker are reported as
 #   skipped, and run.sh still exits 0.
 source "$(dirname "$0")/../lib.sh"
@@ -149,16 +151,28 @@ if "--activation-offload" not in w["act-on-7b"]["command"] or "--activation-offl
     bad.append("act-on/off command lines")
 if "--activation-loading-horizon 3" not in w["act-res-7b"]["command"]:
     bad.append("act-res horizon is not L - 1 = 3 for small: " + w["act-res-7b"]["command"])
-if w["opt-on"]["model"] != "llama3.2-1b" or "--optimizer-offload host" not in w["opt-on"]["command"]:
+if (w["opt-on"]["model"] != "llama3.2-3b" or "--optimizer-offload host" not in w["opt-on"]["command"]
+        or "--optimizer-offload-durable no" not in w["opt-on"]["command"]):
     bad.append(f"opt-on: model {w['opt-on']['model']}, {w['opt-on']['command']}")
 if not w["opt-on"]["offload_to_host_bytes"] > 0:
     bad.append("opt-on moved no bytes")
-if not any(r.get("kind") == "largest" and r["model"] == "llama3.2-1b" for r in rows):
-    bad.append("no largest record for llama3.2-1b")
-if "GPU memory: needs ~266.9 GB" not in skip.get("largest-llama2-13b", ""):
-    bad.append("13b skip: " + str(skip.get("largest-llama2-13b")))
-if "disk: ballastd's spill tier needs 161.8 GB" not in skip.get("largest-llama2-7b", ""):
-    bad.append("7b skip: " + str(skip.get("largest-llama2-7b")))
+if not any(r.get("kind") == "largest" and r["model"] == "llama2-7b" and r["from"] == "largest-llama2-7b" for r in rows):
+    bad.append("no largest record for llama2-7b")
+elif ("largest-llama2-7b" not in w or "--optimizer-offload nvme --optimizer-offload-durable no" not in w["largest-llama2-7b"]["command"]
+        or w["largest-llama2-7b"]["bench"] != "optnvme"):
+    bad.append("largest-llama2-7b: " + str(w.get("largest-llama2-7b", {}).get("command")))
+# 13B (13,015,864,320 parameters): 12 B/param = 156.2 GB a version; the pool gets the host's 128 GiB
+# - 4 B/param - 2 GiB = 83.2 GB, the spill tier the rest of the version plus the pool's 2 slacks and its own
+# (a dry run's slack: 32 MiB) = 73.1 GB > 60 GB of disk; its GPU memory (93 GB) fits
+P13, GiB, slack = 13015864320, 1 << 30, 32 << 20
+room = 137438953472 - 4 * P13 - 2 * GiB
+spill = "%.1f GB" % ((12 * P13 + 2 * slack - room + slack) / 1e9)
+s13 = skip.get("largest-llama2-13b", "")
+if ("disk: ballastd's spill tier needs " + spill not in s13 or "156.2 GB at 12 B/param" not in s13
+        or "pool of %.1f GB" % (room / 1e9) not in s13 or "GPU memory" in s13):
+    bad.append("13b skip: " + str(s13))
+if "largest-llama2-7b" in skip:
+    bad.append("7b skipped: " + skip["largest-llama2-7b"])
 ratios = {r["what"]: r for r in rows if r.get("kind") == "ratio"}
 if set(ratios) != {"activation_offload", "optimizer_offload"}:
     bad.append(f"ratios {sorted(ratios)}")
@@ -175,8 +189,8 @@ for n, r in w.items():
 print("; ".join(bad))
 EOF
 )
-if [ -z "$msg" ]; then t_ok "dry run: offload on/off/resident, optimizer offload on 1B, largest plan, ratios, figures from the logs"
-else t_fail "dry run: offload on/off/resident, optimizer offload on 1B, largest plan, ratios, figures from the logs" "$msg"; fi
+if [ -z "$msg" ]; then t_ok "dry run: offload on/off/resident, optimizer offload (not durable) on 3B, largest plan (7B; 13B skipped for disk), ratios, figures from the logs"
+else t_fail "dry run: offload on/off/resident, optimizer offload (not durable) on 3B, largest plan, ratios, figures from the logs" "$msg"; fi
 if [ -x "$ROOT/$BUILD/tests/gpu/gpu_train" ]; then
     n=$(grep -c '"kind":"dryrun","what":"ours-[17]b\(-fp8\)\?","ok":true' "$R")
     if [ "$n" = 4 ]; then t_ok "dry run: gpu_train accepts the flags of ours-1b, ours-7b and both FP8 runs"
@@ -185,7 +199,7 @@ else
     t_skip "dry run of gpu_train's flags" "no $BUILD/tests/gpu/gpu_train (CUDA parts not built)"
 fi
 if grep -q 'activation offload on vs off (llama2-7b):' "$D/full.out" && grep -q 'DRY RUN' "$D/full.out" &&
-   grep -q 'largest model trained with optimizer offload on one GPU: llama3.2-1b' "$D/full.out"; then
+   grep -q 'largest model trained with optimizer offload on one GPU: llama2-7b' "$D/full.out"; then
     t_ok "dry run: the table names the ratios, the largest model and that it was a dry run"
 else
     t_fail "dry run: the table names the ratios, the largest model and that it was a dry run" "$(tail -15 "$D/full.out")"

@@ -219,6 +219,115 @@ if grep -qE "offload: .* \(all ranks: $want and $want bytes\)" "$D/w1-s1-A.out";
     t_ok "world 1, horizon 1: $want bytes to ballastd and back, as the layout implies"
 else t_fail "activation bytes" "want $want each way: $(grep -E '^offload: .*all ranks' "$D/w1-s1-A.out")"; fi
 
+# Optimizer-offload durability (--optimizer-offload-durable; auto: yes for
+# nvme, no for host, so saver B above ran without and C with durability).
+# Durable or not, the same bits: world 1 in place, host with and without
+# durability and nvme without, against saver C (nvme, durable); world 2
+# (S 2) staged and late with host durable against no offload, with debug
+# logs: the commits of step s are collected, and its step record written,
+# at the start of step s + 1 (lazily, not at the end of step s), and the
+# last step's at shutdown, on both ranks.
+for dv in "host yes" "host no" "nvme no"; do
+    set -- $dv
+    name=w1-s1-O$1-$2
+    if run $name 1 1 1 --optimizer-offload $1 --optimizer-offload-durable $2; then
+        t_check "world 1, --optimizer-offload $1 --optimizer-offload-durable $2: bit-identical losses to nvme (durable)" \
+            losses "$D/w1-s1-C.jsonl" "$D/$name.jsonl" 0
+    else t_fail "world 1, --optimizer-offload $1 --optimizer-offload-durable $2 runs" "$(tail -3 "$D/$name.out")"; fi
+done
+name=w2-s2-Hd-staged
+if BALLAST_LOG_LEVEL=debug BALLAST_OFFLOAD_STAGE=1 run $name 2 2 1 --optimizer-offload host --optimizer-offload-durable yes &&
+   grep -q "offload copies staged through backend memory" "$D/$name.out"; then
+    t_check "world 2 (S 2), host durable, staged and late: bit-identical losses to no offload" \
+        losses "$D/w2-s2-ref.jsonl" "$D/$name.jsonl" 0
+    lagok=1 why=""
+    for r in 0 1; do
+        for s in $(seq 1 $STEPS); do
+            when="at the start of step $((s + 1))"; [ $s = $STEPS ] && when="at shutdown"
+            grep -q "rank $r: optimizer state of step $s acknowledged by ballastd (on NVMe), step record written $when" \
+                "$D/$name.out" || { lagok=0; why="rank $r, step $s: no record written $when"; }
+        done
+    done
+    n=$(grep -c "step record written" "$D/$name.out")
+    if [ $lagok = 1 ] && [ "$n" = $((2 * STEPS)) ]; then
+        t_ok "durable: each step's commits collected and its record written at the start of the next step, the last at shutdown ($n records)"
+    else t_fail "durable records lag one step" "${why:-$n records written, want $((2 * STEPS))}"; fi
+    if grep -q "optimizer: .*durable: persistent" "$D/$name.out" && grep -q "optimizer: .*not durable" "$D/w2-s2-B-staged.out"; then
+        t_ok "the describe line says durable / not durable"
+    else t_fail "durability in the describe line" "$(grep -h 'optimizer:' "$D/$name.out" "$D/w2-s2-B-staged.out" | head -2)"; fi
+else t_fail "world 2, host durable staged runs" "$(tail -3 "$D/$name.out")"; fi
+
+# What reaches ballastd's NVMe tier (`ballast status --json`), one ballastd
+# for these runs only, world 1, 4 layers (5 units), 10 steps, host mode:
+# not durable: no persistent blob, no spill write; durable: 11 versions
+# (0..10) of 5 persistent blobs plus 11 step records written to NVMe, and
+# two versions plus the two record slots left for --resume-from-service;
+# then a fresh non-durable run of the same job clears those and writes
+# nothing to NVMe.
+if bd_start dur "$D" --pool-bytes 16M --spill-dir "$D/spill-dur" --spill-bytes 32M --spill-file-bytes 8M --no-mlock; then
+    units=$(( $(sed -nE 's/.*"num_hidden_layers": ([0-9]+).*/\1/p' "$D/cfg.json") + 1 ))
+    DS=(--offload-socket "$(bd_sock dur)" --offload-job dj --optimizer-offload host)
+    stat2() { bd_json dur '"%d %d" % (d["persistent_blobs"], d["spill_writes"])'; }
+    if run dur-nd1 1 1 1 "${DS[@]}"; then
+        got=$(stat2)
+        [ "$got" = "0 0" ] && t_ok "host, not durable: no persistent blob, no spill write (persistent_blobs, spill_writes = $got)" ||
+            t_fail "host, not durable, ballastd status" "persistent_blobs, spill_writes = $got, want 0 0"
+        t_check "host, not durable: bit-identical losses to nvme (durable)" losses "$D/w1-s1-C.jsonl" "$D/dur-nd1.jsonl" 0
+    else t_fail "host, not durable, runs" "$(tail -3 "$D/dur-nd1.out")"; fi
+    if run dur-d1 1 1 1 "${DS[@]}" --optimizer-offload-durable yes; then
+        got=$(stat2) want="$((2 * units + 2)) $(((STEPS + 1) * (units + 1)))"
+        [ "$got" = "$want" ] && t_ok "host, durable: persistent_blobs, spill_writes = $got (2 versions x $units units + 2 records left; $((STEPS + 1)) versions and records written)" ||
+            t_fail "host, durable, ballastd status" "persistent_blobs, spill_writes = $got, want $want"
+    else t_fail "host, durable, runs" "$(tail -3 "$D/dur-d1.out")"; fi
+    if run dur-nd2 1 1 1 "${DS[@]}" --optimizer-offload-durable no; then
+        got=$(stat2) want="0 $(((STEPS + 1) * (units + 1)))"
+        [ "$got" = "$want" ] && t_ok "a fresh non-durable run of the job clears the durable run's blobs and writes nothing to NVMe ($got)" ||
+            t_fail "fresh non-durable run after a durable one" "persistent_blobs, spill_writes = $got, want $want"
+    else t_fail "non-durable run after a durable one runs" "$(tail -3 "$D/dur-nd2.out")"; fi
+else t_fail "ballastd for the durability runs starts" "$(tail -3 "$D/dur.log")"; fi
+
+# Not durable, one version at a time: each unit's old blob goes as soon as
+# its new one is acknowledged, so ballastd holds one version plus the units
+# in flight. A ballastd with no spill tier (a full pool fails at once) and a
+# 2 MiB pool: the 8-layer model's state is 1.31 MB a version (9 units,
+# 3 x 109,088 floats), so one version plus three units fit and two versions
+# would not; in place and staged (two units in flight), 10 steps, the same
+# losses as in a roomy pool. A 1 MiB pool (less than one version) fails.
+if bd_start tight "$D" --pool-bytes 2M --no-mlock && bd_start tiny "$D" --pool-bytes 1M --no-mlock; then
+    fit=$($PY - "$D/cfg8.json" <<'EOF3'
+import json, sys
+c = json.load(open(sys.argv[1]))
+D, L, H, F, V, Hkv = (c[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                                     "vocab_size", "num_key_value_heads"))
+Dh = D // H
+units = [H * Dh * D + 2 * Hkv * Dh * D + D * H * Dh + 3 * F * D + 2 * D] * L + [2 * V * D + D]
+blob = [-(-12 * u // 4096) * 4096 for u in units]     # 4 KiB-rounded
+one, pool = sum(blob), 2 << 20
+print(1 if one + 3 * max(blob) <= pool < 2 * one and one > (1 << 20) else 0, one)
+EOF3
+)
+    if [ "${fit%% *}" = 1 ]; then
+        T8=(--model "$D/cfg8.json" --optimizer-offload host --offload-socket "$(bd_sock tight)")
+        if run tight-ip 1 1 1 "${T8[@]}" && BALLAST_OFFLOAD_STAGE=1 run tight-st 1 1 1 "${T8[@]}" &&
+           run roomy8 1 1 1 --model "$D/cfg8.json" --optimizer-offload host; then
+            t_check "not durable, 2 MiB pool < 2 versions (${fit#* } bytes each), in place: the losses of a roomy pool" \
+                losses "$D/roomy8.jsonl" "$D/tight-ip.jsonl" 0
+            t_check "not durable, 2 MiB pool, staged and late: the losses of a roomy pool" losses "$D/roomy8.jsonl" "$D/tight-st.jsonl" 0
+        else t_fail "not durable in a 2 MiB pool runs" "$(tail -n 3 "$D/tight-ip.out" "$D/tight-st.out" "$D/roomy8.out" 2>&1)"; fi
+        t_expect_fail "not durable, 1 MiB pool (less than one version): refused by ballastd" "RESOURCE_EXHAUSTED" \
+            timeout 60 "$W" "${COMMON[@]}" --model "$D/cfg8.json" --micro-batch 4 --optimizer-offload host \
+            --offload-socket "$(bd_sock tiny)" --offload-job tiny
+    else t_fail "pool sizes for the one-version check" "one version + 3 units <= 2 MiB < 2 versions does not hold: $fit"; fi
+else t_fail "small ballastds start" "$(tail -3 "$D/tight.log" "$D/tiny.log")"; fi
+
+# --resume-from-service needs durable state: refused up front otherwise
+t_expect_fail "--resume-from-service with --optimizer-offload host (not durable by default) is refused" \
+    "needs durable optimizer state.*--optimizer-offload-durable yes" \
+    timeout 60 "$W" "${COMMON[@]}" --micro-batch 2 --optimizer-offload host --resume-from-service
+t_expect_fail "--resume-from-service with --optimizer-offload nvme --optimizer-offload-durable no is refused" \
+    "needs durable optimizer state.*--optimizer-offload-durable yes" \
+    timeout 60 "$W" "${COMMON[@]}" --micro-batch 2 --optimizer-offload nvme --optimizer-offload-durable no --resume-from-service
+
 # remote mode: the same numbers with the bytes inside gRPC messages
 if run w1-s1-remote 1 1 1 "${SAVER_A[@]}" "${SAVER_C[@]}" --offload-remote "127.0.0.1:$PORT" &&
    grep -q "remote mode" "$D/w1-s1-remote.out"; then

@@ -2,6 +2,9 @@
 # train_offload_resume.sh: the launcher and ballastd across a crash, and
 # optimizer offload through a pool smaller than the optimizer state.
 #
+# Runs 1-3 resume from the service, so their optimizer state must be
+# durable: --optimizer-offload nvme is (--optimizer-offload-durable auto).
+#
 # 1. `ballast train --nproc 2` (replicas 1, S 2) with --activation-offload
 #    and --optimizer-offload nvme and nothing on the offload socket starts a
 #    ballastd for the run (spill directory under the run directory), trains
@@ -21,7 +24,11 @@
 #    is smaller than one copy of the optimizer state (1.25M for an 8-layer
 #    variant: 3 x 109,088 floats), staged: the same losses as a roomy pool
 #    in place, and `ballast status --json` shows spilled bytes and
-#    evictions.
+#    evictions; the same not durable, in place (--optimizer-offload-durable
+#    no: nothing persistent, only evictions write to the spill tier): the
+#    same losses, spill writes and no persistent blob. (In place holds
+#    three blobs of up to 200K at once, staged four: in a 1M pool a
+#    contiguous free extent for the next one is less assured.)
 # 5. A staged optimizer-offload run (2 ranks, S 2) saving checkpoints at
 #    steps 5 and 10, then --resume from step 5, staged: the moments and
 #    master come back from ballastd for each checkpoint; every loss and the
@@ -148,6 +155,14 @@ if timeout 120 "${ONE[@]}" --offload-socket "$(bd_sock big)" --log-json "$D/big.
         t_ok "ballast status --json: spilled_bytes $sp, evictions $ev"
     else t_fail "spill shown in status" "spilled_bytes '$sp', evictions '$ev'"; fi
 else t_fail "small-pool runs" "$(tail -n 3 "$D/small.out" "$D/big.out")"; fi
+if bd_start small2 "$D" --pool-bytes 1M --spill-dir "$D/spill-small2" --spill-bytes 64M --spill-file-bytes 16M --no-mlock &&
+   timeout 120 "${ONE[@]}" --optimizer-offload-durable no --offload-socket "$(bd_sock small2)" \
+       --log-json "$D/small2.jsonl" > "$D/small2.out" 2>&1; then
+    t_check "pool 1M, not durable, in place: the same losses as a 64M pool" same "$D/big.jsonl" "$D/small2.jsonl"
+    got=$(bd_json small2 '"%d %d %d" % (d["persistent_blobs"], d["spill_writes"] > 0, d["evictions"] > 0)')
+    [ "$got" = "0 1 1" ] && t_ok "not durable through a small pool: evictions write to the spill tier, no persistent blob" ||
+        t_fail "not durable, small pool, status" "persistent_blobs, spill writes > 0, evictions > 0 = $got"
+else t_fail "small-pool run, not durable" "$(tail -n 3 "$D/small2.out" "$D/small2.log" 2>&1)"; fi
 
 # 5. checkpoints of a staged optimizer-offload run, and --resume from one
 CK=("$BALLAST" train --nproc 2 "${COMMON[@]}" --steps 10 --micro-batch 2 --hybrid-shard-degree 2
