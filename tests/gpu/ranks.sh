@@ -66,7 +66,7 @@ RUN=(--backend ${RANKS_BACKEND:-cuda} --model "$D/m.json" --data "$D/c.bin" --in
 SAVER_FLAGS_aoff=() SAVER_FLAGS_ooff=()
 if [ ${#EXTRA_SAVERS[@]} -gt 0 ]; then
     if [ -x "$BIN/ballastd" ]; then
-        # --optimizer-offload keeps its state in persistent blobs: they need a spill directory
+        # a spill directory for --optimizer-offload (host mode is not durable by default and never writes to it)
         "$BIN/ballastd" --socket "$D/ballastd.sock" --pool-bytes 2G --spill-dir "$D/spill" --spill-bytes 2G \
             --spill-file-bytes 256M --no-mlock > "$D/ballastd.out" 2>&1 &
         DPID=$!
