@@ -40,3 +40,15 @@ int comm_wait(comm_req_t *req, char *err, size_t errlen) {
     (void)req;
     return no_comm("wait", NULL, err, errlen);
 }
+
+int comm_use(comm_hold_t *h, comm_req_t **req, void *stream, char *err, size_t errlen) {
+    (void)h; (void)stream;
+    if (req) *req = NULL;
+    return no_comm("use", NULL, err, errlen);
+}
+
+int comm_hold_release(comm_hold_t *h, char *err, size_t errlen) {
+    (void)err; (void)errlen;
+    h->n = 0; /* nothing is ever held here */
+    return 0;
+}
