@@ -137,6 +137,9 @@ WRAP(adamw,
       float ss, float bc2, float gs, act_t *pa),
      (p, g, m, v, n, lr, b1, b2, eps, wd, ss, bc2, gs, pa))
 WRAP(acc, (float *y, const float *x, size_t n), (y, x, n))
+WRAP(to_bf16, (void *d, const float *s, size_t n), (d, s, n))
+WRAP(acc_bf16, (float *y, const void *x, size_t n), (y, x, n))
+WRAP(from_bf16, (float *y, const void *x, size_t n), (y, x, n))
 WRAP(vp_embedding_fwd, (act_t *out, const int32_t *tok, const act_t *wte, int N, int D, int64_t lo, int Vt),
      (out, tok, wte, N, D, lo, Vt))
 WRAP(vp_embedding_bwd, (float *dwte, const act_t *dout, const int32_t *tok, int N, int D, int64_t lo, int Vt),
@@ -175,7 +178,7 @@ static void build(void) {
     SET(rmsnorm_fwd); SET(rmsnorm_bwd); SET(matmul_fwd); SET(matmul_bwd); SET(rope_fwd); SET(rope_bwd);
     SET(attention_fwd); SET(attention_bwd); SET(swiglu_fwd); SET(swiglu_bwd); SET(xent_fwd); SET(xent_bwd);
     SET(adamw); SET(acc); SET(vp_embedding_fwd); SET(vp_embedding_bwd); SET(vp_xent_max); SET(vp_xent_stats);
-    SET(vp_xent_finish); SET(vp_xent_bwd);
+    SET(vp_xent_finish); SET(vp_xent_bwd); SET(to_bf16); SET(acc_bf16); SET(from_bf16);
 #undef SET
     /* host_alloc / host_free and attention_state_numel stay the CPU's;
      * copies are synchronous through to_host / from_host */

@@ -18,7 +18,8 @@
 #     weights move by lr-sized amounts in slightly different directions
 #     (lr 3e-3, 10 steps); fp32 sharded runs are within 1e-5 / 1e-4 of
 #     the same reference (fsdp_losses.sh).
-# And a bad value is refused with the choices named.
+# The same bits on the scrambled test backend (memory that is not host
+# memory). And a bad value is refused with the choices named.
 source "$(dirname "$0")/../lib.sh"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 B=$BIN/ballast
@@ -65,6 +66,14 @@ for lay in "1 4" "2 2" "4 1"; do
     t_check "$what: bf16 parameters within 2e-2 of one process in fp32" \
         $PY "$CMP" params "$D/ref.st" "$D/bf16-r$R-s$S.st" 2e-2
 done
+
+# the bf16 ops go through the backend table: on a backend whose memory is
+# not host memory (the scrambled test backend, BALLAST_TEST_SCRAMBLED_BACKEND=1:
+# every byte XOR 0x5A, collectives staged) the run is the same bits
+if BALLAST_TEST_SCRAMBLED_BACKEND=1 run4 scr-bf16-r2-s2 2 bf16 && grep -q "scrambled test backend" "$D/scr-bf16-r2-s2.out"; then
+    t_check "(replicas 2, S 2), bf16 reduction on the scrambled backend: the same bits as on the CPU backend" \
+        $PY "$CMP" params "$D/bf16-r2-s2.st" "$D/scr-bf16-r2-s2.st" 0
+else t_fail "bf16 reduction on the scrambled backend runs" "$(tail -3 "$D/scr-bf16-r2-s2.out")"; fi
 
 if "$W" "${COMMON[@]}" --micro-batch $GB --steps 1 --grad-reduce-dtype fp16 > "$D/bad.out" 2>&1; then
     t_fail "--grad-reduce-dtype fp16 refused" "it ran"
