@@ -19,6 +19,7 @@
 #   - one process, or a damaged shard, are refused with a message naming
 #     the problem.
 source "$(dirname "$0")/../lib.sh"
+source "$(dirname "$0")/fsdp.lib"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 B=$BIN/ballast
 W=$BIN/ballast-worker
@@ -26,12 +27,7 @@ PY=/usr/bin/python3
 D=$(t_tmpdir)
 [ -x "$W" ] || { t_fail "ballast-worker built" "missing $W"; t_done; exit 1; }
 
-"$B" data synth --out "$D/c.bin" --tokens 60000 --vocab 256 --seed 4 >/dev/null 2>&1 ||
-    { t_fail "synth corpus" "ballast data synth failed"; t_done; exit 1; }
-# heads 8 / kv 4, MLP 128, vocab 256: T = 2 and 4 divide everything
-printf '%s\n' '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,' \
-    ' "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128,' \
-    ' "rms_norm_eps": 1e-5}' > "$D/m.json"
+fsdp_tiny "$D" 4
 CMP="$ROOT/tests/integration/fsdp_cmp.py"
 ARGS=(--model "$D/m.json" --init-seed 3 --data "$D/c.bin" --seq-len 32 --micro-batch 2 --grad-accum 2 --steps 8
       --lr 3e-3 --warmup-steps 2 --min-lr 1e-4 --grad-clip 0.5 --threads 1 --rdzv-timeout 60s)

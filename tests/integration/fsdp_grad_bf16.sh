@@ -21,6 +21,7 @@
 # The same bits on the scrambled test backend (memory that is not host
 # memory). And a bad value is refused with the choices named.
 source "$(dirname "$0")/../lib.sh"
+source "$(dirname "$0")/fsdp.lib"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 B=$BIN/ballast
 W=$BIN/ballast-worker
@@ -31,11 +32,7 @@ D=$(t_tmpdir)
 if ! $PY -c 'import numpy' 2>/dev/null; then
     t_skip "bf16 gradient reduction" "no numpy for /usr/bin/python3 (apt-get install python3-numpy)"; t_done; exit 0
 fi
-"$B" data synth --out "$D/c.bin" --tokens 60000 --vocab 256 --seed 5 >/dev/null 2>&1 ||
-    { t_fail "synth corpus" "ballast data synth failed"; t_done; exit 1; }
-printf '%s\n' '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,' \
-    ' "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128,' \
-    ' "rms_norm_eps": 1e-5}' > "$D/m.json"
+fsdp_tiny "$D" 5
 STEPS=10 GB=8 SEQ=32 ACC=2 NP=4
 COMMON=(--model "$D/m.json" --data "$D/c.bin" --init-seed 7 --data-order shuffled --data-seed 9 --seq-len $SEQ
         --grad-accum $ACC --steps $STEPS --lr 3e-3 --warmup-steps 2 --min-lr 1e-4 --grad-clip 0.5 --threads 1

@@ -35,6 +35,7 @@
 # that never starts is named; a worker killed with SIGKILL makes the
 # launcher stop the others and name it.
 source "$(dirname "$0")/../lib.sh"
+source "$(dirname "$0")/fsdp.lib"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 B=$BIN/ballast
 W=$BIN/ballast-worker
@@ -46,13 +47,10 @@ if ! $PY -c 'import numpy' 2>/dev/null; then
     t_skip "fsdp losses" "no numpy for /usr/bin/python3 (apt-get install python3-numpy)"; t_done; exit 0
 fi
 
-"$B" data synth --out "$D/c.bin" --tokens 60000 --vocab 256 --seed 5 >/dev/null 2>&1 &&
+# heads 8 / kv 4 (grouped-query), MLP 128, vocab 256: every count divides by 4
+fsdp_tiny "$D" 5
 "$B" data synth --out "$D/c254.bin" --tokens 60000 --vocab 254 --seed 6 >/dev/null 2>&1 ||
     { t_fail "synth corpus" "ballast data synth failed"; t_done; exit 1; }
-# heads 8 / kv 4 (grouped-query), MLP 128, vocab 256: every count divides by 4
-printf '%s\n' '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,' \
-    ' "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 128,' \
-    ' "rms_norm_eps": 1e-5}' > "$D/m.json"
 # tied embeddings, vocab 254: at T 4 rank 3 holds 62 real rows and 2 of padding
 printf '%s\n' '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,' \
     ' "num_key_value_heads": 4, "intermediate_size": 96, "vocab_size": 254, "max_position_embeddings": 128,' \

@@ -59,17 +59,23 @@ static int rank_fn(int me, int n, void *argp) {
     return bad;
 }
 
-Test(comm_stream_wait, shm_blocks_until_done_and_keeps_the_handle) {
+/* Two forked ranks on a fresh segment run fn; returns rank 0's waited[0]. */
+static double run_two(cc_rank_fn fn) {
     char err[COMM_ERR_LEN];
     arg_t a;
     a.fd = comm_shm_segment_create(2, 64 << 10, err, sizeof err);
     cr_assert_geq(a.fd, 0, "%s", err);
     a.waited = cc_shared(2 * sizeof(double));
     cr_assert_not_null(a.waited);
-    int failed = cc_run_ranks(2, rank_fn, &a, 30, NULL);
-    cr_assert_eq(failed, 0, "%d ranks failed (messages above)", failed);
-    cr_expect_geq(a.waited[0], LATE_MS * 0.8e-3, "rank 0 waited %.3f s for a peer %d ms late", a.waited[0], LATE_MS);
+    int failed = cc_run_ranks(2, fn, &a, 30, NULL);
     close(a.fd);
+    cr_assert_eq(failed, 0, "%d ranks failed (messages above)", failed);
+    return a.waited[0];
+}
+
+Test(comm_stream_wait, shm_blocks_until_done_and_keeps_the_handle) {
+    double w = run_two(rank_fn);
+    cr_expect_geq(w, LATE_MS * 0.8e-3, "rank 0 waited %.3f s for a peer %d ms late", w, LATE_MS);
 }
 
 Test(comm_stream_wait, null_handle_is_an_error) {
@@ -128,15 +134,6 @@ static int hold_rank_fn(int me, int n, void *argp) {
 }
 
 Test(comm_stream_wait, comm_use_keeps_a_bounded_set_and_counts_the_wait) {
-    char err[COMM_ERR_LEN];
-    arg_t a;
-    a.fd = comm_shm_segment_create(2, 64 << 10, err, sizeof err);
-    cr_assert_geq(a.fd, 0, "%s", err);
-    a.waited = cc_shared(2 * sizeof(double));
-    cr_assert_not_null(a.waited);
-    int failed = cc_run_ranks(2, hold_rank_fn, &a, 30, NULL);
-    cr_assert_eq(failed, 0, "%d ranks failed (messages above)", failed);
-    cr_expect_geq(a.waited[0], LATE_MS * 0.8e-3, "rank 0's exposed communication is %.3f s with a peer %d ms late",
-                  a.waited[0], LATE_MS);
-    close(a.fd);
+    double w = run_two(hold_rank_fn);
+    cr_expect_geq(w, LATE_MS * 0.8e-3, "rank 0's exposed communication is %.3f s with a peer %d ms late", w, LATE_MS);
 }
