@@ -27,19 +27,14 @@
 # combinations are refused.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/ballastd.lib"
+source "$(dirname "$0")/fsdp.lib"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 W=$BIN/ballast-worker
 PY=/usr/bin/python3
 D=$(t_tmpdir)
 [ -x "$W" ] && [ -x "$BALLASTD" ] || { t_fail "binaries built" "missing $W or $BALLASTD"; t_done; exit 1; }
 
-"$BALLAST" data synth --out "$D/c.bin" --tokens 60000 --vocab 256 --seed 11 >/dev/null 2>&1 ||
-    { t_fail "synth corpus" "ballast data synth failed"; t_done; exit 1; }
-cat > "$D/cfg.json" <<'JSON'
-{"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4,
- "num_key_value_heads": 2, "intermediate_size": 88, "vocab_size": 256, "max_position_embeddings": 64,
- "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false}
-JSON
+offload_tiny "$D" 11
 bd_start main "$D" --pool-bytes 64M --spill-dir "$D/spill" --spill-bytes 64M --spill-file-bytes 16M --no-mlock --listen 127.0.0.1:0 ||
     { t_fail "ballastd starts" "$(tail -3 "$D/main.log")"; t_done; exit 1; }
 SOCK=$(bd_sock main)
