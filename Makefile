@@ -59,7 +59,6 @@ NVCCFLAGS   ?= -O2 -g -std=c++17 $(CUDA_ARCHS) -Xcompiler -fPIC,-Wall -I. -Icomm
 CUDA_LIBS    = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lnccl -lstdc++
 
 # ---- collected by the module.mk fragments ----
-LIBS         :=        # static libraries, in link order (most dependent first)
 BINS         :=        # programs under $(BUILD)/bin
 UNIT_TESTS   :=        # Criterion programs under $(BUILD)/tests
 CUDA_OBJS    :=        # objects from .cu files
@@ -67,9 +66,11 @@ GEN_SRCS     :=        # generated C sources
 
 COMMON_LIB   := $(BUILD)/lib/libballast_common.a
 
-# Link a program from its own objects ($^) and every library of the tree.
+# Link a program from its own objects ($^) and the libraries it names in
+# LINK_LIBS (a target-specific variable, most dependent first: each program
+# links only what it uses).
 LINK = @mkdir -p $(@D); echo "  LD   $@"; \
-       $(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) -Wl,--start-group $(LIBS) -Wl,--end-group $(LDLIBS) $(EXTRA_LIBS)
+       $(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LINK_LIBS) $(LDLIBS) $(EXTRA_LIBS)
 
 .PHONY: all build deps test run bench asan tsan valgrind clean help check-deps
 .DEFAULT_GOAL := all
@@ -99,10 +100,6 @@ include common/module.mk
 include $(wildcard services/*/module.mk)
 include workers/module.mk
 include tests/module.mk
-
-# Every program links every library of the tree (LINK), so each depends on
-# all of them, whichever fragment defined it.
-$(BINS) $(UNIT_TESTS): $(LIBS)
 
 build: report $(BINS) $(UNIT_TESTS) $(BUILD)/.cuda-stamp
 

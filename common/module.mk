@@ -24,7 +24,7 @@ $(COMMON_LIB): $(COMMON_OBJS)
 	@echo "  AR   $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-LIBS += $(COMMON_LIB)
+
 
 # ballast_build_info (common/metrics.c): the git commit and the CUDA release
 # are baked into metrics.o; a stamp file rebuilds it when either changes.

@@ -28,6 +28,7 @@
  * modular arithmetic) on every read of the other counter, before any entry
  * is touched; slot indexes are masked, so no access leaves the mapping. */
 #include "ring.h"
+#include "clock.h"
 #include "errbuf.h"
 
 #include <errno.h>
@@ -192,12 +193,6 @@ static void doorbell_drain(int fd) {
     while (read(fd, &v, sizeof v) < 0 && errno == EINTR) {}
 }
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* poll() fd for input for up to timeout_ms (< 0: forever). 0 if readable,
  * -ETIMEDOUT, -errno. */
 static int poll_in(int fd, int timeout_ms) {
@@ -285,13 +280,13 @@ void ring_disarm_space(ring_t *r) {
 
 int ring_wait_space(ring_t *r, int timeout_ms) {
     if (r->space_fd < 0) return -EINVAL;
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {
         int rc = ring_arm_space(r);
         if (rc != 0) return rc < 0 ? rc : 0;
         int left = -1;
         if (deadline >= 0) {
-            int64_t l = deadline - now_ms();
+            int64_t l = deadline - clock_now_ms();
             if (l <= 0) {
                 ring_disarm_space(r);
                 return -ETIMEDOUT;
@@ -305,13 +300,13 @@ int ring_wait_space(ring_t *r, int timeout_ms) {
 }
 
 int ring_push_wait(ring_t *r, const void *entry, int timeout_ms) {
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {
         int rc = ring_push(r, entry);
         if (rc != -EAGAIN) return rc;
         int left = -1;
         if (deadline >= 0) {
-            int64_t l = deadline - now_ms();
+            int64_t l = deadline - clock_now_ms();
             left = l > 0 ? (int)l : 0;
         }
         rc = ring_wait_space(r, left);
@@ -383,13 +378,13 @@ void ring_disarm_data(ring_t *r) {
 
 int ring_wait_data(ring_t *r, int timeout_ms) {
     if (r->data_fd < 0) return -EINVAL;
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {
         int rc = ring_arm_data(r);
         if (rc != 0) return rc < 0 ? rc : 0;
         int left = -1;
         if (deadline >= 0) {
-            int64_t l = deadline - now_ms();
+            int64_t l = deadline - clock_now_ms();
             if (l <= 0) {
                 ring_disarm_data(r);
                 return -ETIMEDOUT;
@@ -403,13 +398,13 @@ int ring_wait_data(ring_t *r, int timeout_ms) {
 }
 
 int ring_pop_wait(ring_t *r, void *entry, int timeout_ms) {
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {
         int rc = ring_pop(r, entry);
         if (rc != -EAGAIN) return rc;
         int left = -1;
         if (deadline >= 0) {
-            int64_t l = deadline - now_ms();
+            int64_t l = deadline - clock_now_ms();
             left = l > 0 ? (int)l : 0;
         }
         rc = ring_wait_data(r, left);

@@ -19,7 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "workers/comm.h"
+#include "workers/comm/comm.h"
 
 static inline uint64_t cc_mix(uint64_t x) { /* splitmix64 */
     x += 0x9E3779B97F4A7C15ULL;

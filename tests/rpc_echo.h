@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "rpc.h"
 #include "test/echo.pb-c.h"
 
@@ -20,12 +21,6 @@
 
 static atomic_int echo_user_seen;   /* set when a handler saw its user pointer, path, peer */
 static int echo_user_token = 42;    /* its address is the method's user pointer */
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* xorshift64*: seeded, never all zeros */
 static uint64_t rnd(uint64_t *s) {

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "workers/cli.h"
+#include "workers/cli/cli.h"
 
 #pragma weak cmd_train
 #pragma weak cmd_data

@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "log.h"
-#include "workers/train.h"
+#include "workers/train/train.h"
 
 int main(int argc, char **argv) {
     log_init("ballast-worker", -1);

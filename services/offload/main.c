@@ -20,7 +20,7 @@
 #include "options.h"
 #include "rpc.h"
 #include "shm.h"
-#include "services/offload/ring_proto.h"
+#include "proto/offload_ring.h"
 #include "services/offload/rpc_service.h"
 #include "services/offload/session.h"
 #include "services/offload/store.h"

@@ -2,6 +2,7 @@
  * Handlers run on the rpc layer's threads; everything they touch (store,
  * session manager) is thread-safe. */
 #include "services/offload/rpc_service.h"
+#include "clock.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,15 +11,9 @@
 #include <unistd.h>
 
 #include "offload.pb-c.h"
-#include "services/offload/ring_proto.h"
+#include "proto/offload_ring.h"
 
 typedef Ballast__Offload__V1__Key pb_key_t;
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Turn a request key into a store key of job_id; INVALID_ARGUMENT when the
  * key is missing or its kind is not a known value. */
@@ -139,7 +134,7 @@ static grpc_status_code h_stats(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
     r->spill_writes = st.spill_writes;
     r->spill_reads = st.spill_reads;
     r->draining = st.draining || sess_mgr_draining(svc->sessions);
-    r->uptime_seconds = mono_s() - svc->start_s;
+    r->uptime_seconds = clock_now_s() - svc->start_s;
     r->pid = (uint32_t)getpid();
 
     sess_row_t *rows = NULL;
@@ -386,7 +381,7 @@ const rpc_method_t *offload_svc_methods(offload_svc_t *svc, size_t *n) {
 }
 
 int offload_svc_register(rpc_server_t *s, offload_svc_t *svc, char *err, size_t errlen) {
-    if (svc->start_s == 0) svc->start_s = mono_s();
+    if (svc->start_s == 0) svc->start_s = clock_now_s();
     size_t n;
     const rpc_method_t *tab = offload_svc_methods(svc, &n);
     return rpc_server_add_methods(s, tab, n, err, errlen);

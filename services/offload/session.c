@@ -7,6 +7,7 @@
  * before the struct is freed. A session being attached (s->attaching) is
  * never torn down by the reaper; sess_close waits for the attachment. */
 #include "services/offload/session.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -23,7 +24,7 @@
 #include "log.h"
 #include "ring.h"
 #include "shm.h"
-#include "services/offload/ring_proto.h"
+#include "proto/offload_ring.h"
 
 #define RING_BATCH        32     /* entries popped per wakeup */
 #define RING_POLL_MS      100    /* ring threads re-check their stop flag this often */
@@ -79,20 +80,14 @@ struct sess_mgr {
 
 /* ---- helpers ---- */
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static void touch(sess_t *s) { atomic_store_explicit(&s->last_ns, now_ns(), memory_order_relaxed); }
+static void touch(sess_t *s) { atomic_store_explicit(&s->last_ns, clock_now_ns(), memory_order_relaxed); }
 
 static uint64_t rand64(void) {
     uint64_t v = 0;
     while (v == 0) {
         if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
             /* getrandom cannot fail for 8 bytes after boot; mix the clock as a last resort */
-            v = (uint64_t)now_ns() * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+            v = (uint64_t)clock_now_ns() * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
         }
     }
     return v;
@@ -301,8 +296,8 @@ static void *ring_main(void *arg) {
         if (n == 0) {
             if (atomic_load(&s->finish)) break;
             if (m->cfg.ring_spin_us) {
-                int64_t until = now_ns() + (int64_t)m->cfg.ring_spin_us * 1000;
-                while (ring_count(&s->req) == 0 && now_ns() < until) {
+                int64_t until = clock_now_ns() + (int64_t)m->cfg.ring_spin_us * 1000;
+                while (ring_count(&s->req) == 0 && clock_now_ns() < until) {
                     __builtin_ia32_pause();
                 }
                 if (ring_count(&s->req)) continue;
@@ -463,7 +458,7 @@ static void *reaper_main(void *arg) {
     while (!atomic_load(&m->stopping)) {
         struct timespec ts = { period_ms / 1000, (long)(period_ms % 1000) * 1000000 };
         nanosleep(&ts, NULL);
-        int64_t now = now_ns();
+        int64_t now = clock_now_ns();
         sess_t *dead = NULL;
         pthread_mutex_lock(&m->mu);
         for (sess_t *s = m->list, *nx; s; s = nx) {
@@ -797,7 +792,7 @@ int sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n) {
     size_t cnt = m->nsess;
     sess_row_t *r = calloc(cnt ? cnt : 1, sizeof *r);
     if (!r) { pthread_mutex_unlock(&m->mu); return RP_RESOURCE_EXHAUSTED; }
-    int64_t now = now_ns();
+    int64_t now = clock_now_ns();
     size_t i = 0;
     for (sess_t *s = m->list; s && i < cnt; s = s->next, i++) {
         r[i].sid = s->sid;

@@ -20,6 +20,7 @@
  * Invariant: a blob is on the LRU list iff it is linked, READY, in the pool,
  * unpinned and no thread holds it (refs == 0). Only LRU blobs are evicted. */
 #include "store.h"
+#include "clock.h"
 #include "errbuf.h"
 
 #include <errno.h>
@@ -495,12 +496,6 @@ static void maybe_compact(store_t *s) {
 
 /* ---- space: allocation with eviction ---- */
 
-static uint64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Drop the NVMe copies of non-persistent blobs that are also in the pool
  * until need bytes of tier space could be found. With mu held. */
 static bool reclaim_nvme_copies(store_t *s, uint64_t need, uint64_t *off) {
@@ -635,7 +630,7 @@ static int evict_some(store_t *s, uint64_t need) {
  * or writing). allow_evict false: no eviction, no wait. */
 static store_status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, bool allow_evict,
                                   char *err, size_t errlen) {
-    uint64_t deadline = now_ms() + s->cfg.evict_wait_ms;
+    uint64_t deadline = clock_now_ms() + s->cfg.evict_wait_ms;
     for (;;) {
         if (pool_alloc(s->pool, alen, r) == 0) return STORE_OK;
         if (!allow_evict) return STORE_NO_SPACE;
@@ -645,7 +640,7 @@ static store_status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, b
             errbuf_set(err, errlen, "pool full and spilling to %s failed (I/O error; see the log)", s->spill_dir);
             return STORE_IO_ERROR;
         }
-        uint64_t now = now_ms();
+        uint64_t now = clock_now_ms();
         if (now >= deadline) break;
         uint64_t wait = deadline - now;
         if (wait > 50) wait = 50;

@@ -1,9 +1,8 @@
 # services/probe/: ballast-probe, the health probe the container images use
 # (Docker HEALTHCHECK, compose healthcheck). One program, main.c.
 
-ifneq ($(wildcard services/probe/main.c),)
 BINS += $(BUILD)/bin/ballast-probe
-endif
 
-$(BUILD)/bin/ballast-probe: $(BUILD)/obj/services/probe/main.o $(LIBS)
+$(BUILD)/bin/ballast-probe: LINK_LIBS = $(COMMON_LIB)
+$(BUILD)/bin/ballast-probe: $(BUILD)/obj/services/probe/main.o $(COMMON_LIB)
 	$(LINK)

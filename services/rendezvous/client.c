@@ -3,6 +3,7 @@
  * every call retries while the server is not reachable yet (ranks start
  * before rank 0's server), up to the caller's timeout. */
 #include "services/rendezvous/rdzv.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -22,12 +23,6 @@ struct rdzv_client {
     char job_id[128];
     uint32_t world;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 rdzv_client_t *rdzv_client_open(const char *addr, const char *job_id, int world, char *err, size_t errlen) {
     if (job_id && strlen(job_id) >= 128) {
@@ -80,7 +75,7 @@ static grpc_status_code call(rdzv_client_t *c, const char *method, const Protobu
                              const ProtobufCMessageDescriptor *rd, ProtobufCMessage **resp, double end,
                              char *msg, size_t msglen) {
     for (;;) {
-        double left = end - now_s();
+        double left = end - clock_now_s();
         int64_t ms = (int64_t)(left * 1000);
         if (ms < 100) ms = 100;
         /* each attempt gets the poll slice plus margin, or less when the
@@ -90,7 +85,7 @@ static grpc_status_code call(rdzv_client_t *c, const char *method, const Protobu
         if (st == GRPC_STATUS_OK) return st;
         bool retry = st == GRPC_STATUS_UNAVAILABLE ||
                      (st == GRPC_STATUS_DEADLINE_EXCEEDED && !strstr(msg, "did not arrive"));
-        if (!retry || now_s() >= end) return st;
+        if (!retry || clock_now_s() >= end) return st;
         usleep(50000);
     }
 }
@@ -116,7 +111,7 @@ int rdzv_set(rdzv_client_t *c, const char *key, const void *value, size_t len, b
     req.overwrite = overwrite;
     ProtobufCMessage *resp = NULL;
     grpc_status_code st = call(c, RDZV_SVC "Set", &req.base, &ballast__rdzv__v1__set_response__descriptor,
-                               &resp, now_s() + timeout_s, err, errlen);
+                               &resp, clock_now_s() + timeout_s, err, errlen);
     if (st) return errno_of(st);
     protobuf_c_message_free_unpacked(resp, NULL);
     return 0;
@@ -185,7 +180,7 @@ int rdzv_get(rdzv_client_t *c, const char *key, void **value, size_t *len, doubl
     int rc = rdzv_key_check(key, "rendezvous key", err, errlen);
     if (rc) return rc;
     bool ready = false;
-    rc = get_once(c, key, -1, now_s() + timeout_s, value, len, &ready, err, errlen);
+    rc = get_once(c, key, -1, clock_now_s() + timeout_s, value, len, &ready, err, errlen);
     if (rc) return rc;
     if (!ready) {
         snprintf(err, errlen, "rendezvous %s: key %s is not set", rdzv_client_addr(c), key);
@@ -200,23 +195,23 @@ int rdzv_wait(rdzv_client_t *c, const char *key, void **value, size_t *len, doub
     *len = 0;
     int rc = rdzv_key_check(key, "rendezvous key", err, errlen);
     if (rc) return rc;
-    double end = now_s() + timeout_s;
+    double end = clock_now_s() + timeout_s;
     unsigned idle_us = 0;
     for (;;) {
-        double left = end - now_s();
+        double left = end - clock_now_s();
         int hold = left * 1000 < RDZV_POLL_SLICE_MS ? (int)(left * 1000) : RDZV_POLL_SLICE_MS;
         if (hold < 1) hold = 1;
-        double t0 = now_s();
+        double t0 = clock_now_s();
         bool ready = false;
         rc = get_once(c, key, hold, end, value, len, &ready, err, errlen);
         if (rc) return rc;
         if (ready) return 0;
-        if (now_s() >= end) {
+        if (clock_now_s() >= end) {
             snprintf(err, errlen, "rendezvous %s: key %s was not set within %.1f s: the rank that "
                      "publishes it did not get there", rdzv_client_addr(c), key, timeout_s);
             return -ETIMEDOUT;
         }
-        backoff(now_s() - t0, &idle_us); /* the server was too busy to hold the call */
+        backoff(clock_now_s() - t0, &idle_us); /* the server was too busy to hold the call */
     }
 }
 
@@ -249,12 +244,12 @@ int rdzv_barrier(rdzv_client_t *c, const char *name, int rank, int world, double
     req.round = 0;
     /* the server fails the round at its own deadline; we allow a margin
      * past ours to hear its verdict (and the missing ranks) */
-    double end = now_s() + timeout_s + 2.0;
+    double end = clock_now_s() + timeout_s + 2.0;
     char last_missing[256] = "";
     unsigned idle_us = 0;
     for (;;) {
         ProtobufCMessage *resp = NULL;
-        double t0 = now_s();
+        double t0 = clock_now_s();
         grpc_status_code st = call(c, RDZV_SVC "Barrier", &req.base,
                                    &ballast__rdzv__v1__barrier_response__descriptor, &resp, end, err, errlen);
         if (st) {
@@ -275,11 +270,11 @@ int rdzv_barrier(rdzv_client_t *c, const char *name, int rank, int world, double
         list_ranks(br->missing, br->n_missing, last_missing, sizeof last_missing);
         protobuf_c_message_free_unpacked(resp, NULL);
         if (done) return 0;
-        if (now_s() >= end) {
+        if (clock_now_s() >= end) {
             snprintf(err, errlen, "barrier %s (rank %d of %d): not complete within %.1f s; ranks %s "
                      "did not arrive", name, rank, world, timeout_s, last_missing);
             return -ETIMEDOUT;
         }
-        backoff(now_s() - t0, &idle_us);
+        backoff(clock_now_s() - t0, &idle_us);
     }
 }

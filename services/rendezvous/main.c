@@ -9,17 +9,12 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "clock.h"
 #include "options.h"
 #include "services/rendezvous/rdzv.h"
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { stop_flag = sig; }
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv) {
     const char *listen = NULL, *job_id = NULL, *port_file = NULL;
@@ -81,14 +76,14 @@ int main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     uint64_t last_calls = 0;
-    double last_t = now_s();
+    double last_t = clock_now_s();
     while (!stop_flag) {
         usleep(100 * 1000);
         rdzv_stats_t st;
         rdzv_server_stats(s, &st);
         uint64_t calls = st.sets + st.gets + st.waits + st.barriers;
-        if (calls != last_calls) last_calls = calls, last_t = now_s();
-        if (timeout > 0 && now_s() - last_t > timeout) {
+        if (calls != last_calls) last_calls = calls, last_t = clock_now_s();
+        if (timeout > 0 && clock_now_s() - last_t > timeout) {
             log_info("no call for %.1f s (--timeout): exiting", timeout);
             break;
         }

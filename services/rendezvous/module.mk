@@ -10,12 +10,9 @@ $(RDZV_LIB): $(RDZV_OBJS)
 	@echo "  AR   $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-LIBS := $(RDZV_LIB) $(LIBS)
-ifneq ($(wildcard services/rendezvous/main.c),)
 BINS += $(BUILD)/bin/ballast-rdzv
-endif
 
-# LINK names every library of the tree, including those of fragments read
-# after this one (workers/): depend on all of them, not only on LIBS so far.
-$(BUILD)/bin/ballast-rdzv: $(BUILD)/obj/services/rendezvous/main.o $(LIBS) $(BUILD)/lib/libballast_worker.a
+# ballast-rdzv is the store and common, nothing of workers/.
+$(BUILD)/bin/ballast-rdzv: LINK_LIBS = $(RDZV_LIB) $(COMMON_LIB)
+$(BUILD)/bin/ballast-rdzv: $(BUILD)/obj/services/rendezvous/main.o $(RDZV_LIB) $(COMMON_LIB)
 	$(LINK)

@@ -2,6 +2,7 @@
  * A chained hash table of keys and a list of barriers under one mutex; a
  * condition variable wakes blocked Wait/Barrier calls on every change. */
 #include "services/rendezvous/store.h"
+#include "clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -50,12 +51,6 @@ struct rdzv_store {
 
 /* ---- helpers ---- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static uint32_t hash(const char *s) {
     uint32_t h = 2166136261u;
     for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
@@ -81,11 +76,7 @@ int rdzv_key_check(const char *key, const char *what, char *err, size_t errlen) 
  * allows. Returns false when it may not block (caller answers "not yet"). */
 static bool block(rdzv_store_t *s, double max_s) {
     if (max_s <= 0 || s->blocked >= s->max_blocked || s->shutdown) return false;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + max_s;
-    ts.tv_sec = (time_t)t;
-    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    struct timespec ts = clock_after(max_s);
     s->blocked++;
     pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     s->blocked--;
@@ -149,14 +140,12 @@ static bool all_told(rdzv_store_t *s) {
 }
 
 bool rdzv_store_quiesce(rdzv_store_t *s, int max_ms) {
-    double end = now_s() + max_ms / 1000.0;
+    double end = clock_now_s() + max_ms / 1000.0;
     pthread_mutex_lock(&s->mu);
     bool ok;
-    while (!(ok = all_told(s)) && now_s() < end) {
+    while (!(ok = all_told(s)) && clock_now_s() < end) {
         struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += 20 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        ts = clock_after(0.02);
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
     pthread_mutex_unlock(&s->mu);
@@ -241,7 +230,7 @@ int rdzv_store_get(rdzv_store_t *s, const char *key, int max_ms, void **val, siz
     *len = 0;
     int rc = rdzv_key_check(key, "key", err, errlen);
     if (rc) return rc;
-    double end = now_s() + max_ms / 1000.0;
+    double end = clock_now_s() + max_ms / 1000.0;
     pthread_mutex_lock(&s->mu);
     entry_t *e;
     while (!(e = find(s, key))) {
@@ -250,7 +239,7 @@ int rdzv_store_get(rdzv_store_t *s, const char *key, int max_ms, void **val, siz
             snprintf(err, errlen, "the rendezvous server is shutting down");
             return -ESHUTDOWN;
         }
-        if (!block(s, end - now_s())) {
+        if (!block(s, end - clock_now_s())) {
             pthread_mutex_unlock(&s->mu);
             snprintf(err, errlen, "key %s not set yet", key);
             return -ENOENT;
@@ -341,7 +330,7 @@ int rdzv_store_barrier(rdzv_store_t *s, const char *name, uint32_t rank, uint32_
                  name, rank, world, MAX_WORLD);
         return -EINVAL;
     }
-    double end = now_s() + max_ms / 1000.0;
+    double end = clock_now_s() + max_ms / 1000.0;
     pthread_mutex_lock(&s->mu);
     barrier_t *b = barrier_get(s, name);
     if (!b) {
@@ -363,7 +352,7 @@ int rdzv_store_barrier(rdzv_store_t *s, const char *name, uint32_t rank, uint32_
                 b->arrived = a;
                 b->world = world;
             }
-            b->first_s = now_s();
+            b->first_s = clock_now_s();
             b->timeout_ms = timeout_ms;
         } else if (b->world != world) {
             pthread_mutex_unlock(&s->mu);
@@ -406,14 +395,14 @@ int rdzv_store_barrier(rdzv_store_t *s, const char *name, uint32_t rank, uint32_
                      (unsigned long long)round, (unsigned long long)b->completed);
             return -EINVAL;
         }
-        if (check_deadline(s, b, now_s())) goto failed;
+        if (check_deadline(s, b, clock_now_s())) goto failed;
         if (s->shutdown) {
             pthread_mutex_unlock(&s->mu);
             snprintf(err, errlen, "the rendezvous server is shutting down");
             return -ESHUTDOWN;
         }
-        double left = end - now_s();
-        double to_deadline = b->first_s + b->timeout_ms / 1000.0 - now_s() + 0.001;
+        double left = end - clock_now_s();
+        double to_deadline = b->first_s + b->timeout_ms / 1000.0 - clock_now_s() + 0.001;
         if (!block(s, left < to_deadline ? left : to_deadline)) {
             fill_missing(b, out);
             break;

@@ -8,12 +8,7 @@
 #include <time.h>
 
 #include "crc32c.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "clock.h"
 
 /* Best rate (GB/s) over many short repetitions of about 4 MiB each, run for
  * secs in all: on a shared machine the best one is the least disturbed. */
@@ -21,14 +16,14 @@ static double bench(uint32_t (*fn)(uint32_t, const void *, size_t), const unsign
                     size_t len, double secs, uint32_t *sink) {
     size_t calls = (4u << 20) / len;
     if (calls < 4) calls = 4;
-    double best = 0, start = now();
+    double best = 0, start = clock_now_s();
     uint32_t c = 0;
     do {
-        double t0 = now();
+        double t0 = clock_now_s();
         for (size_t i = 0; i < calls; i++) c = fn(c, buf, len);
-        double gbs = (double)calls * len / (now() - t0) / 1e9;
+        double gbs = (double)calls * len / (clock_now_s() - t0) / 1e9;
         if (gbs > best) best = gbs;
-    } while (now() - start < secs);
+    } while (clock_now_s() - start < secs);
     *sink ^= c;
     return best;
 }

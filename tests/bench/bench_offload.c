@@ -19,8 +19,9 @@
 #include <time.h>
 
 #include "log.h"
+#include "clock.h"
 #include "options.h"
-#include "workers/offload_client.h"
+#include "workers/offload/client.h"
 
 static const char *o_addr;
 static uint64_t o_blob;
@@ -32,12 +33,6 @@ static const opt_t opts[] = {
     { "iters", OPT_INT, "15", 1, 100000, NULL, "timed repetitions of each path (best is kept)", &o_iters },
     { "lat-iters", OPT_INT, "5000", 10, 10000000, NULL, "latency samples", &o_lat_iters },
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -72,29 +67,29 @@ int main(int argc, char **argv) {
     double best_mem = 1e30, best_pool = 1e30, best_parts[6] = { 0 };
     oc_key_t k = { 0, OC_KIND_ACTIVATION, 0, 0 };
     for (int64_t it = -2; it < o_iters; it++) { /* two warm-up rounds fault the pages in */
-        double t0 = now_s();
+        double t0 = clock_now_s();
         memcpy(tmp, src, n);
         memcpy(dst, tmp, n);
-        double t1 = now_s();
+        double t1 = clock_now_s();
         if (it >= 0 && t1 - t0 < best_mem) best_mem = t1 - t0;
         memset(dst, 3, 4096);
 
         k.index = (uint64_t)(it + 2);
         oc_buf_t b;
         double ts[7];
-        ts[0] = t0 = now_s();
+        ts[0] = t0 = clock_now_s();
         CHECK_OC(oc_put_alloc(c, &k, n, false, &b));
-        ts[1] = now_s();
+        ts[1] = clock_now_s();
         memcpy(b.ptr, src, n);
-        ts[2] = now_s();
+        ts[2] = clock_now_s();
         CHECK_OC(oc_put_commit(c, &k, &b));
-        ts[3] = now_s();
+        ts[3] = clock_now_s();
         CHECK_OC(oc_get(c, &k, &b));
-        ts[4] = now_s();
+        ts[4] = clock_now_s();
         memcpy(dst, b.ptr, n);
-        ts[5] = now_s();
+        ts[5] = clock_now_s();
         CHECK_OC(oc_get_done(c, &k, &b));
-        ts[6] = t1 = now_s();
+        ts[6] = t1 = clock_now_s();
         if (it >= 0 && t1 - t0 < best_pool)
             for (int j = 0; j < 6; j++) best_parts[j] = (ts[j + 1] - ts[j]) * 1e6;
         CHECK_OC(oc_free(c, &k));
@@ -117,9 +112,9 @@ int main(int argc, char **argv) {
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < 100; i++) CHECK_OC(pass ? oc_heartbeat(c) : oc_nop(c));
         for (int64_t i = 0; i < L; i++) {
-            double t0 = now_s();
+            double t0 = clock_now_s();
             CHECK_OC(pass ? oc_heartbeat(c) : oc_nop(c));
-            t[i] = (now_s() - t0) * 1e6;
+            t[i] = (clock_now_s() - t0) * 1e6;
         }
         qsort(t, (size_t)L, sizeof *t, cmp_d);
         p[2 * pass] = t[L / 2];

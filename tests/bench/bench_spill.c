@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "clock.h"
 #include "options.h"
 #include "services/offload/pool.h"
 #include "services/offload/tier_nvme.h"
@@ -83,12 +84,6 @@ static void done_cb(void *arg, int64_t res) {
     pthread_mutex_unlock(&mu);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void tag(char *buf, uint64_t block) {
     for (uint64_t i = 0; i < o_block; i += 512) memcpy(buf + i, &block, 8), memcpy(buf + i + 8, &i, 8);
 }
@@ -123,7 +118,7 @@ static bool dev_bytes(const char *dir, uint64_t *rd, uint64_t *wr) {
 
 /* Run one phase over all blocks; returns seconds. */
 static double phase(tier_t *t, slot_t *slots, uint64_t nblocks, io_op_t op, uint64_t *bad) {
-    double t0 = now_s();
+    double t0 = clock_now_s();
     uint64_t next = 0;
     int depth = (int)o_depth;
     while (next < nblocks) {
@@ -150,7 +145,7 @@ static double phase(tier_t *t, slot_t *slots, uint64_t nblocks, io_op_t op, uint
     for (int i = 0; i < depth; i++)
         while (atomic_load(&slots[i].busy)) pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     for (int i = 0; i < depth && op == IO_READ && o_verify; i++)
         if (slots[i].off != UINT64_MAX && !tag_ok(slots[i].buf, slots[i].off / o_block)) (*bad)++;
     for (int i = 0; i < depth; i++) slots[i].off = UINT64_MAX;
@@ -243,10 +238,10 @@ int main(int argc, char **argv) {
     double wm = 0, rm = 0;
     if (o_phase != PHASE_READ) {
         wm = run_phase(t, dir, slots, nblocks, IO_WRITE, &bad, &st);
-        double ts0 = now_s();
+        double ts0 = clock_now_s();
         if (tier_sync(t, true) != 0) die("fdatasync failed");
         printf("  (the fdatasync after the writes took %.3f s, not counted: fio does not sync either)\n",
-               now_s() - ts0);
+               clock_now_s() - ts0);
     }
     if (o_phase != PHASE_WRITE) rm = run_phase(t, dir, slots, nblocks, IO_READ, &bad, &st);
     tier_stats(t, &st);

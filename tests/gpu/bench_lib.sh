@@ -117,7 +117,7 @@ gb_skip() {   # gb_skip WHAT WHY
 }
 
 gb_model_dims() {
-    # name D L H KV Dh F V tied, as workers/llama_config.c's presets
+    # name D L H KV Dh F V tied, as workers/model/config.c's presets
     awk -v m="$1" '
         $1 == m { D = $2; L = $3; H = $4; KV = $5; Dh = $6; F = $7; V = $8; tie = $9
                   blk = D * H * Dh + 2 * D * KV * Dh + H * Dh * D + 3 * D * F + 2 * D

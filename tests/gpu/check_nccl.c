@@ -29,7 +29,7 @@
 #include <time.h>
 
 #include "tests/gpu/gpucheck.h"
-#include "workers/comm.h"
+#include "workers/comm/comm.h"
 
 #ifdef GPU_STANDALONE
 /* tests/gpu/run.sh builds without gRPC: groups of one need no rendezvous */

@@ -1,5 +1,5 @@
 /* check_parallel.c: the sharded / tensor-parallel ops of the CUDA backend
- * (workers/backend_cuda/parallel.cu) against the CPU oracle: fp32
+ * (workers/backend/cuda/parallel.cu) against the CPU oracle: fp32
  * accumulation, the pinned host allocation, the vocab-parallel embedding
  * forward and backward, and the vocab-parallel cross-entropy pieces over T
  * slices of a vocabulary (with a padded last slice), whose losses and

@@ -35,7 +35,7 @@
 #include <unistd.h>
 
 #include "tests/gpu/gpucheck.h"
-#include "workers/backend_cuda/pool_register.h"
+#include "workers/backend/cuda/pool_register.h"
 #include "common/shm.h"
 
 #define MIB ((size_t)1 << 20)

@@ -7,7 +7,7 @@
  *                    (bf16). TAP output.
  *   gpu_train bench  throughput of full training steps (forward, backward,
  *                    global norm, AdamW) for a Llama shape: tokens/s, model
- *                    TFLOP/s (workers/llama_config.h's llama_flops_per_token:
+ *                    TFLOP/s (workers/model/config.h's llama_flops_per_token:
  *                    6 x matmul params + 12 L H Dh T per token) and MFU
  *                    against --peak-tflops; then one profiled step with the
  *                    time per op. With --json FILE, one JSON line of results.
@@ -23,13 +23,14 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "clock.h"
 #include "options.h"
-#include "workers/backend.h"
-#include "workers/backend_cuda/backend_cuda.h"
-#include "workers/llama_config.h"
-#include "workers/model.h"
-#include "workers/optim.h"
-#include "workers/safetensors.h"
+#include "workers/backend/backend.h"
+#include "workers/backend/cuda/backend_cuda.h"
+#include "workers/model/config.h"
+#include "workers/model/model.h"
+#include "workers/model/optim.h"
+#include "workers/ckpt/safetensors.h"
 
 /* ---- options ---- */
 
@@ -61,12 +62,6 @@ static const opt_t options[] = {
     { "backend", OPT_ENUM, "cuda", 0, 0, "cuda|cpu", "check: backend compared with the CPU oracle (cpu tests the harness itself)", &g.backend },
 };
 #define N_OPTS (sizeof options / sizeof options[0])
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- data ---- */
 
@@ -277,7 +272,7 @@ static int run_bench(const llama_config_t *cfg) {
         return 2;
     }
     model_t m;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     if (model_create(&m, cfg, gpu, B, T, g.act_ckpt, err, sizeof err)) { fprintf(stderr, "gpu_train: %s\n", err); return 1; }
     /* random weights on the GPU (2-D: N(0, 0.02^2); norms: 1) */
     for (int i = 0; i < m.n_tensors; i++) {
@@ -294,20 +289,20 @@ static int run_bench(const llama_config_t *cfg) {
     CHECK_ALLOC(tgt);
     cuda_sync();
     printf("bench: %s, %zu params, B=%d T=%d%s, %s GEMMs, set-up %.1f s\n", cfg->name, m.n_params, B, T,
-           g.act_ckpt ? ", activation checkpointing" : "", g.precision ? "fp8" : "bf16", now_s() - t0);
+           g.act_ckpt ? ", activation checkpointing" : "", g.precision ? "fp8" : "bf16", clock_now_s() - t0);
     double norm, loss = 0;
     for (int s = 0; s < g.warmup; s++) {
         make_batch(tok, tgt, B, T, cfg->vocab, (uint64_t)g.seed, s);
         loss = train_step(&m, &o, tok, tgt, g.lr, &norm);
     }
     cuda_sync();
-    double t1 = now_s();
+    double t1 = clock_now_s();
     for (int s = 0; s < g.steps; s++) {
         make_batch(tok, tgt, B, T, cfg->vocab, (uint64_t)g.seed, (int)g.warmup + s);
         loss = train_step(&m, &o, tok, tgt, g.lr, &norm);
     }
     cuda_sync();
-    double dt = (now_s() - t1) / (double)g.steps;
+    double dt = (clock_now_s() - t1) / (double)g.steps;
     double tps = N / dt, flops = llama_flops_per_token(cfg, T) * N / dt / 1e12;
     printf("bench: %.3f s/step, %.0f tokens/s, %.1f model TFLOP/s, MFU %.1f%% of %.0f (last loss %.4f)\n", dt, tps, flops,
            100.0 * flops / g.peak, g.peak, loss);

@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "workers/backend.h"
-#include "workers/backend_cuda/backend_cuda.h"
+#include "workers/backend/backend.h"
+#include "workers/backend/cuda/backend_cuda.h"
 
 #define GC_BF16_TOL 1e-2
 #define GC_F32_TOL 1e-5

@@ -10,7 +10,7 @@ ifeq ($(HAVE_CUDA),1)
 GPU_PROGS  := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 UNIT_TESTS += $(GPU_PROGS)
 
-$(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(LIBS) $(CUDA_LIB)
+$(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(TEST_LIBS) $(CUDA_LIB)
 	$(LINK) $(CUDA_LIB) $(GPU_LIBS)
 endif
 

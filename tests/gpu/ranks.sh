@@ -2,7 +2,7 @@
 # tests/gpu/ranks.sh: GPU ranks of the sharded trainer, 4 ranks on one GPU.
 #
 # NCCL refuses two ranks on one GPU, so the 4 ranks share the GPU through
-# the shared-memory collectives behind host staging (workers/comm_stage.h;
+# the shared-memory collectives behind host staging (workers/comm/stage.h;
 # --comm auto picks that when ranks share a GPU). For (S, T) in (4, 1),
 # (2, 2), (1, 4) (one replica), with each memory saver on in turn
 # (--activation-checkpointing always; --activation-offload and

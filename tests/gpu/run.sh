@@ -158,7 +158,7 @@ say "libcublasLt $CUBLASLT"
 CUDA_LINK="$CUDART $CUBLASLT -Wl,-rpath,$(dirname "$CUDART") -Wl,-rpath,$(dirname "$CUBLASLT") -lstdc++"
 # libcublasLt needs libcublas' neighbours at run time in the wheel layout
 export LD_LIBRARY_PATH="$(dirname "$CUBLASLT"):$(dirname "$CUDART")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# libnccl is loaded at run time (workers/comm_nccl.c); without it check_nccl skips
+# libnccl is loaded at run time (workers/comm/nccl.c); without it check_nccl skips
 if NCCL_LIB=$(find_lib libnccl); then
     say "libnccl $NCCL_LIB"
     export LD_LIBRARY_PATH="$(dirname "$NCCL_LIB"):$LD_LIBRARY_PATH"
@@ -212,14 +212,14 @@ CFLAGS="-std=c11 -D_GNU_SOURCE -DGPU_STANDALONE -O2 -g -Wall -Wno-unused-paramet
 JOBS=$(nproc 2>/dev/null || echo 4)
 say "building ($ARCH, $JOBS jobs)"
 export NVCC_BIN NVFLAGS CC_BIN CFLAGS B
-ls workers/backend_cuda/*.cu | xargs -P "$JOBS" -I{} sh -c \
+ls workers/backend/cuda/*.cu | xargs -P "$JOBS" -I{} sh -c \
     'o=$B/obj/$(basename {} .cu).cu.o; $NVCC_BIN $NVFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
     || { say "CUDA build failed"; exit 1; }
-C_ORACLE="common/log.c common/errbuf.c workers/backend_cpu.c"
+C_ORACLE="common/log.c common/errbuf.c workers/backend/cpu.c"
 # model.c reaches tp.c (and tp.c the comm API) for tensor parallelism only:
 # one process links tp.c with tests/gpu/lib/no_comm.c in place of the collectives
-C_TRAIN="common/options.c workers/model.c workers/tp.c tests/gpu/lib/no_comm.c workers/optim.c workers/llama_config.c workers/safetensors.c"
-C_COMM="workers/comm.c workers/comm_shm.c workers/comm_nccl.c common/shm.c"
+C_TRAIN="common/options.c workers/model/model.c workers/model/tp.c tests/gpu/lib/no_comm.c workers/model/optim.c workers/model/config.c workers/ckpt/safetensors.c"
+C_COMM="workers/comm/comm.c workers/comm/shm.c workers/comm/nccl.c common/shm.c"
 CSRC="$C_ORACLE $C_COMM"
 [ -n "$JANSSON_LIB" ] && CSRC="$CSRC $C_TRAIN"
 for f in $CSRC tests/gpu/*.c; do echo "$f"; done | { [ -n "$JANSSON_LIB" ] && cat || grep -v gpu_train; } | xargs -P "$JOBS" -I{} sh -c \

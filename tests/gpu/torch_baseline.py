@@ -8,7 +8,7 @@ way: fp32 parameters and AdamW state, bf16 autocast, SDPA attention
 (PyTorch picks its flash kernel for causal bf16; GQA via enable_gqa), optional per-block activation checkpointing,
 torch.compile when it works (falls back to eager and says so).
 
-Throughput is counted as ballast counts it (workers/llama_config.c,
+Throughput is counted as ballast counts it (workers/model/config.c,
 llama_flops_per_token): 6 x (matmul parameters + V x D) + 12 L H Dh T FLOPs
 per token. Prints one line and, with --json FILE, appends one JSON line.
 
@@ -26,7 +26,7 @@ import torch.utils.checkpoint
 import torch.nn.functional as F
 
 # name: (dim, layers, heads, kv_heads, head_dim, ffn, vocab, rms_eps, rope_theta, tied)
-# the same numbers as workers/llama_config.c's presets
+# the same numbers as workers/model/config.c's presets
 PRESETS = {
     "llama2-7b": (4096, 32, 32, 32, 128, 11008, 32000, 1e-5, 10000.0, False),
     "llama3-8b": (4096, 32, 32, 8, 128, 14336, 128256, 1e-5, 500000.0, False),

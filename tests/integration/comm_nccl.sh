@@ -14,7 +14,7 @@ if [ -z "$CUDA_INC" ]; then
 else
     t_check "NCCL declarations match $CUDA_INC/nccl.h" \
         gcc -std=c11 -D_GNU_SOURCE -DCOMM_NCCL_ABI_CHECK -I. -Icommon -I"$BUILD/gen" -I"$CUDA_INC" \
-            $(pkg-config --cflags grpc libprotobuf-c) -Wall -Wextra -Werror -fsyntax-only workers/comm_nccl.c
+            $(pkg-config --cflags grpc libprotobuf-c) -Wall -Wextra -Werror -fsyntax-only workers/comm/nccl.c
 fi
 # Where the toolkit keeps libnccl outside the loader's path, point at it.
 for d in ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/cuda/lib; do

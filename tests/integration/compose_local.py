@@ -231,7 +231,7 @@ def multi_rank_available(bindir):
     return "--world-size" in out
 
 
-# Worker options that talk to ballastd (workers/train.c); their flags come
+# Worker options that talk to ballastd (workers/train/train.c); their flags come
 # with the offload work and may be missing from an older ballast-worker.
 OFFLOAD_OPTS = ("activation-offload", "activation-loading-horizon", "optimizer-offload", "offload-socket",
                 "offload-remote", "offload-job", "resume-from-service")

@@ -2,7 +2,7 @@
 # fsdp_ckpt_scrambled.sh: sharded checkpoints through the GPU ranks' paths,
 # on the CPU. BALLAST_TEST_SCRAMBLED_BACKEND=1 gives every rank the CPU
 # backend with its memory scrambled (every byte XOR 0x5A; to_host and
-# from_host undo it: workers/backend_scrambled.h) and puts its collectives
+# from_host undo it: workers/backend/scrambled.h) and puts its collectives
 # behind host staging, as on GPU ranks that share a GPU; code that treats
 # backend memory as host memory then gets wrong bits. World 4 at (S 2, T 2):
 #   - the scrambled run's losses, grad norms and final parameters are the

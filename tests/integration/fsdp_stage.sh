@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fsdp_stage.sh: the host-staged collectives (workers/comm_stage.h, what GPU
+# fsdp_stage.sh: the host-staged collectives (workers/comm/stage.h, what GPU
 # ranks sharing a GPU use) inside real sharded training, on the CPU.
 #
 # BALLAST_COMM_STAGE=1 puts every communicator of a CPU job behind the

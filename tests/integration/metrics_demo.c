@@ -1,7 +1,7 @@
 /* metrics_demo.c: a stand-in for a worker and ballastd, for
  * tests/integration/metrics_scrape.sh. Serves the process registry on
  * --metrics-bind:--metrics-port with the training metrics of
- * workers/progress.h and the service gauges ballastd exports, then moves
+ * workers/train/progress.h and the service gauges ballastd exports, then moves
  * them one training step per "step" line read on stdin; exits on "quit" or
  * end of input.
  *
@@ -16,7 +16,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "options.h"
-#include "workers/progress.h"
+#include "workers/train/progress.h"
 
 static int64_t opt_port, opt_rank, opt_gpus;
 static const char *opt_bind;

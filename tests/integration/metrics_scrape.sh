@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # metrics_scrape.sh: scrape /metrics of a running program (metrics_demo: the
-# training metrics of workers/progress.c plus ballastd's gauges) with
+# training metrics of workers/train/progress.c plus ballastd's gauges) with
 # python3 urllib, before and after three training steps. Checks the format
 # (HELP and TYPE before each family, sample syntax, histogram series), the
 # naming rules (ballast_ prefix, counters end in _total, no step label), the

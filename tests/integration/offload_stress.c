@@ -38,10 +38,11 @@
 #include <unistd.h>
 
 #include "grpc/health/v1/health.pb-c.h"
+#include "clock.h"
 #include "offload.pb-c.h"
 #include "rpc.h"
-#include "services/offload/ring_proto.h"
-#include "workers/offload_client.h"
+#include "proto/offload_ring.h"
+#include "workers/offload/client.h"
 
 /* ---- options ---- */
 
@@ -58,12 +59,6 @@ static bool g_remote = false;
 static int g_count = 100;
 static int g_iters = 2000;
 static uint64_t g_quota = 0;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- patterns ---- */
 
@@ -167,7 +162,7 @@ static int stress_client(int id) {
     uint64_t live_bytes = 0, next_index = 0;
     uint64_t nput = 0, nget = 0, npref = 0, nfree = 0, npin = 0;
     int fails = 0;
-    double t0 = now_s();
+    double t0 = clock_now_s();
     while (pushed < budget && fails == 0) {
         uint64_t r = rnd() % 100;
         if (n == 0 || (r < 40 && live_bytes < g_live_cap)) {
@@ -246,7 +241,7 @@ static int stress_client(int id) {
         if (live[i].pinned) oc_unpin(c, &live[i].k);
         if (oc_free(c, &live[i].k)) { fprintf(stderr, "client %d: final free: %s\n", id, oc_last_error()); fails++; }
     }
-    double dt = now_s() - t0;
+    double dt = clock_now_s() - t0;
     printf("client %d: %s mode, put %" PRIu64 " blobs (%.1f MiB), %" PRIu64 " gets, %" PRIu64 " prefetches, %" PRIu64
            " frees, %" PRIu64 " pins, verified %.1f MiB, %.1fs, %s\n", id, oc_is_shared(c) ? "shm" : "remote", nput,
            pushed / 1048576.0, nget, npref, nfree, npin, verified / 1048576.0, dt, fails ? "FAILED" : "ok");
@@ -504,9 +499,9 @@ static int cmd_lat(void) {
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < 50; i++) { if (pass ? oc_heartbeat(c) : oc_nop(c)) { fprintf(stderr, "%s\n", oc_last_error()); return 1; } }
         for (int i = 0; i < g_iters; i++) {
-            double t0 = now_s();
+            double t0 = clock_now_s();
             oc_status_t st = pass ? oc_heartbeat(c) : oc_nop(c);
-            t[i] = (now_s() - t0) * 1e6;
+            t[i] = (clock_now_s() - t0) * 1e6;
             if (st) { fprintf(stderr, "%s\n", oc_last_error()); return 1; }
         }
         qsort(t, (size_t)g_iters, sizeof *t, cmp_d);

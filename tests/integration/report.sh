@@ -3,7 +3,7 @@
 # losses, gaps in some fields, a settings record, a cut-short last line) is
 # rendered; python3 parses the SVG polylines back out of the HTML and checks
 # every point against the logged value under the scaling documented in
-# workers/report.h (3-decimal coordinates: within 0.0005 units). Also: the
+# workers/cli/report.h (3-decimal coordinates: within 0.0005 units). Also: the
 # page is self-contained, missing fields are named, --entropy and --title
 # work, resumed runs replace re-logged steps, and bad input is rejected with
 # a message naming the file and line.
@@ -49,7 +49,7 @@ CHECK_POINTS=$(cat <<'EOF'
 import html, json, math, re, sys
 log, page = sys.argv[1], sys.argv[2]
 floor_override = float(sys.argv[3]) if len(sys.argv) > 3 else None
-X0, Y0, W, H = 70.0, 20.0, 620.0, 200.0          # workers/report.h
+X0, Y0, W, H = 70.0, 20.0, 620.0, 200.0          # workers/cli/report.h
 PLOTS = {"loss": ["loss"], "throughput": ["tokens_per_s"], "mfu": ["mfu"],
          "memory": ["mem_gpu_bytes", "mem_gpu_peak_bytes", "mem_host_bytes"],
          "offload": ["offload_to_host_bytes", "offload_to_device_bytes"],

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
+
 #include "tests/ring_traffic.h"
 
 int main(int argc, char **argv) {
@@ -29,12 +31,10 @@ int main(int argc, char **argv) {
     }
     char err[256] = "";
     traffic_stats_t st;
-    struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    double a = clock_now_s();
     int rc = strcmp(argv[1], "fork") == 0 ? traffic_fork(n, cap, seed, &st, err, sizeof err)
                                           : traffic_threads(n, cap, seed, &st, err, sizeof err);
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+    double s = clock_now_s() - a;
     if (rc) {
         fprintf(stderr, "ring_stress %s: FAILED (seed %llu): %s\n", argv[1],
                 (unsigned long long)seed, err);

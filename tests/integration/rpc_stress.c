@@ -161,7 +161,7 @@ int main(int argc, char **argv) {
     uint64_t seed = 0x9E3779B97F4A7C15ULL ^ (uint64_t)getpid();
     char addr[128], err[256];
     snprintf(addr, sizeof addr, "unix:/tmp/ballast-rpc-stress-%d.sock", (int)getpid());
-    double t0 = now_ms();
+    double t0 = clock_now_ms();
     int failures = 0, done = 0;
 
     if (strcmp(mode, "calls") == 0 || strcmp(mode, "mixed") == 0) {
@@ -219,6 +219,6 @@ int main(int argc, char **argv) {
         return 2;
     }
     printf("rpc_stress %s: %d calls, %d failures, %.0f ms\n", mode, done, failures,
-           now_ms() - t0);
+           clock_now_ms() - t0);
     return failures ? 1 : 0;
 }

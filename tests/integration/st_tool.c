@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "workers/safetensors.h"
+#include "workers/ckpt/safetensors.h"
 
 static uint64_t rs;
 static uint64_t rnd(void) { rs ^= rs >> 12; rs ^= rs << 25; rs ^= rs >> 27; return rs * 2685821657736338717ULL; }

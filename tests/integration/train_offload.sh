@@ -121,7 +121,7 @@ done
 # with every asynchronous copy run as late as a copy stream could
 # (BALLAST_OFFLOAD_STAGE=1 defers the CPU backend's copies to the order or
 # wait of their handle), so a device order or host wait missing in
-# workers/act_offload.c moves stale bits. An 8-layer model, so that every
+# workers/offload/act.c moves stale bits. An 8-layer model, so that every
 # horizon H = 0..3 keeps H + 2 of the 9 block inputs resident, offloads
 # 7 - H and stages them through H + 1 buffers; with and without
 # --activation-checkpointing (whose recompute writes into the ring). World

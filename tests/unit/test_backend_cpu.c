@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "workers/backend.h"
+#include "workers/backend/backend.h"
 
 #define TOL 1e-4
 #define FD_H 1e-6

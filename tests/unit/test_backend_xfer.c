@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "workers/backend.h"
+#include "workers/backend/backend.h"
 
 #define N 4099
 

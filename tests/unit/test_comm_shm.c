@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "tests/comm_check.h"
-#include "workers/groups.h"
+#include "workers/parallel/groups.h"
 
 #define SMALL_SLOT 4096   /* bytes: forces many rounds per collective */
 

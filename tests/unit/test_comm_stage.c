@@ -1,5 +1,5 @@
 /* test_comm_stage.c: collectives on backend memory through host staging
- * (workers/comm_stage.h), across forked processes.
+ * (workers/comm/stage.h), across forked processes.
  *
  * The "device" is a test backend whose memory holds every byte XOR 0x5A
  * (to_host / from_host undo and apply it), so a wrapper that handed device
@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "tests/comm_check.h"
-#include "workers/backend.h"
-#include "workers/comm_stage.h"
+#include "workers/backend/backend.h"
+#include "workers/comm/stage.h"
 
 #define SLOT 4096
 

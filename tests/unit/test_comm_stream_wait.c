@@ -11,6 +11,8 @@
 #include <errno.h>
 #include <time.h>
 
+#include "clock.h"
+
 #include "tests/comm_check.h"
 
 #define LEN 100003
@@ -20,12 +22,6 @@ typedef struct {
     int fd;
     double *waited; /* (2) seconds comm_stream_wait took, per rank */
 } arg_t;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int rank_fn(int me, int n, void *argp) {
     arg_t *a = argp;
@@ -46,9 +42,9 @@ static int rank_fn(int me, int n, void *argp) {
         fprintf(stderr, "rank %d: %s\n", me, err);
         return 1;
     }
-    double t0 = now_s();
+    double t0 = clock_now_s();
     int rc = comm_stream_wait(r, NULL, err, sizeof err);
-    a->waited[me] = now_s() - t0;
+    a->waited[me] = clock_now_s() - t0;
     if (rc) { fprintf(stderr, "rank %d: comm_stream_wait: %s\n", me, err); bad = 1; }
     if (!bad && memcmp(out, ref, LEN * sizeof(float))) { fprintf(stderr, "rank %d: result differs\n", me); bad = 1; }
     if (!comm_test(r)) { fprintf(stderr, "rank %d: comm_test false after comm_stream_wait\n", me); bad = 1; }

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "workers/data.h"
+#include "workers/data/data.h"
 
 /* ---- helpers ---- */
 

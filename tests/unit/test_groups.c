@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "workers/groups.h"
+#include "workers/parallel/groups.h"
 
 /* Whether ranks a and b share a group of kind k in layout (S, T):
  * same (replica, shard) for TP; same replica and tp for shard; same

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "workers/llama_config.h"
+#include "workers/model/config.h"
 
 Test(llama_config, published_parameter_counts) {
     /* Published sizes: Llama-2 7B 6.74B, 13B 13.02B, 70B 68.98B; Llama-3 8B 8.03B. */

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "workers/model.h"
-#include "workers/optim.h"
+#include "workers/model/model.h"
+#include "workers/model/optim.h"
 
 static llama_config_t small_cfg(bool tied) {
     llama_config_t c = { .dim = 24, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2, .head_dim = 6, .ffn_dim = 40,

@@ -1,7 +1,7 @@
-/* test_offload_link.c: the worker's offload metrics (workers/offload_link.h):
+/* test_offload_link.c: the worker's offload metrics (workers/offload/link.h):
  * names, labels and values of ballast_offload_bytes_total{rank, direction}
  * and ballast_offload_wait_seconds_total{rank} after random byte counts,
- * sharing the bytes family that workers/progress.c registers with the same
+ * sharing the bytes family that workers/train/progress.c registers with the same
  * labels, and per-rank series kept apart. No ballastd is needed: the
  * accounting does not touch the session. */
 #include <criterion/criterion.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "metrics.h"
-#include "workers/offload_link.h"
+#include "workers/offload/link.h"
 
 static uint64_t rng_state = 0x5eed0ff10adull;
 static uint64_t rnd(void) { /* splitmix64 */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "workers/plan.h"
+#include "workers/plan/plan.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 

@@ -1,4 +1,4 @@
-/* test_progress.c: the accounting of workers/progress.h against figures
+/* test_progress.c: the accounting of workers/train/progress.h against figures
  * derived by hand (TFLOP/s, MFU, tokens/s, time split, ETA), the console
  * lines, the JSON log fields, the non-finite loss policy and the metrics it
  * moves. */
@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include "metrics.h"
-#include "workers/llama_config.h"
-#include "workers/progress.h"
+#include "workers/model/config.h"
+#include "workers/train/progress.h"
 
 static uint64_t rng_state;
 static double rnd_unit(void) {

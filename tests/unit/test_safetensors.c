@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "workers/safetensors.h"
+#include "workers/ckpt/safetensors.h"
 
 static uint64_t rng_state;
 static uint64_t rnd(void) {

@@ -1,0 +1,378 @@
+/* backend_cuda.cu: the CUDA backend's table (workers/backend/backend.h): device
+ * start-up, memory, the small elementwise ops, per-op timing, and the
+ * wiring of every op to its launcher in the op's own file.
+ *
+ * act_t buffers are bf16 here (act_bytes = 2); float buffers fp32. Every op
+ * is asynchronous on the compute stream except those that return host data
+ * (to_host, act_to_host, sumsq), which wait for it. */
+#define BALLAST_CUDA_WITH_CUBLAS
+#include "workers/backend/cuda/common.cuh"
+
+#include <string.h>
+
+/* ---- launch checks ---- */
+
+void cuda_launch_check_at(const char *kernel, const char *file, int line) {
+    static int sync_mode = -1;
+    if (sync_mode < 0) {
+        const char *e = getenv("BALLAST_CUDA_SYNC");
+        sync_mode = e && *e && strcmp(e, "0") != 0;
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && sync_mode) e = cudaStreamSynchronize(cuda_compute_stream());
+    if (e == cudaSuccess) return;
+    const char *hint = cuda_hint(e);
+    fprintf(stderr, "%s:%d: CUDA error %s (%s) launching %s; hint: %s\n", file, line, cudaGetErrorName(e),
+            cudaGetErrorString(e), kernel,
+            hint ? hint : "rerun with BALLAST_CUDA_SYNC=1 to stop at the kernel that failed");
+    exit(1);
+}
+
+/* ---- scratch ---- */
+
+static void *g_scratch[SCRATCH_NSLOTS];
+static size_t g_scratch_cap[SCRATCH_NSLOTS];
+
+void *cuda_scratch(int slot, size_t bytes) {
+    if (bytes <= g_scratch_cap[slot]) return g_scratch[slot];
+    if (g_scratch[slot]) CUDA_CHECK(cudaFree(g_scratch[slot])); /* synchronizes: in-flight users finish first */
+    size_t cap = bytes + bytes / 4 + 256;
+    CUDA_CHECK(cudaMalloc(&g_scratch[slot], cap));
+    g_scratch_cap[slot] = cap;
+    return g_scratch[slot];
+}
+
+/* ---- elementwise kernels ---- */
+
+__global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+
+__global__ void scale_kernel(float *x, float s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+__global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(src[i]);
+}
+
+__global__ void bf16_to_f32_kernel(float *dst, const bf16 *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__global__ void fill_normal_kernel(float *p, size_t n, float mean, float std, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t a = mix64(seed + 0x9E3779B97F4A7C15ull * (2 * i + 1)), b = mix64(a + 0x632BE59BD9B4E019ull);
+        float u1 = ((a >> 40) + 1.0f) * (1.0f / 16777217.0f), u2 = (b >> 40) * (1.0f / 16777216.0f);
+        p[i] = mean + std * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    }
+}
+
+extern "C" void cuda_fill_normal(float *p, size_t n, float mean, float std, uint64_t seed) {
+    if (!n) return;
+    fill_normal_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_compute_stream()>>>(p, n, mean, std, seed);
+    CUDA_LAUNCH_CHECK("fill_normal_kernel");
+}
+
+void launch_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n) {
+    if (!n) return;
+    add_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_compute_stream()>>>(out, a, b, n);
+    CUDA_LAUNCH_CHECK("add_kernel");
+}
+
+void launch_scale(float *x, float s, size_t n) {
+    if (!n) return;
+    scale_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_compute_stream()>>>(x, s, n);
+    CUDA_LAUNCH_CHECK("scale_kernel");
+}
+
+void launch_f32_to_bf16(bf16 *dst, const float *src, size_t n) {
+    if (!n) return;
+    f32_to_bf16_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_compute_stream()>>>(dst, src, n);
+    CUDA_LAUNCH_CHECK("f32_to_bf16_kernel");
+}
+
+void launch_bf16_to_f32(float *dst, const bf16 *src, size_t n) {
+    if (!n) return;
+    bf16_to_f32_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_compute_stream()>>>(dst, src, n);
+    CUDA_LAUNCH_CHECK("bf16_to_f32_kernel");
+}
+
+extern "C" void cuda_act_to_f32(float *dst, const act_t *src, size_t n) { launch_bf16_to_f32(dst, (const bf16 *)src, n); }
+
+/* ---- per-op timing ---- */
+
+enum {
+    P_EMB_F, P_EMB_B, P_RMS_F, P_RMS_B, P_MM_F, P_MM_B, P_ROPE_F, P_ROPE_B, P_ATT_F, P_ATT_B, P_SWI_F, P_SWI_B,
+    P_XENT_F, P_XENT_B, P_ADAMW, P_ADD, P_SUMSQ, P_COPY, P_NOPS
+};
+static const char *const g_op_names[P_NOPS] = {
+    "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "matmul_fwd", "matmul_bwd", "rope_fwd",
+    "rope_bwd", "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "xent_fwd", "xent_bwd", "adamw",
+    "add", "sumsq", "copy/convert",
+};
+
+typedef struct { int op; cudaEvent_t a, b; } prof_rec_t;
+static bool g_prof;
+static prof_rec_t *g_recs;
+static int g_nrecs, g_caprecs, g_nevents; /* events exist for the first g_nevents records */
+
+static int prof_begin(int op) {
+    if (!g_prof) return -1;
+    if (g_nrecs == g_caprecs) {
+        int cap = g_caprecs ? 2 * g_caprecs : 1024;
+        prof_rec_t *r = (prof_rec_t *)realloc(g_recs, (size_t)cap * sizeof *r);
+        if (!r) return -1;
+        g_recs = r;
+        g_caprecs = cap;
+    }
+    prof_rec_t *r = &g_recs[g_nrecs];
+    if (g_nrecs == g_nevents) {
+        CUDA_CHECK(cudaEventCreate(&r->a));
+        CUDA_CHECK(cudaEventCreate(&r->b));
+        g_nevents++;
+    }
+    r->op = op;
+    CUDA_CHECK(cudaEventRecord(r->a, cuda_compute_stream()));
+    return g_nrecs++;
+}
+
+static void prof_end(int id) {
+    if (id >= 0) CUDA_CHECK(cudaEventRecord(g_recs[id].b, cuda_compute_stream()));
+}
+
+#define TIMED(op, body) do { int id_ = prof_begin(op); body; prof_end(id_); } while (0)
+
+extern "C" void cuda_prof_enable(bool on) { g_prof = on; }
+extern "C" void cuda_prof_reset(void) { g_nrecs = 0; }
+
+extern "C" void cuda_prof_report(FILE *out) {
+    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream()));
+    double ms[P_NOPS] = { 0 }, total = 0;
+    int calls[P_NOPS] = { 0 };
+    for (int i = 0; i < g_nrecs; i++) {
+        float t = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&t, g_recs[i].a, g_recs[i].b));
+        ms[g_recs[i].op] += t;
+        calls[g_recs[i].op]++;
+        total += t;
+    }
+    int order[P_NOPS];
+    for (int i = 0; i < P_NOPS; i++) order[i] = i;
+    for (int i = 1; i < P_NOPS; i++)
+        for (int j = i; j > 0 && ms[order[j]] > ms[order[j - 1]]; j--) { int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t; }
+    fprintf(out, "%-16s %10s %7s %6s\n", "op", "ms", "calls", "share");
+    for (int i = 0; i < P_NOPS; i++) {
+        int o = order[i];
+        if (!calls[o]) continue;
+        fprintf(out, "%-16s %10.3f %7d %5.1f%%\n", g_op_names[o], ms[o], calls[o], total > 0 ? 100.0 * ms[o] / total : 0.0);
+    }
+    fprintf(out, "%-16s %10.3f\n", "total", total);
+}
+
+/* ---- host helpers ---- */
+
+extern "C" uint16_t cuda_f32_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1);                                           /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+extern "C" float cuda_bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ---- table ops ---- */
+
+#define BF(p) ((bf16 *)(void *)(p))
+#define CBF(p) ((const bf16 *)(const void *)(p))
+
+static void *cu_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cuda_compute_stream()));
+    return p;
+}
+static void cu_free(void *p) { if (p) CUDA_CHECK(cudaFree(p)); }
+static void cu_memset0(void *p, size_t n) { CUDA_CHECK(cudaMemsetAsync(p, 0, n, cuda_compute_stream())); }
+static void cu_copy(void *d, const void *s, size_t n) {
+    if (d != s && n) TIMED(P_COPY, CUDA_CHECK(cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, cuda_compute_stream())));
+}
+static void cu_to_host(void *h, const void *s, size_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(h, s, n, cudaMemcpyDeviceToHost, cuda_compute_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream()));
+}
+static void cu_from_host(void *d, const void *h, size_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, cuda_compute_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream()));
+}
+static void cu_to_act(act_t *dst, const float *src, size_t n) { TIMED(P_COPY, launch_f32_to_bf16(BF(dst), src, n)); }
+static void cu_act_to_host(float *host, const act_t *src, size_t n) {
+    uint16_t *tmp = (uint16_t *)malloc(n * sizeof(uint16_t) + 1);
+    if (!tmp) { fprintf(stderr, "%s:%d: out of host memory (%zu elements)\n", __FILE__, __LINE__, n); exit(1); }
+    cu_to_host(tmp, src, n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) host[i] = cuda_bf16_to_f32(tmp[i]);
+    free(tmp);
+}
+
+static void cu_add(act_t *out, const act_t *a, const act_t *b, size_t n) { TIMED(P_ADD, launch_add(BF(out), CBF(a), CBF(b), n)); }
+static void cu_scale(float *x, float s, size_t n) { TIMED(P_ADD, launch_scale(x, s, n)); }
+static double cu_sumsq(const float *x, size_t n) {
+    double r = 0;
+    TIMED(P_SUMSQ, r = cuda_sumsq_multi(&x, &n, 1));
+    return r;
+}
+
+static void cu_embedding_fwd(act_t *out, const int32_t *tok, const act_t *wte, int N, int D) {
+    TIMED(P_EMB_F, launch_embedding_fwd(BF(out), tok, CBF(wte), N, D));
+}
+static void cu_embedding_bwd(float *dwte, const act_t *dout, const int32_t *tok, int N, int D) {
+    TIMED(P_EMB_B, launch_embedding_bwd(dwte, CBF(dout), tok, N, D));
+}
+static void cu_rmsnorm_fwd(act_t *out, float *rstd, const act_t *x, const act_t *w, int N, int D, float eps) {
+    TIMED(P_RMS_F, launch_rmsnorm_fwd(BF(out), rstd, CBF(x), CBF(w), N, D, eps));
+}
+static void cu_rmsnorm_bwd(act_t *dx, float *dw, const act_t *dout, const act_t *x, const act_t *w, const float *rstd,
+                           int N, int D) {
+    TIMED(P_RMS_B, launch_rmsnorm_bwd(BF(dx), dw, CBF(dout), CBF(x), CBF(w), rstd, N, D));
+}
+static void cu_matmul_fwd(act_t *out, const act_t *x, const act_t *w, int N, int I, int O) {
+    TIMED(P_MM_F, gemm_fwd(BF(out), CBF(x), CBF(w), N, I, O));
+}
+static void cu_matmul_bwd(act_t *dx, float *dw, const act_t *dout, const act_t *x, const act_t *w, int N, int I, int O,
+                          bool dx_acc) {
+    TIMED(P_MM_B, gemm_bwd(BF(dx), dw, CBF(dout), CBF(x), CBF(w), N, I, O, dx_acc));
+}
+static void cu_rope_fwd(act_t *x, int B, int T, int nh, int Dh, float theta) {
+    TIMED(P_ROPE_F, launch_rope(BF(x), B, T, nh, Dh, theta, false));
+}
+static void cu_rope_bwd(act_t *dx, int B, int T, int nh, int Dh, float theta) {
+    TIMED(P_ROPE_B, launch_rope(BF(dx), B, T, nh, Dh, theta, true));
+}
+static void cu_attention_fwd(act_t *out, float *att, const act_t *q, const act_t *k, const act_t *v, int B, int T,
+                             int H, int Hkv, int Dh) {
+    TIMED(P_ATT_F, launch_attention_fwd(BF(out), att, CBF(q), CBF(k), CBF(v), B, T, H, Hkv, Dh));
+}
+static size_t cu_attention_state_numel(int B, int T, int H) { return (size_t)B * H * T; }
+static void cu_attention_bwd(act_t *dq, act_t *dk, act_t *dv, const act_t *dout, const act_t *out, const act_t *q,
+                             const act_t *k, const act_t *v, const float *att, int B, int T, int H, int Hkv, int Dh) {
+    TIMED(P_ATT_B, launch_attention_bwd(BF(dq), BF(dk), BF(dv), CBF(dout), CBF(out), CBF(q), CBF(k), CBF(v), att, B, T,
+                                        H, Hkv, Dh));
+}
+static void cu_swiglu_fwd(act_t *h, const act_t *g, const act_t *u, size_t n) {
+    TIMED(P_SWI_F, launch_swiglu_fwd(BF(h), CBF(g), CBF(u), n));
+}
+static void cu_swiglu_bwd(act_t *dg, act_t *du, const act_t *dh, const act_t *g, const act_t *u, size_t n) {
+    TIMED(P_SWI_B, launch_swiglu_bwd(BF(dg), BF(du), CBF(dh), CBF(g), CBF(u), n));
+}
+static void cu_xent_fwd(float *losses, const act_t *logits, const int32_t *tgt, int N, int V) {
+    TIMED(P_XENT_F, launch_xent_fwd(losses, CBF(logits), tgt, N, V));
+}
+static void cu_xent_bwd(act_t *dl, const act_t *logits, const int32_t *tgt, float scale, int N, int V) {
+    TIMED(P_XENT_B, launch_xent_bwd(BF(dl), CBF(logits), tgt, scale, N, V));
+}
+static void cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+                     float eps, float wd, float step_size, float bc2_sqrt, float grad_scale, act_t *p_act) {
+    cuda_adamw_tensor_t t = { p, g, m, v, p_act, n, true };
+    TIMED(P_ADAMW, cuda_adamw_multi(&t, 1, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, grad_scale));
+}
+
+static backend_t g_table;
+static int g_device = -1;
+static char g_device_name[256]; /* cudaDeviceProp.name of g_device */
+
+extern "C" const char *cuda_device_name(void) { return g_device >= 0 ? g_device_name : NULL; }
+
+void cuda_parallel_fill(backend_t *t); /* parallel.cu: the sharded / tensor-parallel ops */
+
+/* ---- start-up ---- */
+
+extern "C" int cuda_device_count(char *why, size_t whylen) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (why) snprintf(why, whylen, "%s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+        return 0;
+    }
+    if (n == 0 && why) snprintf(why, whylen, "no CUDA device");
+    return n;
+}
+
+extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
+    if (g_device >= 0) {
+        if (device != g_device) {
+            snprintf(err, errlen, "the CUDA backend already drives GPU %d; one GPU per process", g_device);
+            return NULL;
+        }
+        return &g_table;
+    }
+    char why[256];
+    int n = cuda_device_count(why, sizeof why);
+    if (n == 0) {
+        snprintf(err, errlen, "no usable GPU: %s; hint: check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES", why);
+        return NULL;
+    }
+    if (device < 0 || device >= n) {
+        snprintf(err, errlen, "GPU %d does not exist (%d visible); hint: pick 0..%d or set CUDA_VISIBLE_DEVICES", device, n, n - 1);
+        return NULL;
+    }
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaFree(0); /* creates the context now, so failures show here */
+    if (e != cudaSuccess) {
+        snprintf(err, errlen, "cannot start GPU %d: %s (%s)", device, cudaGetErrorName(e), cudaGetErrorString(e));
+        return NULL;
+    }
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    if (prop.major < 8) {
+        snprintf(err, errlen, "GPU %d (%s) is compute capability %d.%d; the CUDA backend needs bf16 tensor cores (8.0 or newer)",
+                 device, prop.name, prop.major, prop.minor);
+        return NULL;
+    }
+    cuda_streams_init();
+    gemm_init();
+    backend_t t;
+    memset(&t, 0, sizeof t);
+    t.name = "cuda";
+    t.act_bytes = 2;
+    t.alloc = cu_alloc; t.free = cu_free; t.memset0 = cu_memset0; t.copy = cu_copy;
+    t.to_host = cu_to_host; t.from_host = cu_from_host; t.to_act = cu_to_act; t.act_to_host = cu_act_to_host;
+    t.add = cu_add; t.scale = cu_scale; t.sumsq = cu_sumsq;
+    t.embedding_fwd = cu_embedding_fwd; t.embedding_bwd = cu_embedding_bwd;
+    t.rmsnorm_fwd = cu_rmsnorm_fwd; t.rmsnorm_bwd = cu_rmsnorm_bwd;
+    t.matmul_fwd = cu_matmul_fwd; t.matmul_bwd = cu_matmul_bwd;
+    t.rope_fwd = cu_rope_fwd; t.rope_bwd = cu_rope_bwd;
+    t.attention_fwd = cu_attention_fwd; t.attention_state_numel = cu_attention_state_numel;
+    t.attention_bwd = cu_attention_bwd;
+    t.swiglu_fwd = cu_swiglu_fwd; t.swiglu_bwd = cu_swiglu_bwd;
+    t.xent_fwd = cu_xent_fwd; t.xent_bwd = cu_xent_bwd;
+    t.adamw = cu_adamw;
+    cuda_parallel_fill(&t);
+    t.xfer_to_host = cuda_xfer_to_host; t.xfer_from_host = cuda_xfer_from_host;
+    t.xfer_order = cuda_xfer_order; t.xfer_wait = cuda_xfer_wait; t.xfer_done = cuda_xfer_done;
+    t.stream = cuda_compute_stream_ptr;
+    t.op_scope = cuda_op_scope;
+    g_table = t;
+    snprintf(g_device_name, sizeof g_device_name, "%s", prop.name);
+    g_device = device;
+    return &g_table;
+}

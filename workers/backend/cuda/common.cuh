@@ -1,0 +1,187 @@
+/* common.cuh: what every kernel file of the CUDA backend shares.
+ *
+ * Error checks for runtime, cuBLAS/cuBLASLt and kernel launches that print
+ * file, line, the failing call and a hint, then exit (the worker is a batch
+ * program: STYLE.md), bf16 <-> fp32 helpers, warp and block reductions, and
+ * the backend's compute stream. Relies on the CUDA runtime and cuda_bf16.h
+ * only; the op files include it and nothing else of the backend. */
+#ifndef BALLAST_CUDA_COMMON_CUH
+#define BALLAST_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "workers/backend/cuda/backend_cuda.h"
+
+typedef __nv_bfloat16 bf16;
+
+/* ---- error checks ---- */
+
+/* A hint for the errors people actually hit; NULL when there is none. */
+static inline const char *cuda_hint(cudaError_t e) {
+    switch (e) {
+    case cudaErrorNoDevice: return "no GPU visible: check nvidia-smi and CUDA_VISIBLE_DEVICES";
+    case cudaErrorInsufficientDriver: return "the driver is older than this CUDA runtime: update the driver or build with the machine's nvcc";
+    case cudaErrorMemoryAllocation: return "out of GPU memory: lower --micro-batch or --seq-len, or turn on --activation-checkpointing";
+    case cudaErrorNoKernelImageForDevice: return "no kernel image for this GPU: add its -gencode to CUDA_ARCHS (sm_80 and sm_90a are built)";
+    case cudaErrorInvalidConfiguration: return "bad launch configuration (grid or block too large, or too much shared memory)";
+    case cudaErrorIllegalAddress: return "a kernel read or wrote out of bounds: rerun under compute-sanitizer";
+    case cudaErrorLaunchOutOfResources: return "too many registers or threads for this kernel";
+    default: return NULL;
+    }
+}
+
+static inline void cuda_check_at(cudaError_t e, const char *call, const char *file, int line) {
+    if (e == cudaSuccess) return;
+    const char *hint = cuda_hint(e);
+    fprintf(stderr, "%s:%d: CUDA error %s (%s) in %s%s%s\n", file, line, cudaGetErrorName(e),
+            cudaGetErrorString(e), call, hint ? "; hint: " : "", hint ? hint : "");
+    exit(1);
+}
+#define CUDA_CHECK(call) cuda_check_at((call), #call, __FILE__, __LINE__)
+
+/* After every launch: catches bad configurations at once; with
+ * BALLAST_CUDA_SYNC=1 also synchronizes so a fault names its kernel. */
+void cuda_launch_check_at(const char *kernel, const char *file, int line);
+#define CUDA_LAUNCH_CHECK(kernel) cuda_launch_check_at(kernel, __FILE__, __LINE__)
+
+#ifdef BALLAST_CUDA_WITH_CUBLAS
+#include <cublasLt.h>
+/* Only cuBLASLt is linked, so the status names are ours. */
+static inline const char *cublas_status_name(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "cuBLAS error";
+    }
+}
+static inline void cublas_check_at(cublasStatus_t s, const char *call, const char *file, int line) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    const char *hint = s == CUBLAS_STATUS_NOT_SUPPORTED ? "this shape/type combination has no cuBLASLt algorithm: check the leading dimensions (multiples of 8 elements help)"
+                     : s == CUBLAS_STATUS_ALLOC_FAILED ? "out of GPU memory for the cuBLAS workspace"
+                     : s == CUBLAS_STATUS_NOT_INITIALIZED ? "cuBLAS could not start: check the driver and that a GPU is visible"
+                     : s == CUBLAS_STATUS_INVALID_VALUE ? "an argument is out of range (a zero or negative size, or a bad pointer)"
+                     : s == CUBLAS_STATUS_ARCH_MISMATCH ? "this GPU lacks a feature the call needs (bf16 needs compute capability 8.0+)"
+                     : NULL;
+    fprintf(stderr, "%s:%d: cuBLAS error %d (%s) in %s%s%s\n", file, line, (int)s, cublas_status_name(s), call,
+            hint ? "; hint: " : "", hint ? hint : "");
+    exit(1);
+}
+#define CUBLAS_CHECK(call) cublas_check_at((call), #call, __FILE__, __LINE__)
+#endif
+
+/* ---- backend internals shared between files ---- */
+
+/* The stream every table op runs on; created by cuda_streams_init (streams.cu). */
+cudaStream_t cuda_compute_stream(void);
+void cuda_streams_init(void);
+
+/* The table's xfer ops and stream accessor (streams.cu; backend.h). */
+struct be_xfer *cuda_xfer_to_host(void *host_dst, const void *src, size_t bytes);
+struct be_xfer *cuda_xfer_from_host(void *dst, const void *host_src, size_t bytes);
+void cuda_xfer_order(struct be_xfer *x);
+void cuda_xfer_wait(struct be_xfer *x);
+bool cuda_xfer_done(struct be_xfer *x);
+void *cuda_compute_stream_ptr(void);
+void cuda_op_scope(int s);   /* gemm_fp8.cu: the scope FP8 states are keyed by */
+
+/* Device scratch that grows on demand, one buffer per slot (backend_cuda.cu).
+ * Contents are undefined; a slot is owned by one op for the op's duration.
+ * Growing frees the old buffer (cudaFree synchronizes the device). */
+enum { SCRATCH_RMSNORM, SCRATCH_ATTN, SCRATCH_NORM, SCRATCH_EMBED, SCRATCH_ROPE, SCRATCH_NSLOTS };
+void *cuda_scratch(int slot, size_t bytes);
+
+/* ---- op launchers, one family per file; pointers are device memory ---- */
+
+void launch_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n);                   /* backend_cuda.cu */
+void launch_scale(float *x, float s, size_t n);
+void launch_f32_to_bf16(bf16 *dst, const float *src, size_t n);
+void launch_bf16_to_f32(float *dst, const bf16 *src, size_t n);
+void launch_embedding_fwd(bf16 *out, const int32_t *tok, const bf16 *wte, int N, int D);  /* embedding.cu */
+void launch_embedding_bwd(float *dwte, const bf16 *dout, const int32_t *tok, int N, int D);
+void launch_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int N, int D, float eps); /* rmsnorm.cu */
+void launch_rmsnorm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, const float *rstd,
+                        int N, int D);
+void launch_rope(bf16 *x, int B, int T, int nh, int Dh, float theta, bool inverse);   /* rope.cu */
+void launch_swiglu_fwd(bf16 *h, const bf16 *g, const bf16 *u, size_t n);              /* swiglu.cu */
+void launch_swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n);
+void launch_xent_fwd(float *losses, const bf16 *logits, const int32_t *tgt, int N, int V); /* xent.cu */
+void launch_xent_bwd(bf16 *dlogits, const bf16 *logits, const int32_t *tgt, float scale, int N, int V);
+void launch_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
+                          int Hkv, int Dh);                                            /* attention.cu */
+void launch_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
+                          const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh);
+void launch_attention_fwd_tc(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
+                             int Hkv, int Dh, float scale);                            /* attention_tc.cu */
+void launch_attention_bwd_tc(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
+                             const bf16 *v, const float *lse, const float *dvec, int B, int T, int H, int Hkv, int Dh,
+                             float scale);
+void gemm_init(void);                                                                  /* gemm.cu */
+void gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O);
+void gemm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, int N, int I, int O, bool dx_acc);
+/* FP8 versions (gemm_fp8.cu): false when the precision is bf16 or the shape
+ * does not suit FP8; the caller then runs the bf16 GEMM */
+bool fp8_gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O);
+bool fp8_gemm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, int N, int I, int O, bool dx_acc);
+
+/* ---- launch helpers ---- */
+
+/* Blocks for n items at `threads` per block, capped for grid-stride loops. */
+static inline unsigned cuda_blocks(size_t n, int threads) {
+    size_t b = (n + threads - 1) / threads;
+    if (b > 65535u * 8u) b = 65535u * 8u;
+    return b ? (unsigned)b : 1u;
+}
+
+/* ---- device helpers ---- */
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every
+ * thread gets the result. Uses 33 floats of shared memory; safe to call
+ * repeatedly. The order of additions is fixed (deterministic). */
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float part[33];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); /* part[] may still be read by a previous call */
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    float s = lane < nw ? part[lane] : 0.f;
+    s = warp_sum(s);
+    return s;
+}
+
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float part[33];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    float s = lane < nw ? part[lane] : -INFINITY;
+    return warp_max(s);
+}
+
+__device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float ld(const float *p) { return *p; }
+
+#endif

@@ -1,0 +1,90 @@
+/* rmsnorm.cu: RMSNorm forward and backward (Hugging Face LlamaRMSNorm),
+ * bf16 in and out, statistics and the weight gradient in fp32.
+ *
+ * Forward and the input gradient use one block per row. The weight
+ * gradient is a column sum over rows, done in two fixed-order stages
+ * (partial sums over chunks of rows, then the chunks in order) so it is
+ * deterministic without atomics. */
+#include "workers/backend/cuda/common.cuh"
+
+#define RMS_THREADS 256
+#define RMS_ROWS_PER_CHUNK 64
+
+/* ---- kernels ---- */
+
+__global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int D, float eps) {
+    int i = blockIdx.x;
+    const bf16 *xi = x + (size_t)i * D;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) { float v = __bfloat162float(xi[j]); ss += v * v; }
+    ss = block_sum(ss);
+    float r = rsqrtf(ss / (float)D + eps);
+    if (threadIdx.x == 0) rstd[i] = r;
+    bf16 *oi = out + (size_t)i * D;
+    for (int j = threadIdx.x; j < D; j += blockDim.x)
+        oi[j] = __float2bfloat16(__bfloat162float(w[j]) * (__bfloat162float(xi[j]) * r));
+}
+
+/* dx += r * (g*w - xhat * mean(g*w*xhat)), xhat = x*r */
+__global__ void rmsnorm_bwd_dx_kernel(bf16 *dx, const bf16 *dout, const bf16 *x, const bf16 *w, const float *rstd,
+                                      int D) {
+    int i = blockIdx.x;
+    const bf16 *xi = x + (size_t)i * D, *gi = dout + (size_t)i * D;
+    float r = rstd[i];
+    float dot = 0.f;
+    for (int j = threadIdx.x; j < D; j += blockDim.x)
+        dot += (__bfloat162float(gi[j]) * __bfloat162float(w[j])) * (__bfloat162float(xi[j]) * r);
+    float mean = block_sum(dot) / (float)D;
+    bf16 *dxi = dx + (size_t)i * D;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        float xh = __bfloat162float(xi[j]) * r;
+        float d = r * (__bfloat162float(gi[j]) * __bfloat162float(w[j]) - xh * mean);
+        dxi[j] = __float2bfloat16(__bfloat162float(dxi[j]) + d);
+    }
+}
+
+/* part (chunks, D): column sums of dout * xhat over RMS_ROWS_PER_CHUNK rows */
+__global__ void rmsnorm_bwd_dw_partial(float *part, const bf16 *dout, const bf16 *x, const float *rstd, int N, int D) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+    if (j >= D) return;
+    int r0 = c * RMS_ROWS_PER_CHUNK, r1 = min(N, r0 + RMS_ROWS_PER_CHUNK);
+    float s = 0.f;
+    for (int i = r0; i < r1; i++)
+        s += __bfloat162float(dout[(size_t)i * D + j]) * (__bfloat162float(x[(size_t)i * D + j]) * rstd[i]);
+    part[(size_t)c * D + j] = s;
+}
+
+__global__ void rmsnorm_bwd_dw_final(float *dw, const float *part, int chunks, int D) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= D) return;
+    float s = 0.f;
+    for (int c = 0; c < chunks; c++) s += part[(size_t)c * D + j];
+    dw[j] += s;
+}
+
+/* ---- launchers ---- */
+
+void launch_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int N, int D, float eps) {
+    if (N <= 0) return;
+    rmsnorm_fwd_kernel<<<N, RMS_THREADS, 0, cuda_compute_stream()>>>(out, rstd, x, w, D, eps);
+    CUDA_LAUNCH_CHECK("rmsnorm_fwd_kernel");
+}
+
+void launch_rmsnorm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, const float *rstd,
+                        int N, int D) {
+    if (N <= 0) return;
+    cudaStream_t st = cuda_compute_stream();
+    if (dx) {
+        rmsnorm_bwd_dx_kernel<<<N, RMS_THREADS, 0, st>>>(dx, dout, x, w, rstd, D);
+        CUDA_LAUNCH_CHECK("rmsnorm_bwd_dx_kernel");
+    }
+    if (dw) {
+        int chunks = (N + RMS_ROWS_PER_CHUNK - 1) / RMS_ROWS_PER_CHUNK;
+        float *part = (float *)cuda_scratch(SCRATCH_RMSNORM, (size_t)chunks * D * sizeof(float));
+        dim3 grid((D + 255) / 256, chunks);
+        rmsnorm_bwd_dw_partial<<<grid, 256, 0, st>>>(part, dout, x, rstd, N, D);
+        CUDA_LAUNCH_CHECK("rmsnorm_bwd_dw_partial");
+        rmsnorm_bwd_dw_final<<<(D + 255) / 256, 256, 0, st>>>(dw, part, chunks, D);
+        CUDA_LAUNCH_CHECK("rmsnorm_bwd_dw_final");
+    }
+}

@@ -1,0 +1,84 @@
+/* swiglu.cu: the SwiGLU gate of the Llama MLP, h = silu(gate) * up, and its
+ * backward, elementwise on bf16 with fp32 arithmetic.
+ *
+ * Each thread handles 8 elements through 16-byte loads when n and the
+ * pointers allow it, one element otherwise. */
+#include "workers/backend/cuda/common.cuh"
+
+/* ---- math (one element) ---- */
+
+__device__ __forceinline__ float swiglu_f(float g, float u) {
+    float s = 1.f / (1.f + expf(-g));
+    return g * s * u;
+}
+
+__device__ __forceinline__ void swiglu_b(float dh, float g, float u, float *dg, float *du) {
+    float s = 1.f / (1.f + expf(-g));
+    *dg = dh * u * s * (1.f + g * (1.f - s));
+    *du = dh * (g * s);
+}
+
+/* ---- kernels ---- */
+
+__global__ void swiglu_fwd_kernel(bf16 *h, const bf16 *g, const bf16 *u, size_t n, bool vec) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (vec) {
+        for (size_t i = i0; i < n / 8; i += stride) {
+            uint4 gv = ((const uint4 *)g)[i], uv = ((const uint4 *)u)[i], hv;
+            const bf16 *gg = (const bf16 *)&gv, *uu = (const bf16 *)&uv;
+            bf16 *hh = (bf16 *)&hv;
+#pragma unroll
+            for (int k = 0; k < 8; k++) hh[k] = __float2bfloat16(swiglu_f(__bfloat162float(gg[k]), __bfloat162float(uu[k])));
+            ((uint4 *)h)[i] = hv;
+        }
+    } else {
+        for (size_t i = i0; i < n; i += stride) h[i] = __float2bfloat16(swiglu_f(__bfloat162float(g[i]), __bfloat162float(u[i])));
+    }
+}
+
+__global__ void swiglu_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n, bool vec) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (vec) {
+        for (size_t i = i0; i < n / 8; i += stride) {
+            uint4 dv = ((const uint4 *)dh)[i], gv = ((const uint4 *)g)[i], uv = ((const uint4 *)u)[i], ov, pv;
+            const bf16 *d8 = (const bf16 *)&dv, *g8 = (const bf16 *)&gv, *u8 = (const bf16 *)&uv;
+            bf16 *o8 = (bf16 *)&ov, *p8 = (bf16 *)&pv;
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float a, b;
+                swiglu_b(__bfloat162float(d8[k]), __bfloat162float(g8[k]), __bfloat162float(u8[k]), &a, &b);
+                o8[k] = __float2bfloat16(a);
+                p8[k] = __float2bfloat16(b);
+            }
+            ((uint4 *)dg)[i] = ov;
+            ((uint4 *)du)[i] = pv;
+        }
+    } else {
+        for (size_t i = i0; i < n; i += stride) {
+            float a, b;
+            swiglu_b(__bfloat162float(dh[i]), __bfloat162float(g[i]), __bfloat162float(u[i]), &a, &b);
+            dg[i] = __float2bfloat16(a);
+            du[i] = __float2bfloat16(b);
+        }
+    }
+}
+
+/* ---- launchers ---- */
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+void launch_swiglu_fwd(bf16 *h, const bf16 *g, const bf16 *u, size_t n) {
+    if (n == 0) return;
+    bool vec = n % 8 == 0 && aligned16(h) && aligned16(g) && aligned16(u);
+    swiglu_fwd_kernel<<<cuda_blocks(vec ? n / 8 : n, 256), 256, 0, cuda_compute_stream()>>>(h, g, u, n, vec);
+    CUDA_LAUNCH_CHECK("swiglu_fwd_kernel");
+}
+
+void launch_swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n) {
+    if (n == 0) return;
+    bool vec = n % 8 == 0 && aligned16(dg) && aligned16(du) && aligned16(dh) && aligned16(g) && aligned16(u);
+    swiglu_bwd_kernel<<<cuda_blocks(vec ? n / 8 : n, 256), 256, 0, cuda_compute_stream()>>>(dg, du, dh, g, u, n, vec);
+    CUDA_LAUNCH_CHECK("swiglu_bwd_kernel");
+}

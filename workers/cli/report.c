@@ -1,0 +1,544 @@
+/* report.c: `ballast report`'s reader and renderer: JSON lines in (jansson),
+ * one HTML page with inline SVG out. The scaling of the plots is stated in
+ * report.h; the page format in docs/observability.md. */
+#include "workers/cli/report.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- the fields a step record may have ---- */
+
+enum {
+    F_LOSS, F_LR, F_GNORM, F_TOKENS, F_TPS, F_TPS_GPU, F_TFLOPS, F_MFU, F_STEP_S, F_COMPUTE, F_COMM, F_OFFW,
+    F_DATA, F_ELAPSED, F_MEM_GPU, F_MEM_GPU_PEAK, F_MEM_HOST, F_OFF_H, F_OFF_D, NF
+};
+static const char *const FIELD[NF] = {
+    "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "step_s",
+    "compute_s", "comm_s", "offload_wait_s", "data_s", "elapsed_s", "mem_gpu_bytes", "mem_gpu_peak_bytes",
+    "mem_host_bytes", "offload_to_host_bytes", "offload_to_device_bytes",
+};
+
+typedef struct {
+    int64_t step;
+    double v[NF]; /* NaN where the record lacks the field (or has null) */
+} rec_t;
+
+struct report_log {
+    char *path;
+    rec_t *recs;          /* in step order */
+    size_t n, cap;
+    json_t *settings;     /* the first "settings" record, or NULL */
+    char *notes;          /* one note per line */
+    size_t notes_len;
+};
+
+static void add_note(report_log_t *l, const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    size_t len = strlen(line);
+    char *p = realloc(l->notes, l->notes_len + len + 2);
+    if (!p) return;
+    l->notes = p;
+    memcpy(l->notes + l->notes_len, line, len);
+    l->notes_len += len;
+    l->notes[l->notes_len++] = '\n';
+    l->notes[l->notes_len] = 0;
+}
+
+size_t report_steps(const report_log_t *l) { return l ? l->n : 0; }
+const char *report_notes(const report_log_t *l) { return l && l->notes ? l->notes : ""; }
+
+void report_free(report_log_t *l) {
+    if (!l) return;
+    free(l->path);
+    free(l->recs);
+    json_decref(l->settings);
+    free(l->notes);
+    free(l);
+}
+
+/* ---- reading ---- */
+
+static bool blank(const char *s) {
+    for (; *s; s++)
+        if (*s != ' ' && *s != '\t' && *s != '\r' && *s != '\n') return false;
+    return true;
+}
+
+static int add_record(report_log_t *l, json_t *o, int64_t step) {
+    /* a step logged again (resumed run): drop what was logged from it on */
+    size_t dropped = 0;
+    while (l->n && l->recs[l->n - 1].step >= step) { l->n--; dropped++; }
+    if (dropped) add_note(l, "step %lld logged again (a resumed run?): the later records replace %zu earlier ones",
+                          (long long)step, dropped);
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 1024;
+        rec_t *r = realloc(l->recs, cap * sizeof *r);
+        if (!r) return -1;
+        l->recs = r;
+        l->cap = cap;
+    }
+    rec_t *r = &l->recs[l->n++];
+    r->step = step;
+    for (int f = 0; f < NF; f++) {
+        json_t *v = json_object_get(o, FIELD[f]);
+        r->v[f] = v && json_is_number(v) ? json_number_value(v) : NAN;
+    }
+    return 0;
+}
+
+int report_load(const char *path, report_log_t **out, char *err, size_t errlen) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s; give the file written by `ballast train --log-json FILE`", path, strerror(errno));
+        return -1;
+    }
+    report_log_t *l = calloc(1, sizeof *l);
+    if (!l || !(l->path = strdup(path))) { fclose(f); free(l); snprintf(err, errlen, "out of memory"); return -1; }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    long lineno = 0, ignored = 0;
+    int rc = 0;
+    bool pending = false; /* a line that did not parse: fine only if it is the last one */
+    long pending_no = 0;
+    char pending_why[JSON_ERROR_TEXT_LENGTH + 40] = "";
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        if (blank(line)) continue;
+        if (pending) {
+            snprintf(err, errlen, "%s:%ld: not a JSON object (%s); `ballast report` reads the JSON lines of "
+                     "`ballast train --log-json`", path, pending_no, pending_why);
+            rc = -1;
+            break;
+        }
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        if (!o || !json_is_object(o)) {
+            const char *s = line;
+            while (*s == ' ' || *s == '\t') s++;
+            if (o) snprintf(pending_why, sizeof pending_why, "a JSON %s, not an object",
+                            json_is_array(o) ? "array" : json_is_string(o) ? "string" : "number or literal");
+            else snprintf(pending_why, sizeof pending_why, "%s at column %d", je.text, je.column);
+            if (!o && *s == '{') { /* maybe a record cut short: fine if nothing follows */
+                pending = true;
+                pending_no = lineno;
+                continue;
+            }
+            json_decref(o);
+            snprintf(err, errlen, "%s:%ld: not a JSON object (%s); `ballast report` reads the JSON lines of "
+                     "`ballast train --log-json`", path, lineno, pending_why);
+            rc = -1;
+            break;
+        }
+        json_t *kind = json_object_get(o, "kind");
+        json_t *step = json_object_get(o, "step");
+        if (kind && json_is_string(kind) && strcmp(json_string_value(kind), "settings") == 0) {
+            if (!l->settings) l->settings = json_incref(o);
+        } else if (step && json_is_number(step) && (!kind || (json_is_string(kind) && !strcmp(json_string_value(kind), "step")))) {
+            double s = json_number_value(step);
+            if (!(s >= 0 && s < 9e18) || s != floor(s)) {
+                snprintf(err, errlen, "%s:%ld: \"step\" is %g; steps are non-negative whole numbers", path, lineno, s);
+                json_decref(o);
+                rc = -1;
+                break;
+            }
+            if (add_record(l, o, (int64_t)s) != 0) { json_decref(o); snprintf(err, errlen, "out of memory"); rc = -1; break; }
+        } else {
+            ignored++;
+        }
+        json_decref(o);
+    }
+    if (rc == 0 && pending) {
+        if (l->n == 0 && !l->settings) {
+            snprintf(err, errlen, "%s:%ld: not a JSON object (%s); `ballast report` reads the JSON lines of "
+                     "`ballast train --log-json`", path, pending_no, pending_why);
+            rc = -1;
+        } else {
+            add_note(l, "line %ld is cut short (the run was still writing it, or was killed): ignored", pending_no);
+        }
+    }
+    if (rc == 0 && ferror(f)) { snprintf(err, errlen, "%s: read error: %s", path, strerror(errno)); rc = -1; }
+    if (rc == 0 && l->n == 0) {
+        snprintf(err, errlen, "%s: no step records (objects with a \"step\" field) in %ld lines; is this the "
+                 "--log-json output of `ballast train`?", path, lineno);
+        rc = -1;
+    }
+    if (rc == 0 && ignored) add_note(l, "%ld records of other kinds ignored", ignored);
+    free(line);
+    fclose(f);
+    if (rc) { report_free(l); return -1; }
+    *out = l;
+    return 0;
+}
+
+/* ---- formatting helpers ---- */
+
+static void html_escape(FILE *o, const char *s) {
+    for (; s && *s; s++) {
+        switch (*s) {
+        case '&': fputs("&amp;", o); break;
+        case '<': fputs("&lt;", o); break;
+        case '>': fputs("&gt;", o); break;
+        case '"': fputs("&quot;", o); break;
+        case '\'': fputs("&#39;", o); break;
+        default: fputc(*s, o);
+        }
+    }
+}
+
+typedef enum { U_PLAIN, U_PCT, U_BYTES, U_SI, U_SECONDS } unit_t;
+
+static void fmt_unit(double v, unit_t u, char *buf, size_t len) {
+    double a = fabs(v);
+    switch (u) {
+    case U_PCT: snprintf(buf, len, "%.1f%%", 100 * v); break;
+    case U_BYTES:
+        if (a >= 1073741824.0) snprintf(buf, len, "%.3g GiB", v / 1073741824.0);
+        else if (a >= 1048576.0) snprintf(buf, len, "%.3g MiB", v / 1048576.0);
+        else if (a >= 1024.0) snprintf(buf, len, "%.3g KiB", v / 1024.0);
+        else snprintf(buf, len, "%.0f B", v);
+        break;
+    case U_SI:
+        if (a >= 1e9) snprintf(buf, len, "%.3gG", v / 1e9);
+        else if (a >= 1e6) snprintf(buf, len, "%.3gM", v / 1e6);
+        else if (a >= 1e3) snprintf(buf, len, "%.3gk", v / 1e3);
+        else snprintf(buf, len, "%.3g", v);
+        break;
+    case U_SECONDS:
+        if (a >= 1 || a == 0) snprintf(buf, len, "%.3g s", v);
+        else snprintf(buf, len, "%.3g ms", v * 1e3);
+        break;
+    default: snprintf(buf, len, "%.4g", v);
+    }
+}
+
+/* ---- plots ---- */
+
+#define MAX_SERIES 5
+
+typedef struct {
+    const char *id, *title, *ylabel;
+    unit_t unit;
+    int nf;
+    int fields[MAX_SERIES];
+    bool floor;          /* draw the entropy floor */
+} plot_def_t;
+
+static const plot_def_t PLOTS[] = {
+    { "loss", "Loss", "nats per token", U_PLAIN, 1, { F_LOSS }, true },
+    { "throughput", "Throughput, all GPUs", "tokens/s", U_SI, 1, { F_TPS }, false },
+    { "mfu", "Model FLOPs utilization", "MFU", U_PCT, 1, { F_MFU }, false },
+    { "memory", "Memory", "bytes", U_BYTES, 3, { F_MEM_GPU, F_MEM_GPU_PEAK, F_MEM_HOST }, false },
+    { "offload", "Offload traffic per step", "bytes per step", U_BYTES, 2, { F_OFF_H, F_OFF_D }, false },
+    { "time", "Step time and its split", "seconds", U_SECONDS, 5, { F_STEP_S, F_COMPUTE, F_COMM, F_OFFW, F_DATA }, false },
+};
+static const char *const COLORS[MAX_SERIES] = { "#1f5fbf", "#d9480f", "#2b8a3e", "#862e9c", "#868e96" };
+
+static bool has_field(const report_log_t *l, int f) {
+    for (size_t i = 0; i < l->n; i++)
+        if (isfinite(l->recs[i].v[f])) return true;
+    return false;
+}
+
+/* Draw one plot. Returns true when something was drawn. */
+static bool write_plot(FILE *o, const report_log_t *l, const plot_def_t *pd, double floor_v) {
+    const double X0 = REPORT_PLOT_X0, Y0 = REPORT_PLOT_Y0, W = REPORT_PLOT_W, H = REPORT_PLOT_H;
+    bool any = false;
+    int64_t smin = 0, smax = 0;
+    double lo = INFINITY, hi = -INFINITY;
+    size_t stride = l->n > REPORT_MAX_POINTS ? (l->n + REPORT_MAX_POINTS - 1) / REPORT_MAX_POINTS : 1;
+    for (size_t i = 0; i < l->n; i++) {
+        if (i % stride && i != l->n - 1) continue;
+        bool has = false;
+        for (int k = 0; k < pd->nf; k++) {
+            double v = l->recs[i].v[pd->fields[k]];
+            if (!isfinite(v)) continue;
+            has = true;
+            if (v < lo) lo = v;
+            if (v > hi) hi = v;
+        }
+        if (!has) continue;
+        if (!any) smin = l->recs[i].step;
+        smax = l->recs[i].step;
+        any = true;
+    }
+    fprintf(o, "<figure class=\"plot\" id=\"plot-%s\">\n<figcaption>%s</figcaption>\n", pd->id, pd->title);
+    if (!any) {
+        fprintf(o, "<p class=\"missing\">Not in the log:");
+        for (int k = 0; k < pd->nf; k++) fprintf(o, " <code>%s</code>", FIELD[pd->fields[k]]);
+        fprintf(o, ".</p>\n</figure>\n");
+        return false;
+    }
+    bool show_floor = pd->floor && isfinite(floor_v);
+    if (show_floor) {
+        if (floor_v < lo) lo = floor_v;
+        if (floor_v > hi) hi = floor_v;
+    }
+    double span = hi - lo, pad = span > 0 ? 0.05 * span : (lo != 0 ? 0.05 * fabs(lo) : 1);
+    double ymin = lo - pad, ymax = hi + pad;
+    double xspan = (double)(smax - smin);
+#define PX(s) (xspan > 0 ? X0 + W * (double)((s) - smin) / xspan : X0 + W / 2)
+#define PY(v) (Y0 + H * (ymax - (v)) / (ymax - ymin))
+    fprintf(o,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" "
+            "data-plot=\"%s\" data-xmin=\"%lld\" data-xmax=\"%lld\" data-ymin=\"%.17g\" data-ymax=\"%.17g\" "
+            "role=\"img\" aria-label=\"%s against step\">\n",
+            X0 + W + 20, Y0 + H + 45, X0 + W + 20, Y0 + H + 45, pd->id, (long long)smin, (long long)smax, ymin, ymax,
+            pd->title);
+    fprintf(o, "<rect class=\"area\" x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\"/>\n", X0, Y0, W, H);
+    for (int t = 0; t <= 4; t++) { /* horizontal grid with value labels */
+        double v = ymin + (ymax - ymin) * t / 4.0, y = PY(v);
+        char lab[48];
+        fmt_unit(v, pd->unit, lab, sizeof lab);
+        fprintf(o, "<line class=\"grid\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>"
+                   "<text class=\"ylab\" x=\"%.1f\" y=\"%.1f\">%s</text>\n",
+                X0, y, X0 + W, y, X0 - 6, y + 4, lab);
+    }
+    int nx = xspan >= 4 ? 4 : (int)xspan;
+    for (int t = 0; t <= nx; t++) { /* step labels */
+        int64_t s = nx ? smin + (int64_t)llround(xspan * t / nx) : smin;
+        fprintf(o, "<text class=\"xlab\" x=\"%.1f\" y=\"%.1f\">%lld</text>\n", PX(s), Y0 + H + 16, (long long)s);
+    }
+    fprintf(o, "<text class=\"axis\" x=\"%.1f\" y=\"%.1f\">step</text>\n", X0 + W / 2, Y0 + H + 36);
+    fprintf(o, "<text class=\"axis\" transform=\"rotate(-90)\" x=\"%.1f\" y=\"12\">%s</text>\n", -(Y0 + H / 2),
+            pd->ylabel);
+    for (int k = 0; k < pd->nf; k++) {
+        int f = pd->fields[k];
+        bool open = false;
+        for (size_t i = 0; i < l->n; i++) {
+            if (i % stride && i != l->n - 1) continue;
+            double v = l->recs[i].v[f];
+            if (!isfinite(v)) { /* a gap splits the line */
+                if (open) fputs("\"/>\n", o);
+                open = false;
+                continue;
+            }
+            if (!open)
+                fprintf(o, "<polyline class=\"series\" data-series=\"%s\" stroke=\"%s\" points=\"", FIELD[f],
+                        COLORS[k]);
+            else fputc(' ', o);
+            fprintf(o, "%.3f,%.3f", PX(l->recs[i].step), PY(v));
+            open = true;
+        }
+        if (open) fputs("\"/>\n", o);
+    }
+    if (show_floor) {
+        double y = PY(floor_v);
+        fprintf(o, "<line class=\"floor\" data-value=\"%.17g\" x1=\"%.1f\" y1=\"%.3f\" x2=\"%.1f\" y2=\"%.3f\"/>"
+                   "<text class=\"floorlab\" x=\"%.1f\" y=\"%.1f\">entropy floor %.4f</text>\n",
+                floor_v, X0, y, X0 + W, y, X0 + W - 4, y - 4, floor_v);
+    }
+    fputs("</svg>\n<div class=\"legend\">", o);
+    for (int k = 0; k < pd->nf; k++) {
+        bool has = has_field(l, pd->fields[k]);
+        fprintf(o, "<span%s><i style=\"background:%s\"></i><code>%s</code>%s</span> ", has ? "" : " class=\"absent\"",
+                COLORS[k], FIELD[pd->fields[k]], has ? "" : " (not in the log)");
+    }
+    if (show_floor) fputs("<span><i class=\"dash\"></i>corpus entropy floor</span>", o);
+    fputs("</div>\n</figure>\n", o);
+#undef PX
+#undef PY
+    return true;
+}
+
+/* ---- the page ---- */
+
+static const char CSS[] =
+    "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:760px;color:#222}"
+    "h1{font-size:20px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse}"
+    "td,th{padding:2px 10px 2px 0;text-align:left;vertical-align:top}th{font-weight:600}"
+    "td.n{text-align:right;font-variant-numeric:tabular-nums}"
+    ".notes{background:#fff4e6;border-left:3px solid #e8590c;padding:6px 10px;white-space:pre-wrap}"
+    "figure{margin:18px 0}figcaption{font-weight:600}svg{display:block;max-width:100%;height:auto}"
+    "svg text{font-size:11px;fill:#555}.ylab{text-anchor:end}.xlab,.axis{text-anchor:middle}"
+    ".area{fill:#fafafa;stroke:#ccc}.grid{stroke:#e6e6e6}"
+    ".series{fill:none;stroke-width:1.5;stroke-linejoin:round}"
+    ".floor{stroke:#c92a2a;stroke-dasharray:6 4}.floorlab{text-anchor:end;fill:#c92a2a}"
+    ".legend span{margin-right:14px}.legend i{display:inline-block;width:14px;height:3px;margin-right:4px;"
+    "vertical-align:middle}.legend i.dash{border-top:2px dashed #c92a2a;height:0}.absent{color:#999}"
+    ".missing{color:#999;font-style:italic}code{font-size:12px}";
+
+/* mean of field f over the records (the first left out when there are more: warm-up) */
+static double mean_of(const report_log_t *l, int f) {
+    double s = 0;
+    size_t n = 0;
+    for (size_t i = l->n > 1 ? 1 : 0; i < l->n; i++)
+        if (isfinite(l->recs[i].v[f])) { s += l->recs[i].v[f]; n++; }
+    return n ? s / n : NAN;
+}
+
+static void row(FILE *o, const char *k, const char *v) {
+    fputs("<tr><th>", o);
+    html_escape(o, k);
+    fputs("</th><td>", o);
+    html_escape(o, v);
+    fputs("</td></tr>\n", o);
+}
+
+static void write_summary(FILE *o, const report_log_t *l, double floor_v) {
+    char v[256], a[64], b[64];
+    fputs("<h2>Summary</h2>\n<table>\n", o);
+    snprintf(v, sizeof v, "%lld to %lld (%zu records)", (long long)l->recs[0].step, (long long)l->recs[l->n - 1].step,
+             l->n);
+    row(o, "steps", v);
+    double last = NAN, best = INFINITY;
+    int64_t best_step = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        double x = l->recs[i].v[F_LOSS];
+        if (!isfinite(x)) continue;
+        last = x;
+        if (x < best) { best = x; best_step = l->recs[i].step; }
+    }
+    if (isfinite(last)) {
+        snprintf(v, sizeof v, "%.4f (lowest %.4f at step %lld)", last, best, (long long)best_step);
+        row(o, "final loss", v);
+    }
+    if (isfinite(floor_v) && isfinite(last)) {
+        snprintf(v, sizeof v, "%.4f nats; final loss is %.4f above it", floor_v, last - floor_v);
+        row(o, "entropy floor", v);
+    }
+    double tps = mean_of(l, F_TPS), tpg = mean_of(l, F_TPS_GPU), tfl = mean_of(l, F_TFLOPS), mfu = mean_of(l, F_MFU);
+    if (isfinite(tps)) {
+        fmt_unit(tps, U_SI, a, sizeof a);
+        fmt_unit(tpg, U_SI, b, sizeof b);
+        snprintf(v, sizeof v, "%s tokens/s (%s per GPU), mean over the steps after the first", a, isfinite(tpg) ? b : "?");
+        row(o, "throughput", v);
+    }
+    if (isfinite(tfl)) { snprintf(v, sizeof v, "%.2f TFLOP/s per GPU", tfl); row(o, "model FLOP/s", v); }
+    if (isfinite(mfu)) { snprintf(v, sizeof v, "%.1f%%", 100 * mfu); row(o, "MFU", v); }
+    double st = 0, ph[4] = { 0 }, off = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        const rec_t *r = &l->recs[i];
+        if (!isfinite(r->v[F_STEP_S])) continue;
+        st += r->v[F_STEP_S];
+        const int pf[4] = { F_COMPUTE, F_COMM, F_OFFW, F_DATA };
+        for (int k = 0; k < 4; k++) if (isfinite(r->v[pf[k]])) ph[k] += r->v[pf[k]];
+        if (isfinite(r->v[F_OFF_H])) off += r->v[F_OFF_H];
+        if (isfinite(r->v[F_OFF_D])) off += r->v[F_OFF_D];
+    }
+    if (st > 0) {
+        snprintf(v, sizeof v, "compute %.1f%%, exposed comm %.1f%%, offload waits %.1f%%, data %.1f%%", 100 * ph[0] / st,
+                 100 * ph[1] / st, 100 * ph[2] / st, 100 * ph[3] / st);
+        row(o, "time split", v);
+        if (off > 0) { fmt_unit(off / st, U_BYTES, a, sizeof a); snprintf(v, sizeof v, "%s/s", a); row(o, "offload traffic", v); }
+    }
+    double el = l->recs[l->n - 1].v[F_ELAPSED], tok = l->recs[l->n - 1].v[F_TOKENS];
+    if (isfinite(tok)) { fmt_unit(tok, U_SI, a, sizeof a); row(o, "tokens", a); }
+    if (isfinite(el)) { snprintf(v, sizeof v, "%.1f s", el); row(o, "elapsed", v); }
+    fputs("</table>\n", o);
+}
+
+static void write_settings(FILE *o, const report_log_t *l) {
+    fputs("<h2>Settings</h2>\n", o);
+    if (!l->settings) {
+        fputs("<p class=\"missing\">The log has no settings record (a first line of kind \"settings\").</p>\n", o);
+        return;
+    }
+    fputs("<table>\n", o);
+    const char *k;
+    json_t *v;
+    json_object_foreach(l->settings, k, v) {
+        if (!strcmp(k, "kind") || !strcmp(k, "settings")) continue;
+        char *s = json_is_string(v) ? strdup(json_string_value(v)) : json_dumps(v, JSON_ENCODE_ANY | JSON_REAL_PRECISION(10));
+        row(o, k, s ? s : "?");
+        free(s);
+    }
+    json_t *set = json_object_get(l->settings, "settings");
+    if (json_is_object(set)) {
+        json_object_foreach(set, k, v) {
+            char name[256];
+            snprintf(name, sizeof name, "--%s", k);
+            char *s = json_is_string(v) ? strdup(json_string_value(v)) : json_dumps(v, JSON_ENCODE_ANY);
+            row(o, name, s ? s : "?");
+            free(s);
+        }
+    }
+    fputs("</table>\n", o);
+}
+
+int report_write_html(const report_log_t *l, const report_opts_t *opt, FILE *o, char *plotted, size_t plotted_len,
+                      char *missing, size_t missing_len, char *err, size_t errlen) {
+    double floor_v = opt && isfinite(opt->entropy_nats) ? opt->entropy_nats : NAN;
+    if (!isfinite(floor_v) && l->settings) {
+        json_t *e = json_object_get(l->settings, "entropy_nats");
+        if (e && json_is_number(e)) floor_v = json_number_value(e);
+    }
+    const char *base = strrchr(l->path, '/');
+    base = base ? base + 1 : l->path;
+    char title[512];
+    if (opt && opt->title) snprintf(title, sizeof title, "%s", opt->title);
+    else snprintf(title, sizeof title, "ballast run: %s", base);
+
+    fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>", o);
+    html_escape(o, title);
+    fprintf(o, "</title>\n<style>%s</style>\n</head>\n<body>\n<h1>", CSS);
+    html_escape(o, title);
+    fputs("</h1>\n<p>From <code>", o);
+    html_escape(o, l->path);
+    fputs("</code>.</p>\n", o);
+
+    if (plotted_len) plotted[0] = 0;
+    if (missing_len) missing[0] = 0;
+    /* notes: what the reader met, what is missing */
+    char miss[512] = "";
+    for (int f = 0; f < NF; f++) {
+        bool used = false;
+        for (size_t p = 0; p < sizeof PLOTS / sizeof PLOTS[0]; p++)
+            for (int k = 0; k < PLOTS[p].nf; k++) used |= PLOTS[p].fields[k] == f;
+        if (used && !has_field(l, f)) {
+            size_t n = strlen(miss);
+            snprintf(miss + n, sizeof miss - n, "%s%s", n ? ", " : "", FIELD[f]);
+        }
+    }
+    if (missing_len) snprintf(missing, missing_len, "%s", miss);
+    const char *notes = report_notes(l);
+    if (*notes || *miss || !isfinite(floor_v)) {
+        fputs("<div class=\"notes\">", o);
+        html_escape(o, notes);
+        if (*miss) {
+            fputs("Not in the log, not plotted: ", o);
+            html_escape(o, miss);
+            fputs(".\n", o);
+        }
+        json_t *dev = l->settings ? json_object_get(l->settings, "device") : NULL;
+        if (!has_field(l, F_MFU) && json_is_string(dev)) {
+            fputs("No MFU: no peak TFLOP/s is known for the device \"", o);
+            html_escape(o, json_string_value(dev));
+            fputs("\" (train with --peak-tflops X to count MFU against a measured peak).\n", o);
+        }
+        if (!isfinite(floor_v))
+            fputs("Corpus entropy floor unknown: the loss plot has no floor line (give --entropy NATS, or train on "
+                  "data from `ballast data synth`).\n", o);
+        fputs("</div>\n", o);
+    }
+    write_summary(o, l, floor_v);
+    fputs("<h2>Plots</h2>\n", o);
+    for (size_t p = 0; p < sizeof PLOTS / sizeof PLOTS[0]; p++) {
+        if (write_plot(o, l, &PLOTS[p], floor_v) && plotted_len) {
+            size_t n = strlen(plotted);
+            snprintf(plotted + n, plotted_len - n, "%s%s", n ? ", " : "", PLOTS[p].id);
+        }
+    }
+    write_settings(o, l);
+    time_t now = time(NULL);
+    char when[64];
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime(&now));
+    fprintf(o, "<p class=\"missing\">Written by ballast report, %s.</p>\n</body>\n</html>\n", when);
+    if (fflush(o) != 0 || ferror(o)) {
+        snprintf(err, errlen, "writing the report failed: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}

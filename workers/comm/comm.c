@@ -1,0 +1,317 @@
+/* comm.c: the backend-independent half of comm.h: argument checks,
+ * completion handles, backend selection. The collectives themselves live in
+ * comm_shm.c and comm_nccl.c. */
+#include "workers/comm/impl.h"
+#include "clock.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- names ---- */
+
+const char *comm_coll_name(comm_coll_t c) {
+    static const char *names[] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" };
+    return (unsigned)c < 5 ? names[c] : "?";
+}
+
+size_t comm_dtype_size(comm_dtype_t dt) { return dt == COMM_BF16 ? 2 : 4; }
+const char *comm_dtype_name(comm_dtype_t dt) { return dt == COMM_BF16 ? "bf16" : "fp32"; }
+
+int comm_kind_parse(const char *s) {
+    if (!s) return -1;
+    if (!strcmp(s, "auto")) return COMM_AUTO;
+    if (!strcmp(s, "shm")) return COMM_SHM;
+    if (!strcmp(s, "nccl")) return COMM_NCCL;
+    return -1;
+}
+
+const char *comm_kind_name(comm_kind_t k) {
+    switch (k) {
+    case COMM_AUTO: return "auto";
+    case COMM_SHM: return "shm";
+    case COMM_NCCL: return "nccl";
+    default: return "?";
+    }
+}
+
+int comm_select(comm_kind_t requested, bool on_gpu, char *err, size_t errlen) {
+    char why[COMM_ERR_LEN] = "";
+    switch (requested) {
+    case COMM_SHM: return COMM_SHM;
+    case COMM_AUTO:
+        if (on_gpu && comm_nccl_available(why, sizeof why)) return COMM_NCCL;
+        return COMM_SHM;
+    case COMM_NCCL:
+        if (!on_gpu) {
+            snprintf(err, errlen, "--comm nccl needs the CUDA backend (GPU buffers): "
+                     "use --comm shm (or auto) with the CPU backend");
+            return -1;
+        }
+        if (!comm_nccl_available(why, sizeof why)) {
+            snprintf(err, errlen, "--comm nccl: %s; use --comm shm for ranks of one node", why);
+            return -1;
+        }
+        return COMM_NCCL;
+    }
+    snprintf(err, errlen, "unknown --comm value %d: use auto, shm or nccl", (int)requested);
+    return -1;
+}
+
+/* ---- set-up ---- */
+
+void comm_config_init(comm_config_t *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->kind = COMM_SHM;
+    cfg->shm_fd = -1;
+}
+
+int comm_init(comm_t **out, const comm_config_t *cfg, char *err, size_t errlen) {
+    *out = NULL;
+    if (cfg->n < 1 || cfg->n > COMM_MAX_RANKS) {
+        snprintf(err, errlen, "comm %s: group size %d out of range 1..%d", cfg->name ? cfg->name : "?",
+                 cfg->n, COMM_MAX_RANKS);
+        return -EINVAL;
+    }
+    if (cfg->index < 0 || cfg->index >= cfg->n) {
+        snprintf(err, errlen, "comm %s: index %d outside the group of %d", cfg->name ? cfg->name : "?",
+                 cfg->index, cfg->n);
+        return -EINVAL;
+    }
+    if (!cfg->name || !cfg->name[0] || strlen(cfg->name) >= 64) {
+        snprintf(err, errlen, "comm: a group name of 1..63 bytes is required (e.g. \"shard.3\")");
+        return -EINVAL;
+    }
+    for (const char *p = cfg->name; *p; p++)
+        if (!(*p == '.' || *p == '-' || *p == '_' || (*p >= '0' && *p <= '9') ||
+              (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z'))) {
+            snprintf(err, errlen, "comm: group name \"%s\" may hold only letters, digits, '.', '-', '_'",
+                     cfg->name);
+            return -EINVAL;
+        }
+    const comm_ops_t *ops;
+    if (cfg->kind == COMM_SHM) ops = &comm_shm_ops;
+    else if (cfg->kind == COMM_NCCL) ops = &comm_nccl_ops;
+    else {
+        snprintf(err, errlen, "comm %s: backend %s must be resolved with comm_select first",
+                 cfg->name, comm_kind_name(cfg->kind));
+        return -EINVAL;
+    }
+    comm_t *c = calloc(1, sizeof *c);
+    if (!c) goto oom;
+    c->ranks = malloc(sizeof(int) * (size_t)cfg->n);
+    if (!c->ranks) goto oom;
+    c->ops = ops;
+    snprintf(c->name, sizeof c->name, "%s", cfg->name);
+    c->n = cfg->n;
+    c->index = cfg->index;
+    for (int i = 0; i < cfg->n; i++) c->ranks[i] = cfg->ranks ? cfg->ranks[i] : i;
+    c->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : COMM_DEFAULT_TIMEOUT_S;
+    c->next_seq = 1;
+    int rc = ops->init(c, cfg, err, errlen);
+    if (rc) {
+        free(c->ranks);
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+oom:
+    if (c) free(c->ranks);
+    free(c);
+    snprintf(err, errlen, "comm %s: out of memory", cfg->name);
+    return -ENOMEM;
+}
+
+void comm_destroy(comm_t *c) {
+    if (!c) return;
+    c->ops->destroy(c);
+    free(c->ranks);
+    free(c);
+}
+
+int comm_size(const comm_t *c) { return c->n; }
+int comm_index(const comm_t *c) { return c->index; }
+const char *comm_backend(const comm_t *c) { return c->ops->name; }
+
+/* ---- requests ---- */
+
+void comm_req_done(comm_req_t *r, int status, const char *msg) {
+    pthread_mutex_lock(&r->mu);
+    r->status = status;
+    if (status && msg) snprintf(r->err, sizeof r->err, "%s", msg);
+    r->done = true;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int start(comm_t *c, comm_coll_t coll, const void *send, void *recv, size_t count,
+                 comm_dtype_t dt, comm_op_t op, int root, comm_req_t **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (dt != COMM_F32 && dt != COMM_BF16) {
+        snprintf(err, errlen, "comm %s: %s: unknown element type %d (fp32 or bf16)", c->name,
+                 comm_coll_name(coll), (int)dt);
+        return -EINVAL;
+    }
+    if (op != COMM_SUM && op != COMM_AVG) {
+        snprintf(err, errlen, "comm %s: %s: unknown reduction %d (sum or avg)", c->name,
+                 comm_coll_name(coll), (int)op);
+        return -EINVAL;
+    }
+    if (coll == COLL_BROADCAST && (root < 0 || root >= c->n)) {
+        snprintf(err, errlen, "comm %s: broadcast root %d outside the group of %d", c->name, root, c->n);
+        return -EINVAL;
+    }
+    if (count > (SIZE_MAX / 8) / (size_t)c->n) {
+        snprintf(err, errlen, "comm %s: %s: count %zu too large", c->name, comm_coll_name(coll), count);
+        return -EINVAL;
+    }
+    if (coll != COLL_BARRIER && count > 0 && (!recv || (coll != COLL_BROADCAST && !send))) {
+        snprintf(err, errlen, "comm %s: %s: NULL buffer", c->name, comm_coll_name(coll));
+        return -EINVAL;
+    }
+    comm_req_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(err, errlen, "comm %s: out of memory", c->name);
+        return -ENOMEM;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->comm = c;
+    r->coll = coll;
+    r->send = send;
+    r->recv = recv;
+    r->count = count;
+    r->dt = dt;
+    r->op = op;
+    r->root = root;
+    r->seq = c->next_seq++;
+    int rc = c->ops->start(c, r, err, errlen);
+    if (rc) {
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->cv);
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+int comm_all_gather(comm_t *c, const void *send, void *recv, size_t count, comm_dtype_t dt,
+                    comm_req_t **req, char *err, size_t errlen) {
+    return start(c, COLL_ALL_GATHER, send, recv, count, dt, COMM_SUM, 0, req, err, errlen);
+}
+
+int comm_reduce_scatter(comm_t *c, const void *send, void *recv, size_t count, comm_dtype_t dt,
+                        comm_op_t op, comm_req_t **req, char *err, size_t errlen) {
+    return start(c, COLL_REDUCE_SCATTER, send, recv, count, dt, op, 0, req, err, errlen);
+}
+
+int comm_all_reduce(comm_t *c, const void *send, void *recv, size_t count, comm_dtype_t dt,
+                    comm_op_t op, comm_req_t **req, char *err, size_t errlen) {
+    return start(c, COLL_ALL_REDUCE, send, recv, count, dt, op, 0, req, err, errlen);
+}
+
+int comm_broadcast(comm_t *c, void *buf, size_t count, comm_dtype_t dt, int root,
+                   comm_req_t **req, char *err, size_t errlen) {
+    return start(c, COLL_BROADCAST, buf, buf, count, dt, COMM_SUM, root, req, err, errlen);
+}
+
+int comm_barrier(comm_t *c, comm_req_t **req, char *err, size_t errlen) {
+    return start(c, COLL_BARRIER, NULL, NULL, 0, COMM_F32, COMM_SUM, 0, req, err, errlen);
+}
+
+bool comm_test(comm_req_t *r) {
+    if (r->comm->ops->test) return r->comm->ops->test(r->comm, r);
+    pthread_mutex_lock(&r->mu);
+    bool d = r->done;
+    pthread_mutex_unlock(&r->mu);
+    return d;
+}
+
+/* Nanoseconds this process spent blocked in comm_wait (exposed comm). */
+static _Atomic uint64_t g_wait_ns;
+
+double comm_wait_seconds(void) {
+    return 1e-9 * (double)atomic_load_explicit(&g_wait_ns, memory_order_relaxed) + comm_nccl_stall_seconds();
+}
+
+/* Block until r is done (the backend's wait hook first); its status, and
+ * its message in err when it failed. r stays allocated. */
+static int wait_done(comm_req_t *r, char *err, size_t errlen) {
+    if (r->comm->ops->wait) r->comm->ops->wait(r->comm, r);
+    pthread_mutex_lock(&r->mu);
+    while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
+    int st = r->status;
+    if (st) snprintf(err, errlen, "%s", r->err);
+    pthread_mutex_unlock(&r->mu);
+    return st;
+}
+
+int comm_stream_wait(comm_req_t *r, void *stream, char *err, size_t errlen) {
+    if (!r) {
+        snprintf(err, errlen, "comm_stream_wait: NULL handle");
+        return -EINVAL;
+    }
+    if (r->comm->ops->stream_wait) return r->comm->ops->stream_wait(r->comm, r, stream, err, errlen);
+    /* host-memory backend: the result is there once the collective is done;
+     * the host is blocked, so it counts as exposed communication */
+    uint64_t t0 = clock_now_ns();
+    int st = wait_done(r, err, errlen);
+    atomic_fetch_add_explicit(&g_wait_ns, clock_now_ns() - t0, memory_order_relaxed);
+    return st;
+}
+
+int comm_use(comm_hold_t *h, comm_req_t **req, void *stream, char *err, size_t errlen) {
+    comm_req_t *r = *req;
+    if (!r) return 0;
+    *req = NULL;
+    int rc = comm_stream_wait(r, stream, err, errlen);
+    if (rc) {
+        char e[COMM_ERR_LEN];
+        comm_wait(r, e, sizeof e);
+        return rc;
+    }
+    if (h->n == COMM_HOLD_MAX) {
+        comm_req_t *old = h->r[0];
+        memmove(h->r, h->r + 1, (COMM_HOLD_MAX - 1) * sizeof h->r[0]);
+        h->n--;
+        if ((rc = comm_wait(old, err, errlen))) {
+            h->r[h->n++] = r;
+            return rc;
+        }
+    }
+    h->r[h->n++] = r;
+    return 0;
+}
+
+int comm_hold_release(comm_hold_t *h, char *err, size_t errlen) {
+    int rc = 0;
+    char e[COMM_ERR_LEN];
+    for (int i = 0; i < h->n; i++) {
+        int st = comm_wait(h->r[i], e, sizeof e);
+        if (st && !rc) {
+            rc = st;
+            snprintf(err, errlen, "%s", e);
+        }
+    }
+    h->n = 0;
+    return rc;
+}
+
+int comm_wait(comm_req_t *r, char *err, size_t errlen) {
+    if (!r) {
+        snprintf(err, errlen, "comm_wait: NULL handle");
+        return -EINVAL;
+    }
+    uint64_t t0 = clock_now_ns();
+    int st = wait_done(r, err, errlen);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+    atomic_fetch_add_explicit(&g_wait_ns, clock_now_ns() - t0, memory_order_relaxed);
+    return st;
+}

@@ -1,0 +1,243 @@
+/* model.h: the Llama architecture (Hugging Face LlamaForCausalLM) on a
+ * backend_t.
+ *
+ * Parameter layout, chosen so that a block can be sharded, gathered and
+ * updated as one flat buffer:
+ *
+ *   params = [ embed (V, D) | block 0 | ... | block L-1 | norm (D) | lm_head (V, D) ]
+ *   block  = [ wq (H*Dh, D) | wk (Hkv*Dh, D) | wv (Hkv*Dh, D) | wo (D, H*Dh) |
+ *              w_gate (F, D) | w_up (F, D) | w_down (D, F) | attn_norm (D) | ffn_norm (D) ]
+ *
+ * lm_head is absent when the config ties it to embed. Weights are stored
+ * (out, in) as in PyTorch. Gradients (and the optimizer's moments) use the
+ * same layout. Every tensor has its Hugging Face name in the tensor table.
+ *
+ * Tensor parallelism (T > 1, Megatron style, workers/model/tp.h): rank t of a TP
+ * group of T holds a TP-local copy of that layout: wq/wk/wv and gate/up
+ * keep rows t*out/T.. (column-parallel: heads t*H/T.., kv heads t*Hkv/T..,
+ * MLP rows t*F/T..), wo and down keep columns t*in/T.. (row-parallel), the
+ * norms are replicated, embed and lm_head keep vocab rows t*Vt.. with
+ * Vt = ceil(V / T) (rows past V are zero padding). Between blocks a rank
+ * holds N/T of the N = B*seq token rows of the residual stream (sequence
+ * parallelism); model_tp_t says how the local layout maps onto the full one.
+ * With T = 1 the local layout is the full one and every op runs exactly as
+ * without tensor parallelism.
+ *
+ * One training micro-step is model_forward() then model_backward(); each
+ * block's forward and backward need only the block's input, so with
+ * activation checkpointing the model keeps the L+1 block inputs and
+ * recomputes a block's internals just before its backward. */
+#ifndef BALLAST_MODEL_H
+#define BALLAST_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "workers/backend/backend.h"
+#include "workers/comm/comm.h"
+#include "workers/model/config.h"
+
+/* The tensors of one block, in their order inside the block buffer. */
+typedef enum {
+    BLK_WQ, BLK_WK, BLK_WV, BLK_WO, BLK_WGATE, BLK_WUP, BLK_WDOWN, BLK_ATTN_NORM, BLK_FFN_NORM,
+    BLK_NT
+} blk_tensor_t;
+
+#define MODEL_NAME_LEN 96
+
+typedef struct {
+    char name[MODEL_NAME_LEN]; /* Hugging Face name, e.g. model.layers.3.mlp.up_proj.weight */
+    int ndim;                  /* 1 or 2 */
+    int64_t shape[2];          /* (out, in) or (D) */
+    size_t offset;             /* floats from the start of params */
+    size_t numel;
+    int block;                 /* block index, -1 outside blocks */
+    bool decay;                /* weight decay applies (2-D tensors) */
+    int tp_dim;                /* split across TP ranks: -1 replicated, 0 rows (column-parallel, vocab), 1 columns (row-parallel) */
+} model_tensor_t;
+
+/* Tensor-parallel context: the TP group and this rank's local layout. */
+typedef struct {
+    int size;                  /* T: ranks of the TP group (1 = no tensor parallelism) */
+    int rank;                  /* this rank's index in the group, 0..size-1 */
+    comm_t *comm;              /* the TP group's communicator; NULL when size == 1 */
+    const backend_t *be;       /* the model's backend (tp.c runs its ops) */
+    int H, Hkv, F, V;          /* local query heads, kv heads, MLP rows, vocab rows (ceil(vocab / size)) */
+    int N;                     /* token rows held between blocks: B*T / size */
+    size_t n_params;           /* floats of the TP-local layout */
+    size_t embed_off, blocks_off, norm_off, lm_head_off; /* floats, local layout (lm_head_off == embed_off when tied) */
+    size_t block_numel;        /* floats per local block */
+    size_t blk_off[BLK_NT];    /* offsets inside a local block */
+    model_tensor_t *tensors;   /* n_tensors entries, as model_t.tensors but local shapes and offsets */
+    act_t *rows;               /* (N/tp, D) scratch: local rows before a gather / after a reduce-scatter; NULL when size == 1 */
+    float *lse;                /* (N) log-sum-exp of each row's logits over the whole vocabulary; NULL when size == 1 */
+    float *xbuf;               /* (N * (size + 3)) cross-entropy scratch: row max, gathered maxima, sums; NULL when size == 1 */
+    comm_hold_t held;          /* collectives the compute stream waits for, collected later (tp_release;
+                                  fsdp releases them at the end of each micro-step and step, and
+                                  before the communicators are destroyed) */
+    int rc;                    /* first collective failure (negative errno), 0 when none */
+    char err[COMM_ERR_LEN];    /* its message */
+} model_tp_t;
+
+/* Activations of one block for its backward. Buffers named act_t hold
+ * backend act storage (bf16 on CUDA); float ones fp32 (backend.h). With
+ * tensor parallelism (tp = tp.size ranks) H, Hkv and F are the rank's
+ * (model_tp_t) and the rows of the residual stream are the rank's N/tp. */
+typedef struct {
+    act_t *xn1; float *rstd1;  /* (N, D) gathered over all rows, (N/tp): attention RMSNorm output and 1/rms */
+    act_t *q, *k, *v;          /* (N, H*Dh), (N, Hkv*Dh) x2, after RoPE */
+    float *att;                /* attention_state_numel(B, T, H): probabilities (CPU) or log-sum-exp rows */
+    act_t *ao;                 /* (N, H*Dh) attention output before wo */
+    act_t *xmid;               /* (N/tp, D) residual after attention */
+    act_t *xn2; float *rstd2;  /* (N, D) gathered, (N/tp): MLP RMSNorm */
+    act_t *gate, *up, *h;      /* (N, F) each */
+} block_acts_t;
+
+typedef struct model {
+    llama_config_t cfg;
+    const backend_t *be;
+    int B, T;                  /* micro-batch rows and sequence length */
+    bool act_ckpt;             /* keep only block inputs; recompute in backward */
+    model_tp_t tp;             /* tensor parallelism; tp.size == 1 without */
+
+    /* layout */
+    size_t n_params;           /* floats in params (and grads) */
+    size_t embed_off, blocks_off, norm_off, lm_head_off; /* floats; lm_head_off == embed_off when tied */
+    size_t block_numel;        /* floats per block */
+    size_t blk_off[BLK_NT];    /* offsets inside a block */
+    model_tensor_t *tensors;   /* host table, n_tensors entries, in layout order */
+    int n_tensors;
+
+    /* backend memory */
+    act_t *params;             /* (n_params) working copy the ops read (bf16 on CUDA) */
+    float *master;             /* (n_params) fp32 master weights; == params when act_bytes == 4 */
+    float *grads;              /* (n_params), accumulated over micro-steps */
+    int32_t *tokens, *targets; /* (N) current micro-batch */
+    act_t **xs;                /* L+1 block inputs (N/tp, D): this rank's rows; xs[L] is the last block's output */
+    block_acts_t *acts;        /* L sets, or 1 scratch set with act_ckpt */
+    act_t *xf; float *rstdf;   /* (N, D) final RMSNorm (all rows, gathered), (N/tp) */
+    act_t *logits;             /* (N, tp.V) this rank's vocab columns; becomes dlogits in backward */
+    float *losses;             /* (N) per-token loss */
+    /* backward scratch */
+    act_t *dx, *dtmp;          /* (N/tp, D) this rank's rows; (N, D) */
+    act_t *dq, *dk, *dv, *dao; /* (N, H*Dh), (N, Hkv*Dh) x2, (N, H*Dh) */
+    act_t *dgate, *dup, *dh;   /* (N, F) */
+    act_t *ftmp;               /* (N, D) forward scratch */
+    float *loss_host;          /* host (N) */
+} model_t;
+
+/* Build the layout and allocate parameters, gradients and activations for
+ * micro-batches of B rows of T tokens. Parameters start at zero. Returns 0,
+ * or -1 with a message (bad config, T > max_seq, out of memory). */
+int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+                 char *err, size_t errlen);
+
+/* model_create for rank tp_rank of a TP group of tp_size ranks (comm: the
+ * group's communicator, NULL when tp_size == 1). Parameters, master and
+ * gradients keep the full layout (for initialisation and I/O; a sharding
+ * driver drops them); activations, logits and scratch are TP-local.
+ * tp_size > 1 needs H, Hkv, F and B*T divisible by
+ * tp_size; otherwise -1 with a message naming the numbers. The whole-model
+ * model_forward / model_backward need tp_size == 1. */
+int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+                    int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen);
+
+/* The same without the full parameter, master and gradient buffers
+ * (params, master, grads stay NULL): for the sharded trainer, whose
+ * parameters live in fsdp's chunks, so a rank never holds the whole model
+ * on its device (initial weights come from model_init_random_host or
+ * ckpt_read_hf_host in host memory). */
+int model_create_acts(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+                      int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen);
+
+/* The flat index in the full tensor full (of the model's tensor table) of
+ * element i of TP rank tp_rank's part, whose local shape is lshape; -1 for
+ * vocab padding. tp_size is implied by the shapes. */
+int64_t model_tp_full_index(const model_tensor_t *full, const int64_t lshape[2], int tp_rank, size_t i);
+
+/* Cut this rank's TP-local parameters (local layout, tp.n_params floats,
+ * padding zero) out of full ones (full layout), or write them back:
+ * model_tp_unslice writes the parts of TP rank tp_rank into full. */
+void model_tp_slice(const model_t *m, const float *full, float *local);
+void model_tp_unslice(const model_t *m, int tp_rank, const float *local, float *full);
+
+/* Bytes model_create would allocate (parameters, gradients, activations
+ * and scratch), plus the optimizer's two moment buffers. */
+uint64_t model_memory_bytes(const llama_config_t *cfg, int B, int T, bool act_ckpt);
+
+/* Only the layout and tensor table (no backend, no memory beyond the
+ * table): for tools that move weights between files. Free with
+ * model_destroy. */
+int model_layout(model_t *m, const llama_config_t *cfg, char *err, size_t errlen);
+void model_destroy(model_t *m);
+
+/* Deterministic initialisation from a seed: 2-D weights ~ N(0, 0.02^2)
+ * (Hugging Face's initializer_range), norm gains 1. */
+void model_init_random(model_t *m, uint64_t seed);
+/* The same values into host (n_params floats, full layout); needs only
+ * the layout. */
+void model_init_random_host(const model_t *m, uint64_t seed, float *host);
+
+/* Find a tensor by Hugging Face name; NULL if absent. */
+const model_tensor_t *model_find(const model_t *m, const char *name);
+
+/* Pointer to block l's flat parameter buffer (block_numel act elements). */
+act_t *model_block_params(model_t *m, int l);
+float *model_block_grads(model_t *m, int l);
+
+/* Copy the fp32 master parameters to/from host memory in layout order
+ * (n_params floats); setting also refreshes the working copy. */
+void model_get_params(const model_t *m, float *host);
+void model_set_params(model_t *m, const float *host);
+
+/* Run the forward pass on one micro-batch (host tokens and targets, B*T
+ * each, already checked < V). Returns the sum over the B*T tokens of the
+ * cross-entropy (double, host). Logits stay available until backward. */
+double model_forward(model_t *m, const int32_t *tokens, const int32_t *targets);
+
+/* Backward of the last forward; gradients accumulate into m->grads scaled
+ * by loss_scale (1 / tokens in the global batch for a mean loss). */
+void model_backward(model_t *m, float loss_scale);
+
+/* Zero the gradients. */
+void model_zero_grads(model_t *m);
+
+/* Free the full parameter, master and gradient buffers (n_params each) for
+ * a driver that places parameters itself (workers/parallel/fsdp.h keeps 1/S of
+ * them); model_forward/model_backward and the functions reading m->params
+ * must not be called afterwards, the block/embed/head pieces still work. */
+void model_drop_params(model_t *m);
+
+/* The pieces of model_forward / model_backward, in their order, for a
+ * driver that places parameters itself (sharded training gathers each
+ * block's buffer just before it runs). Parameter and gradient pointers are
+ * explicit; activations stay in m (xs[0..L], m->dx).
+ *   model_embed_forward   tokens -> xs[0]
+ *   model_block_forward   for l = 0..L-1: xs[l] -> xs[l+1]
+ *   model_head_forward    xs[L] -> final norm, logits, loss (sum over B*T tokens)
+ *   model_head_backward   loss -> m->dx = dL/d xs[L]; dnorm, dlm_head accumulate
+ *   model_block_backward  for l = L-1..0 (after recomputing block l when
+ *                         activations were not kept): m->dx -> dL/d xs[l]
+ *   model_embed_backward  m->dx -> dembed (accumulates) */
+void model_embed_forward(model_t *m, const act_t *embed, const int32_t *tokens, const int32_t *targets);
+double model_head_forward(model_t *m, const act_t *norm, const act_t *lm_head);
+void model_head_backward(model_t *m, const act_t *norm, const act_t *lm_head, float *dnorm, float *dlm_head,
+                         float loss_scale);
+void model_embed_backward(model_t *m, float *dembed);
+
+/* With T > 1: model_embed_forward / model_block_* / model_head_* run the
+ * TP collectives themselves (a failure is kept in m->tp.rc / m->tp.err, and
+ * later collectives are skipped); parameter pointers are TP-local; norm
+ * gradients are partial (this rank's rows) and the caller sums them over the
+ * TP group; model_head_forward returns the loss sum over this rank's N/tp
+ * rows, so adding it over every rank gives the batch's sum. */
+
+/* Block-level pieces (also used by the tests and by sharded training):
+ * forward of block l from x_in (N, D) into x_out (N, D) keeping activations
+ * in a; backward from dx (N, D) = dL/dx_out, replaced by dL/dx_in, with the
+ * block's parameter gradients accumulated into grads (block_numel floats). */
+void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *x_out, block_acts_t *a);
+void model_block_backward(model_t *m, const act_t *bp, float *bg, const act_t *x_in, block_acts_t *a, act_t *dx);
+
+#endif

@@ -1,0 +1,105 @@
+/* train.h: the training loop of ballast-worker (one process, CPU or CUDA
+ * backend; with a world of several processes, one rank of a hybrid-sharded
+ * CPU job, workers/train/dist.c).
+ *
+ * train_parse() fills the options from defaults, BALLAST_* environment
+ * variables and flags (common/options.h); train_run() builds the model, the
+ * optimizer and the data loader, then runs the steps, logging and
+ * checkpointing. Both return a process exit status. */
+#ifndef BALLAST_TRAIN_H
+#define BALLAST_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "options.h"
+#include "workers/model/config.h"
+#include "workers/model/model.h"
+
+typedef struct {
+    const char *model;        /* preset name, config.json or model directory */
+    const char *init_from;    /* Hugging Face directory to load weights from */
+    int64_t init_seed;        /* seed of the random initialisation */
+    const char *data;         /* shard file or glob */
+    int data_order;           /* data_order_t */
+    int64_t data_seed;
+    int64_t micro_batch;      /* B rows per micro-step */
+    int64_t seq_len;          /* T tokens per row */
+    int64_t grad_accum;       /* A micro-steps per step */
+    int64_t global_batch_tokens; /* when > 0, sets A = tokens / (B*T) */
+    int64_t steps;            /* optimizer steps in the whole run */
+    double lr, min_lr, beta1, beta2, adam_eps, weight_decay, grad_clip;
+    int lr_schedule;          /* lr_schedule_t */
+    int64_t warmup_steps;
+    const char *ckpt_dir;
+    int64_t ckpt_every;       /* steps between checkpoints; 0 = only at the end */
+    bool resume;              /* continue from the newest checkpoint in ckpt_dir */
+    const char *log_json;     /* file, "-" for stdout, or NULL */
+    int64_t log_every;        /* console line every N steps */
+    bool act_ckpt;            /* --activation-checkpointing */
+    int64_t threads;          /* OpenMP threads; 0 = all cores */
+    int backend;              /* 0 = cpu, 1 = cuda */
+    int64_t device;           /* GPU index for the cuda backend */
+    int precision;            /* --precision: 0 = bf16, 1 = fp8 (cuda only) */
+    int grad_reduce_dtype;    /* --grad-reduce-dtype: 0 = fp32, 1 = bf16 */
+    const char *dump_grads;   /* test hook: step 1's logits, loss and gradients */
+    int64_t metrics_port;     /* Prometheus /metrics port (docs/observability.md); 0 = off */
+    const char *metrics_bind; /* address /metrics binds */
+    bool skip_nonfinite;      /* skip the update of a step with a NaN/inf loss instead of stopping */
+    double peak_tflops;       /* per-device peak for MFU; 0 = the device table (none for the CPU) */
+    const char *dump_params;  /* test hook: the master parameters after the last step */
+    const char *dump_batches; /* test hook: directory for each rank's micro-batch inputs */
+    /* several processes (workers/train/dist.c) */
+    int64_t shard_degree;     /* --hybrid-shard-degree S; 0 = largest that fits */
+    int64_t tp_degree;        /* --tensor-parallel-degree T */
+    int comm;                 /* comm_kind_t: auto|shm|nccl */
+    double rdzv_timeout;      /* seconds every rank has to join */
+    int64_t rank, world_size; /* -1 = from the environment (common/topology.h) */
+    const char *master_addr;  /* rendezvous host; NULL = environment */
+    int64_t master_port;      /* -1 = environment */
+    /* memory savers through ballastd (workers/offload/act.h, workers/offload/opt.h) */
+    bool act_offload;         /* --activation-offload: kept block inputs go to ballastd */
+    int64_t act_horizon;      /* --activation-loading-horizon H: blocks fetched ahead in backward */
+    int opt_offload;          /* --optimizer-offload: 0 none, 1 host, 2 nvme */
+    int opt_durable;          /* --optimizer-offload-durable: 0 auto (yes for nvme, no for host), 1 yes, 2 no */
+    const char *offload_socket; /* ballastd's Unix socket ("unix:/path" or a path) */
+    const char *offload_remote; /* "host:port": remote mode instead of the socket; NULL = off */
+    const char *offload_job;  /* job name of this run's blobs in ballastd */
+    const char *offload_token_file; /* token for a ballastd started with --token-file; NULL = none */
+    bool resume_from_service; /* continue from the state ballastd holds (no checkpoint file) */
+} train_opts_t;
+
+/* Parse argv (argv[0] is the program name). Returns 0 to run, 1 when help
+ * was printed, -1 on error (message printed). */
+int train_parse(int argc, char **argv, train_opts_t *o);
+
+/* Print the effective settings table to out. */
+void train_print_settings(FILE *out);
+
+/* The worker's option table (for the JSON log's settings record); *n gets
+ * its length. */
+const opt_t *train_option_table(size_t *n);
+
+/* Run training; 0 on success, non-zero with a logged message otherwise.
+ * With a world of several processes it runs train_run_sharded. */
+int train_run(const train_opts_t *o);
+
+/* ---- shared with train_dist.c ---- */
+
+/* --model / --init-from into one validated config. */
+int train_resolve_config(const train_opts_t *o, llama_config_t *cfg, char *err, size_t errlen);
+/* Micro-steps per step from --grad-accum / --global-batch-tokens, with dp
+ * data-parallel ranks reading B x T tokens each per micro-step; -1 with a
+ * message when they conflict. */
+int train_grad_accum(const train_opts_t *o, int dp, int *A, char *err, size_t errlen);
+/* Write full parameters (model layout) under their HF names as safetensors. */
+int train_dump_params(const char *path, const model_t *m, const float *full, char *err, size_t errlen);
+
+/* The loop of one rank among world (rendezvous store of rank 0 at
+ * rdzv_addr, "host:port"): hybrid sharding (workers/parallel/fsdp.h), sharded
+ * checkpoints. Same options; returns an exit status. */
+int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rdzv_addr);
+
+#endif
