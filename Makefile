@@ -43,7 +43,7 @@ PKG_CFLAGS   = $(shell pkg-config --cflags $(PKGS))
 PKG_LIBS     = $(shell pkg-config --libs $(PKGS))
 CFLAGS      += $(CFLAGS_BASE) $(INCLUDES) $(PKG_CFLAGS)
 LDLIBS      += $(PKG_LIBS) -lm -ldl
-LDFLAGS     += -fopenmp -pthread $(SAN_FLAGS)
+LDFLAGS     += -fopenmp -pthread -Wl,--as-needed $(SAN_FLAGS)
 DEPFLAGS     = -MMD -MP
 
 # ---- CUDA detection ----

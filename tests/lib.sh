@@ -10,6 +10,9 @@ set -u
 BUILD=${BUILD:-build}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=$ROOT/$BUILD/bin
+# the test build of ballast-worker (and a ballast that starts it), with the
+# test doubles of BALLAST_TEST_BACKEND (tests/lib/worker_test_main.c)
+TBIN=$ROOT/$BUILD/tests/bin
 T_FAILED=0
 T_COUNT=0
 

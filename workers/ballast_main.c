@@ -1,20 +1,10 @@
-/* ballast_main.c: the `ballast` user CLI; dispatches to workers/cmd_*.c.
- * Commands are declared weak so that a build without one of them still
- * links and says which command is missing. */
+/* ballast_main.c: the `ballast` user CLI; dispatches to the subcommands of
+ * workers/cli/ (cli.h). */
 #include <stdio.h>
 #include <string.h>
 
 #include "log.h"
 #include "workers/cli/cli.h"
-
-#pragma weak cmd_train
-#pragma weak cmd_data
-#pragma weak cmd_ckpt
-#pragma weak cmd_plan
-#pragma weak cmd_status
-#pragma weak cmd_store
-#pragma weak cmd_doctor
-#pragma weak cmd_report
 
 typedef struct {
     const char *name;
@@ -25,7 +15,7 @@ typedef struct {
 static void usage(const command_t *cmds, size_t n, FILE *out) {
     fprintf(out, "usage: ballast COMMAND [options]   (ballast COMMAND --help for its options)\n\ncommands:\n");
     for (size_t i = 0; i < n; i++)
-        fprintf(out, "  %-8s %s%s\n", cmds[i].name, cmds[i].help, cmds[i].fn ? "" : " (not in this build)");
+        fprintf(out, "  %-8s %s\n", cmds[i].name, cmds[i].help);
 }
 
 int main(int argc, char **argv) {
@@ -47,10 +37,6 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < n; i++) {
         if (strcmp(argv[1], cmds[i].name) != 0) continue;
-        if (!cmds[i].fn) {
-            fprintf(stderr, "ballast: command '%s' is not in this build\n", argv[1]);
-            return 2;
-        }
         return cmds[i].fn(argc - 1, argv + 1);
     }
     fprintf(stderr, "ballast: unknown command '%s'\n", argv[1]);

@@ -36,6 +36,9 @@
 
 #include "tests/gpu/gpucheck.h"
 #include "workers/backend/cuda/pool_register.h"
+#ifndef GPU_STANDALONE
+#include "workers/offload/client.h"
+#endif
 #include "common/shm.h"
 
 #define MIB ((size_t)1 << 20)
@@ -60,7 +63,7 @@ static void tap(bool ok, const char *fmt, ...) {
 /* ---- the pool: ballastd's, or a memfd of the same kind ---- */
 
 typedef struct {
-    oc_segment_t segs[8];
+    be_range_t segs[8];
     uint32_t nsegs;
     void *region[2];          /* two regions of `bytes` inside the pool */
     uint64_t bytes;
@@ -141,7 +144,7 @@ static int pool_open(pool_t *p, uint64_t pool, uint64_t seg, uint64_t bytes, cha
         snprintf(err, errlen, "oc_segments: %u segments (shared-memory mode expected, 1..8)", p->nsegs);
         return -1;
     }
-    memcpy(p->segs, s, p->nsegs * sizeof *s);
+    for (uint32_t i = 0; i < p->nsegs; i++) p->segs[i] = (be_range_t){ s[i].base, (size_t)s[i].bytes };
     p->bytes = bytes;
     for (int i = 0; i < 2; i++) {
         p->k[i] = (oc_key_t){ .rank = 0, .kind = OC_KIND_OTHER, .index = (uint64_t)i, .step = 1 };
@@ -162,7 +165,7 @@ static int pool_open(pool_t *p, uint64_t pool, uint64_t seg, uint64_t bytes, cha
     p->what = "sealed memfd (no ballastd in this build)";
     p->label = "memfd-pool";
     if (shm_create(&p->shm, "ballast-poolchk", pool, 0, err, errlen)) return -1;
-    p->segs[0] = (oc_segment_t){ p->shm.base, p->shm.bytes };
+    p->segs[0] = (be_range_t){ p->shm.base, p->shm.bytes };
     p->nsegs = 1;
     p->bytes = bytes;
     p->region[0] = p->shm.base;
@@ -296,7 +299,7 @@ static void check_fallback(void) {
     size_t n = 8 * MIB;
     void *ro = mmap(NULL, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (ro == MAP_FAILED) { printf("ok - pool/fallback_when_unpinnable # SKIP mmap failed\n"); GC.cases++; return; }
-    oc_segment_t seg = { ro, n };
+    be_range_t seg = { ro, n };
     pool_reg_t *r = NULL;
     char err[256];
     int rc = pool_register(&r, &seg, 1, err, sizeof err);

@@ -25,8 +25,10 @@
 # nvcc (so the worker has --backend cuda) and a GPU; says SKIP otherwise.
 # Prints TAP lines; exit 0 when nothing failed. Usage:
 #   tests/gpu/ranks.sh [LOGDIR]
-# RANKS_BACKEND=cpu (with BALLAST_COMM_STAGE=1, and an nvidia-smi stub on
-# PATH) dry-runs the script's machinery on the CPU.
+# RANKS_BACKEND=cpu (with BALLAST_BIN=build/tests/bin and
+# BALLAST_TEST_BACKEND=staged, the test build's CPU backend that the host
+# may not touch, and an nvidia-smi stub on PATH) dry-runs the script's
+# machinery on the CPU.
 set -u
 cd "$(dirname "$0")/../.."
 BIN=${BALLAST_BIN:-build/bin}

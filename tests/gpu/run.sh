@@ -215,7 +215,7 @@ export NVCC_BIN NVFLAGS CC_BIN CFLAGS B
 ls workers/backend/cuda/*.cu | xargs -P "$JOBS" -I{} sh -c \
     'o=$B/obj/$(basename {} .cu).cu.o; $NVCC_BIN $NVFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
     || { say "CUDA build failed"; exit 1; }
-C_ORACLE="common/log.c common/errbuf.c workers/backend/cpu.c"
+C_ORACLE="common/log.c common/errbuf.c common/clock.c workers/backend/cpu.c"
 # model.c reaches tp.c (and tp.c the comm API) for tensor parallelism only:
 # one process links tp.c with tests/gpu/lib/no_comm.c in place of the collectives
 C_TRAIN="common/options.c workers/model/model.c workers/model/tp.c tests/gpu/lib/no_comm.c workers/model/optim.c workers/model/config.c workers/ckpt/safetensors.c"
@@ -226,7 +226,7 @@ for f in $CSRC tests/gpu/*.c; do echo "$f"; done | { [ -n "$JANSSON_LIB" ] && ca
     'o=$B/obj/$(echo {} | tr / _).o; $CC_BIN $CFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
     || { say "C build failed"; exit 1; }
 CUOBJ=$(ls $B/obj/*.cu.o)
-ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/common_errbuf.c.o $B/obj/workers_backend_cpu.c.o"
+ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/common_errbuf.c.o $B/obj/common_clock.c.o $B/obj/workers_backend_cpu.c.o"
 obj() { for f in "$@"; do echo "$B/obj/$(echo $f | tr / _).o"; done; }
 for src in tests/gpu/check_*.c; do
     n=$(basename "$src" .c)

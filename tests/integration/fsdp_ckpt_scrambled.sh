@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # fsdp_ckpt_scrambled.sh: sharded checkpoints through the GPU ranks' paths,
-# on the CPU. BALLAST_TEST_SCRAMBLED_BACKEND=1 gives every rank the CPU
+# on the CPU. BALLAST_TEST_BACKEND=scrambled gives every rank the CPU
 # backend with its memory scrambled (every byte XOR 0x5A; to_host and
-# from_host undo it: workers/backend/scrambled.h) and puts its collectives
+# from_host undo it: tests/lib/backend_scrambled.h) and puts its collectives
 # behind host staging, as on GPU ranks that share a GPU; code that treats
 # backend memory as host memory then gets wrong bits. World 4 at (S 2, T 2):
 #   - the scrambled run's losses, grad norms and final parameters are the
@@ -21,23 +21,23 @@ source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/ballastd.lib"
 source "$(dirname "$0")/fsdp.lib"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-B=$BIN/ballast
+B=$TBIN/ballast
 PY=/usr/bin/python3
 D=$(t_tmpdir)
-[ -x "$BIN/ballast-worker" ] || { t_fail "ballast-worker built" "missing"; t_done; exit 1; }
+[ -x "$TBIN/ballast-worker" ] || { t_fail "ballast-worker built" "missing"; t_done; exit 1; }
 fsdp_tiny "$D" 4
 CMP="$ROOT/tests/integration/fsdp_cmp.py"
 ARGS=(--model "$D/m.json" --init-seed 3 --data "$D/c.bin" --seq-len 32 --micro-batch 2 --grad-accum 2 --steps 8
       --lr 3e-3 --warmup-steps 2 --min-lr 1e-4 --grad-clip 0.5 --threads 1 --rdzv-timeout 60s)
 fields() { grep '^{"step"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/'; }
 train4() { timeout 180 "$B" train --nproc 4 "${ARGS[@]}" "$@"; }
-scr4() { BALLAST_TEST_SCRAMBLED_BACKEND=1 train4 "$@"; }
+scr4() { BALLAST_TEST_BACKEND=scrambled train4 "$@"; }
 L=(--hybrid-shard-degree 2 --tensor-parallel-degree 2)
 
 train4 "${L[@]}" --log-json "$D/plain.jsonl" --dump-params "$D/plain.st" --ckpt-dir "$D/ckp" --ckpt-every 4 \
     > "$D/plain.out" 2>&1 || { t_fail "plain CPU run" "$(tail -3 "$D/plain.out")"; t_done; exit 1; }
 if scr4 "${L[@]}" --log-json "$D/scr.jsonl" --dump-params "$D/scr.st" --ckpt-dir "$D/cks" --ckpt-every 4 \
-    > "$D/scr.out" 2>&1 && [ "$(grep -c 'scrambled test backend, collectives shm+stage' "$D/scr.out")" = 4 ]; then
+    > "$D/scr.out" 2>&1 && [ "$(grep -c 'scrambled backend, collectives shm+stage' "$D/scr.out")" = 4 ]; then
     t_ok "scrambled backend: 4 ranks train and checkpoint, each on the scrambled backend with staged collectives"
 else t_fail "scrambled run" "$(tail -3 "$D/scr.out")"; fi
 if [ "$(fields "$D/plain.jsonl" | wc -l)" = 8 ] && cmp -s <(fields "$D/plain.jsonl") <(fields "$D/scr.jsonl") &&

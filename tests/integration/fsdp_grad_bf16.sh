@@ -18,13 +18,13 @@
 #     weights move by lr-sized amounts in slightly different directions
 #     (lr 3e-3, 10 steps); fp32 sharded runs are within 1e-5 / 1e-4 of
 #     the same reference (fsdp_losses.sh).
-# The same bits on the scrambled test backend (memory that is not host
+# The same bits on the scrambled backend (memory that is not host
 # memory). And a bad value is refused with the choices named.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/fsdp.lib"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-B=$BIN/ballast
-W=$BIN/ballast-worker
+B=$TBIN/ballast
+W=$TBIN/ballast-worker
 PY=/usr/bin/python3
 CMP="$ROOT/tests/integration/fsdp_cmp.py"
 D=$(t_tmpdir)
@@ -65,9 +65,9 @@ for lay in "1 4" "2 2" "4 1"; do
 done
 
 # the bf16 ops go through the backend table: on a backend whose memory is
-# not host memory (the scrambled test backend, BALLAST_TEST_SCRAMBLED_BACKEND=1:
+# not host memory (the scrambled backend, BALLAST_TEST_BACKEND=scrambled:
 # every byte XOR 0x5A, collectives staged) the run is the same bits
-if BALLAST_TEST_SCRAMBLED_BACKEND=1 run4 scr-bf16-r2-s2 2 bf16 && grep -q "scrambled test backend" "$D/scr-bf16-r2-s2.out"; then
+if BALLAST_TEST_BACKEND=scrambled run4 scr-bf16-r2-s2 2 bf16 && grep -q "scrambled backend" "$D/scr-bf16-r2-s2.out"; then
     t_check "(replicas 2, S 2), bf16 reduction on the scrambled backend: the same bits as on the CPU backend" \
         $PY "$CMP" params "$D/bf16-r2-s2.st" "$D/scr-bf16-r2-s2.st" 0
 else t_fail "bf16 reduction on the scrambled backend runs" "$(tail -3 "$D/scr-bf16-r2-s2.out")"; fi

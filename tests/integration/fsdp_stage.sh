@@ -2,7 +2,8 @@
 # fsdp_stage.sh: the host-staged collectives (workers/comm/stage.h, what GPU
 # ranks sharing a GPU use) inside real sharded training, on the CPU.
 #
-# BALLAST_COMM_STAGE=1 puts every communicator of a CPU job behind the
+# BALLAST_TEST_BACKEND=staged (the test build's CPU backend whose memory the
+# host may not touch) puts every communicator of a CPU job behind the
 # staging wrapper. The CPU backend's copies are memcpy, so a staged run must
 # give the same bits as the direct one: for 4 ranks at (S, T) = (2, 2) and
 # (1, 4) (the TP row gathers and reduce-scatters, the vocab-parallel
@@ -15,9 +16,9 @@
 # backend's copies: tests/integration/fsdp_ckpt_scrambled.sh).
 source "$(dirname "$0")/../lib.sh"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-B=$BIN/ballast
+B=$TBIN/ballast
 D=$(t_tmpdir)
-[ -x "$BIN/ballast-worker" ] || { t_fail "ballast-worker built" "missing"; t_done; exit 1; }
+[ -x "$TBIN/ballast-worker" ] || { t_fail "ballast-worker built" "missing"; t_done; exit 1; }
 "$B" data synth --out "$D/c.bin" --tokens 40000 --vocab 254 --seed 3 >/dev/null 2>&1 ||
     { t_fail "synth corpus" "ballast data synth failed"; t_done; exit 1; }
 printf '%s\n' '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8,' \
@@ -33,7 +34,7 @@ for lay in "2 2" "1 4"; do
     S=$1 T=$2 what="4 ranks (S $1, T $2)"
     for mode in direct staged; do
         env=()
-        [ $mode = staged ] && env=(BALLAST_COMM_STAGE=1)
+        [ $mode = staged ] && env=(BALLAST_TEST_BACKEND=staged)
         if ! env "${env[@]}" timeout 120 "$B" train --nproc 4 "${RUN[@]}" --micro-batch $((4 * T / 4)) \
             --hybrid-shard-degree $S --tensor-parallel-degree $T --log-json "$D/$mode-$S$T.jsonl" \
             --dump-params "$D/$mode-$S$T.st" > "$D/$mode-$S$T.out" 2>&1; then

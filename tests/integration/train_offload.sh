@@ -19,7 +19,7 @@
 # runs agree with each other bit for bit.
 # Also: the worker reports how many block inputs stay resident and moves the
 # bytes that implies; the copies staged through backend memory as on GPU
-# ranks (BALLAST_OFFLOAD_STAGE=1, which also runs every asynchronous copy
+# ranks (BALLAST_TEST_BACKEND=staged, which also runs every asynchronous copy
 # as late as a GPU copy stream could, so a missing order or wait changes
 # bits) change no bit, over --offload-remote too; the layout record counts
 # what optimizer offload leaves on the rank and its staging bytes; an unreachable ballastd
@@ -27,9 +27,10 @@
 # combinations are refused.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/ballastd.lib"
+BALLAST=$TBIN/ballast   # the test build: BALLAST_TEST_BACKEND=staged runs the staged CPU double
 source "$(dirname "$0")/fsdp.lib"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-W=$BIN/ballast-worker
+W=$TBIN/ballast-worker
 PY=/usr/bin/python3
 D=$(t_tmpdir)
 [ -x "$W" ] && [ -x "$BALLASTD" ] || { t_fail "binaries built" "missing $W or $BALLASTD"; t_done; exit 1; }
@@ -98,7 +99,7 @@ for layout in "1 1 1" "2 2 1" "2 1 1" "2 1 2" "4 2 2" "4 4 1" "4 1 1" "4 2 1" "4
     fi
 done
 
-# the GPU ranks' path on the CPU backend: BALLAST_OFFLOAD_STAGE=1 copies
+# the GPU ranks' path on the CPU backend: BALLAST_TEST_BACKEND=staged copies
 # every fetched block input, and every unit's AdamW moments, through a
 # staging buffer in backend memory (as on CUDA) instead of using the pool in
 # place; on the CPU those copies are memcpy, so the losses stay bit-identical
@@ -108,7 +109,7 @@ for st in "1 1 1 A" "1 1 1 B" "1 1 1 C" "2 2 1 B" "4 2 2 B" "4 4 1 C"; do
     base=w$np-s$S-t$T; [ "$T" = 1 ] && base=w$np-s$S
     eval "flags=(\"\${SAVER_$v[@]}\")"
     name=$base-$v-staged
-    if ! BALLAST_OFFLOAD_STAGE=1 run "$name" $np $S $T "${flags[@]}"; then
+    if ! BALLAST_TEST_BACKEND=staged run "$name" $np $S $T "${flags[@]}"; then
         t_fail "world $np (S $S, T $T), saver $v staged runs" "$(tail -3 "$D/$name.out")"; continue
     fi
     if grep -q "offload copies staged through backend memory" "$D/$name.out"; then
@@ -119,7 +120,7 @@ done
 
 # Activation offload on the GPU ranks' path: staged through backend memory
 # with every asynchronous copy run as late as a copy stream could
-# (BALLAST_OFFLOAD_STAGE=1 defers the CPU backend's copies to the order or
+# (BALLAST_TEST_BACKEND=staged defers the CPU backend's copies to the order or
 # wait of their handle), so a device order or host wait missing in
 # workers/offload/act.c moves stale bits. An 8-layer model, so that every
 # horizon H = 0..3 keeps H + 2 of the 9 block inputs resident, offloads
@@ -145,19 +146,19 @@ for layout in "1 1 1" "2 1 2"; do
         for h in 0 1 2 3; do
             name=a8-w$np-t$T-$ck-h$h-staged
             tag="8 layers, world $np (S $S, T $T), $ck, horizon $h, staged and late"
-            if ! BALLAST_OFFLOAD_STAGE=1 run $name $np $S $T "${M8[@]}" "${ckf[@]}" --activation-offload \
+            if ! BALLAST_TEST_BACKEND=staged run $name $np $S $T "${M8[@]}" "${ckf[@]}" --activation-offload \
                     --activation-loading-horizon $h; then
                 t_fail "$tag: runs" "$(tail -3 "$D/$name.out")"; continue
             fi
             if grep -q "activations: $((h + 2)) of 9 block inputs resident, $((7 - h)) offloaded per micro-step" "$D/$name.out" &&
-               grep -q "offload copies staged through backend memory, run late" "$D/$name.out"; then
+               grep -q "offload copies staged through backend memory (cpu-staged" "$D/$name.out"; then
                 t_check "$tag: bit-identical losses to $reftag" losses "$D/$ref.jsonl" "$D/$name.jsonl" 0
             else t_fail "$tag: layout and staging reported" "$(grep -m3 -E 'activations:|staged' "$D/$name.out")"; fi
         done
     done
 done
 name=a8-w1-remote-staged
-if BALLAST_OFFLOAD_STAGE=1 run $name 1 1 1 "${M8[@]}" --activation-offload --activation-loading-horizon 2 \
+if BALLAST_TEST_BACKEND=staged run $name 1 1 1 "${M8[@]}" --activation-offload --activation-loading-horizon 2 \
         --offload-remote "127.0.0.1:$BD_LISTEN_main" && grep -q "remote mode" "$D/$name.out"; then
     t_check "8 layers, world 1, horizon 2, staged and late over --offload-remote: bit-identical losses to in place" \
         losses "$D/a8-w1-t1-plain-ref.jsonl" "$D/$name.jsonl" 0
@@ -167,7 +168,7 @@ else t_fail "8 layers, world 1, staged over --offload-remote runs" "$(tail -3 "$
 # their commit, so a commit before its device-to-host copy ran (a missing
 # wait on the copy) would send stale bytes
 PORT=$BD_LISTEN_main
-if BALLAST_OFFLOAD_STAGE=1 run w1-s1-C-remote-staged 1 1 1 "${SAVER_C[@]}" --offload-remote "127.0.0.1:$PORT" &&
+if BALLAST_TEST_BACKEND=staged run w1-s1-C-remote-staged 1 1 1 "${SAVER_C[@]}" --offload-remote "127.0.0.1:$PORT" &&
    grep -q "offload copies staged through backend memory" "$D/w1-s1-C-remote-staged.out"; then
     t_check "world 1, --optimizer-offload nvme staged over --offload-remote: bit-identical losses to in place" \
         losses "$D/w1-s1-C.jsonl" "$D/w1-s1-C-remote-staged.jsonl" 0
@@ -231,7 +232,7 @@ for dv in "host yes" "host no" "nvme no"; do
     else t_fail "world 1, --optimizer-offload $1 --optimizer-offload-durable $2 runs" "$(tail -3 "$D/$name.out")"; fi
 done
 name=w2-s2-Hd-staged
-if BALLAST_LOG_LEVEL=debug BALLAST_OFFLOAD_STAGE=1 run $name 2 2 1 --optimizer-offload host --optimizer-offload-durable yes &&
+if BALLAST_LOG_LEVEL=debug BALLAST_TEST_BACKEND=staged run $name 2 2 1 --optimizer-offload host --optimizer-offload-durable yes &&
    grep -q "offload copies staged through backend memory" "$D/$name.out"; then
     t_check "world 2 (S 2), host durable, staged and late: bit-identical losses to no offload" \
         losses "$D/w2-s2-ref.jsonl" "$D/$name.jsonl" 0
@@ -303,7 +304,7 @@ EOF3
 )
     if [ "${fit%% *}" = 1 ]; then
         T8=(--model "$D/cfg8.json" --optimizer-offload host --offload-socket "$(bd_sock tight)")
-        if run tight-ip 1 1 1 "${T8[@]}" && BALLAST_OFFLOAD_STAGE=1 run tight-st 1 1 1 "${T8[@]}" &&
+        if run tight-ip 1 1 1 "${T8[@]}" && BALLAST_TEST_BACKEND=staged run tight-st 1 1 1 "${T8[@]}" &&
            run roomy8 1 1 1 --model "$D/cfg8.json" --optimizer-offload host; then
             t_check "not durable, 2 MiB pool < 2 versions (${fit#* } bytes each), in place: the losses of a roomy pool" \
                 losses "$D/roomy8.jsonl" "$D/tight-ip.jsonl" 0

@@ -10,7 +10,7 @@
 #    ballastd for the run (spill directory under the run directory), trains
 #    30 steps and stops it: the uninterrupted reference.
 # 2. The same run again, copying through staging buffers in backend memory
-#    as GPU ranks do (BALLAST_OFFLOAD_STAGE=1: every asynchronous copy runs
+#    as GPU ranks do (BALLAST_TEST_BACKEND=staged: every asynchronous copy runs
 #    as late as a copy stream could, so a blob committed before its copy
 #    ran reaches the spill directory stale); kill -9 of rank 1 once a few
 #    steps are done: the launcher exits non-zero naming rank 1, stops rank
@@ -36,9 +36,10 @@
 #    equal an in-place run's bit for bit.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/ballastd.lib"
+BALLAST=$TBIN/ballast   # the test build: BALLAST_TEST_BACKEND=staged runs the staged CPU double
 source "$(dirname "$0")/fsdp.lib"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-W=$BIN/ballast-worker
+W=$TBIN/ballast-worker
 PY=/usr/bin/python3
 D=$(t_tmpdir)
 [ -x "$W" ] && [ -x "$BALLASTD" ] || { t_fail "binaries built" "missing $W or $BALLASTD"; t_done; exit 1; }
@@ -92,7 +93,7 @@ else t_fail "launcher-managed ballastd" "pid '$bp': $(grep -E 'ballastd' "$D/ful
 mkdir -p "$D/run"
 RUN=("$BALLAST" train --nproc 2 "${COMMON[@]}" "${SAVERS[@]}" --micro-batch 2 --hybrid-shard-degree 2
      --offload-socket "$D/run/bd.sock" --log-json "$D/run/log.jsonl")
-BALLAST_OFFLOAD_STAGE=1 "${RUN[@]}" > "$D/kill.out" 2>&1 &
+BALLAST_TEST_BACKEND=staged "${RUN[@]}" > "$D/kill.out" 2>&1 &
 LP=$!
 for _ in $(seq 600); do
     [ "$(grep -c '"loss"' "$D/run/log.jsonl" 2>/dev/null || echo 0)" -ge 8 ] && break
@@ -118,7 +119,7 @@ fi
 done_before=$(grep -c '"loss"' "$D/run/log.jsonl" 2>/dev/null || echo 0)
 
 # 3. resume from the state ballastd kept
-if BALLAST_OFFLOAD_STAGE=1 timeout 120 "${RUN[@]}" --resume-from-service > "$D/resume.out" 2>&1; then
+if BALLAST_TEST_BACKEND=staged timeout 120 "${RUN[@]}" --resume-from-service > "$D/resume.out" 2>&1; then
     at=$(sed -nE 's/.*resumed from ballastd \(job [^)]*\) after step ([0-9]+).*/\1/p' "$D/resume.out")
     rec=$(sed -nE 's/.* ([0-9]+) persistent blob\(s\) recovered.*/\1/p' "$D/run/ballastd.log" | tail -1)
     if [ -n "$at" ] && [ "$at" -ge 6 ] && [ "$at" -lt $STEPS ] && [ "$at" -ge $((done_before - 2)) ]; then
@@ -129,7 +130,7 @@ if BALLAST_OFFLOAD_STAGE=1 timeout 120 "${RUN[@]}" --resume-from-service > "$D/r
     else t_fail "state from ballastd only" "$(ls "$D/run"), recovered lines $rec"; fi
     if grep -q "offload copies staged through backend memory" "$D/resume.out" &&
        grep -q "offload copies staged through backend memory" "$D/kill.out"; then
-        t_ok "the killed and the resumed run copy through backend memory (BALLAST_OFFLOAD_STAGE=1)"
+        t_ok "the killed and the resumed run copy through backend memory (BALLAST_TEST_BACKEND=staged)"
     else t_fail "staged resumed run" "no staging line: $(grep -m2 offload "$D/resume.out")"; fi
     t_check "resumed run: every step's loss equals the uninterrupted run's, bit for bit" same "$D/full/log.jsonl" "$D/run/log.jsonl"
 else t_fail "--resume-from-service runs" "$(tail -5 "$D/resume.out")"; fi
@@ -142,7 +143,7 @@ bd_start big "$D" --pool-bytes 64M --spill-dir "$D/spill-big" --spill-bytes 64M 
     { t_fail "big ballastd starts" "$(tail -3 "$D/big.log")"; t_done; exit 1; }
 ONE=("$W" "${COMMON[@]}" --model "$D/cfg8.json" --steps 10 --micro-batch 4 --optimizer-offload nvme)
 if timeout 120 "${ONE[@]}" --offload-socket "$(bd_sock big)" --log-json "$D/big.jsonl" > "$D/big.out" 2>&1 &&
-   BALLAST_OFFLOAD_STAGE=1 timeout 120 "${ONE[@]}" --offload-socket "$(bd_sock small)" --log-json "$D/small.jsonl" \
+   BALLAST_TEST_BACKEND=staged timeout 120 "${ONE[@]}" --offload-socket "$(bd_sock small)" --log-json "$D/small.jsonl" \
        > "$D/small.out" 2>&1; then
     t_check "pool 1M < optimizer state 1.25M, staged: the same losses as a 64M pool in place" same "$D/big.jsonl" "$D/small.jsonl"
     sp=$(bd_json small 'd["spilled_bytes"]') ev=$(bd_json small 'd["evictions"]')
@@ -164,10 +165,10 @@ CK=("$BALLAST" train --nproc 2 "${COMMON[@]}" --steps 10 --micro-batch 2 --hybri
     --optimizer-offload host --offload-pool 32M)
 if timeout 120 "${CK[@]}" --offload-socket "$D/ck-ref.sock" --offload-job ck-ref --log-json "$D/ck-ref.jsonl" \
        --dump-params "$D/ck-ref.st" > "$D/ck-ref.out" 2>&1 &&
-   BALLAST_OFFLOAD_STAGE=1 timeout 120 "${CK[@]}" --offload-socket "$D/ck-a.sock" --offload-job ck-a \
+   BALLAST_TEST_BACKEND=staged timeout 120 "${CK[@]}" --offload-socket "$D/ck-a.sock" --offload-job ck-a \
        --log-json "$D/ck-a.jsonl" --ckpt-dir "$D/ck" --ckpt-every 5 > "$D/ck-a.out" 2>&1 &&
    [ -d "$D/ck/step-00000005" ] && [ -d "$D/ck/step-00000010" ] && rm -rf "$D/ck/step-00000010" &&
-   BALLAST_OFFLOAD_STAGE=1 timeout 120 "${CK[@]}" --offload-socket "$D/ck-b.sock" --offload-job ck-b \
+   BALLAST_TEST_BACKEND=staged timeout 120 "${CK[@]}" --offload-socket "$D/ck-b.sock" --offload-job ck-b \
        --log-json "$D/ck-b.jsonl" --ckpt-dir "$D/ck" --resume --dump-params "$D/ck-b.st" > "$D/ck-b.out" 2>&1; then
     t_check "staged optimizer offload with checkpoints at 5 and 10: every loss equals the in-place run's" \
         same "$D/ck-ref.jsonl" "$D/ck-a.jsonl"

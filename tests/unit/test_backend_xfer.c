@@ -1,8 +1,9 @@
 /* test_backend_xfer.c: the backend's asynchronous copies (backend.h xfer
- * ops) on the CPU backend, at once and deferred.
+ * ops): at once on the CPU backend, deferred on its staged test double
+ * (tests/lib/backend_staged.h).
  *
  * At once: the data is there when the call returns and the handle is NULL.
- * Deferred (backend_cpu_defer_copies): nothing moves until xfer_order or
+ * Deferred: nothing moves until xfer_order or
  * xfer_wait of that handle or a later one; then every earlier copy runs in
  * queue order, with the source as it is at that moment (the latest a GPU
  * copy stream could read it). Inputs are seeded random floats. */
@@ -10,13 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/lib/backend_staged.h"
 #include "workers/backend/backend.h"
 
 #define N 4099
 
 static const backend_t *be;
 static void setup(void) { be = backend_cpu(1); }
-static void teardown(void) { backend_cpu_defer_copies(false); }
+static void teardown(void) {}
 
 static void fill(float *x, size_t n, unsigned seed) {
     srand(seed);
@@ -40,7 +42,8 @@ Test(backend_xfer, immediate_copies_are_complete, .init = setup, .fini = teardow
 }
 
 Test(backend_xfer, deferred_copies_run_at_order_or_wait_in_queue_order, .init = setup, .fini = teardown) {
-    backend_cpu_defer_copies(true);
+    be = backend_staged(1);
+    cr_expect(!be->host_memory, "the staged double keeps the host out of its memory");
     float *a = malloc(N * sizeof(float)), *b = malloc(N * sizeof(float)), *ref = malloc(N * sizeof(float));
     float *d1 = be->alloc(N * sizeof(float)), *d2 = be->alloc(N * sizeof(float));
     float *h = calloc(N, sizeof(float));
@@ -50,7 +53,7 @@ Test(backend_xfer, deferred_copies_run_at_order_or_wait_in_queue_order, .init = 
     be_xfer_t *x2 = be_xfer_from_host(be, d2, b, N * sizeof(float));
     cr_assert_not_null(x1);
     cr_assert_not_null(x2);
-    cr_expect_eq(backend_cpu_copies_pending(), 2);
+    cr_expect_eq(be_xfer_pending(be), 2);
     cr_expect(!be_xfer_done(be, x1), "a deferred copy is not done before its order or wait");
     cr_expect_eq(d1[7], 0.f, "a deferred copy moved data before its order or wait");
     /* the source changes before the copy runs: the copy sees the new bits */
@@ -61,13 +64,13 @@ Test(backend_xfer, deferred_copies_run_at_order_or_wait_in_queue_order, .init = 
     cr_expect(!be_xfer_done(be, x2), "ordering after one copy ran a later one");
     cr_expect(memcmp(d1, ref, N * sizeof(float)) == 0);
     cr_expect_eq(d2[5], 0.f);
-    cr_expect_eq(backend_cpu_copies_pending(), 1);
+    cr_expect_eq(be_xfer_pending(be), 1);
     /* a later handle's wait runs everything queued before it */
     be_xfer_t *x3 = be_xfer_to_host(be, h, d2, N * sizeof(float));
     be_xfer_wait(be, x3);
     cr_expect(be_xfer_done(be, x2));
     cr_expect(memcmp(h, b, N * sizeof(float)) == 0, "the to_host copy ran before the from_host it follows");
-    cr_expect_eq(backend_cpu_copies_pending(), 0);
+    cr_expect_eq(be_xfer_pending(be), 0);
     be_xfer_wait(be, x1);
     be_xfer_wait(be, x2);
     be->free(d1);

@@ -1,7 +1,7 @@
 /* test_fsdp_ckpt_backend.c: sharded checkpoints (workers/ckpt/sharded.c) of
  * state that lives in backend memory which is not host memory.
  *
- * The backend is workers/backend/scrambled.h: the CPU backend with every
+ * The backend is tests/lib/backend_scrambled.h: the CPU backend with every
  * byte of its memory XOR 0x5A, so code that reads or writes the state as if
  * it were host memory (as on a GPU) gets wrong bits. 3 forked ranks (shard
  * degree 3, the units padded) each build the same seeded random full state
@@ -29,7 +29,7 @@
 
 #include "tests/comm_check.h"
 #include "workers/backend/backend.h"
-#include "workers/backend/scrambled.h"
+#include "tests/lib/backend_scrambled.h"
 #include "workers/comm/stage.h"
 #include "workers/parallel/fsdp.h"
 #include "workers/model/model.h"

@@ -36,9 +36,25 @@
  * says which buffers follow act_bytes; it is never dereferenced by callers. */
 typedef float act_t;
 
+/* A range of host memory (backend_t.host_register). */
+typedef struct {
+    void *base;
+    size_t bytes;
+} be_range_t;
+
 typedef struct backend {
     const char *name;
     int act_bytes;                                /* bytes per act_t element: 4 (fp32) or 2 (bf16) */
+
+    /* ---- capabilities: what callers may assume of this backend ---- */
+    /* Backend memory is ordinary host memory the host may read and write
+     * directly (the fp32 CPU backend): the offload savers compute on
+     * ballastd's pool in place and collectives take it without staging.
+     * False: every access goes through the copy ops. */
+    bool host_memory;
+    /* The device this backend drives, for logs and the MFU table ("cpu",
+     * "NVIDIA H200", ...). NULL: name. */
+    const char *(*device_name)(void);
 
     /* ---- memory ---- */
     void *(*alloc)(size_t bytes);                 /* zeroed; NULL when out of memory */
@@ -141,6 +157,14 @@ typedef struct backend {
      * of memory. Host memory, not backend memory. */
     void *(*host_alloc)(size_t bytes);
     void (*host_free)(void *p);
+    /* Make n ranges of host memory that someone else allocated (ballastd's
+     * pool segments) copy at full speed: pinned for DMA on CUDA. Returns a
+     * handle for host_unregister, also when pinning failed and copies stay
+     * pageable (one warning says why); NULL with a message in err on bad
+     * ranges or no device. The ranges stay mapped until host_unregister.
+     * NULL in the table: host memory needs nothing (the CPU). */
+    struct be_pinned *(*host_register)(const be_range_t *ranges, int n, char *err, size_t errlen);
+    void (*host_unregister)(struct be_pinned *p);
     /* Vocab-parallel embedding over the slice [lo, lo + Vt) of the
      * vocabulary: out (N, D) row i = wte (Vt, D) row tokens[i] - lo when
      * the token is in the slice, zeros otherwise. */
@@ -195,6 +219,9 @@ typedef struct backend {
     void (*xfer_order)(struct be_xfer *x);
     void (*xfer_wait)(struct be_xfer *x);
     bool (*xfer_done)(struct be_xfer *x);
+    /* Copies queued and not yet run (0 after a step whose copies were all
+     * waited for; the offload savers check it). NULL: copies never wait. */
+    size_t (*xfer_pending)(void);
     void *(*stream)(void);
     /* The ops that follow belong to scope s (a block index; -1: none, the
      * default). Backends that keep per-tensor state across steps (FP8
@@ -225,14 +252,39 @@ static inline act_t *be_act_at(const backend_t *be, const act_t *p, size_t n) {
     return (act_t *)(void *)((char *)(uintptr_t)p + n * (size_t)be->act_bytes);
 }
 
+static inline const char *be_device_name(const backend_t *be) {
+    const char *n = be->device_name ? be->device_name() : NULL;
+    return n && *n ? n : be->name;
+}
+static inline size_t be_xfer_pending(const backend_t *be) { return be->xfer_pending ? be->xfer_pending() : 0; }
+
+/* ---- opening a backend ---- */
+
+typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind_t;
+
+typedef enum { BE_ATTENTION_AUTO = 0, BE_ATTENTION_TC, BE_ATTENTION_SIMT } be_attention_t;
+
+/* What to open, from the worker's flags. */
+typedef struct {
+    backend_kind_t kind;
+    int threads;               /* CPU: compute threads; <= 0 = every core */
+    int device;                /* CUDA: device ordinal */
+    bool fp8;                  /* CUDA: FP8 GEMMs (--precision fp8; compute capability 8.9+) */
+    be_attention_t attention;  /* CUDA: attention kernel (--cuda-attention) */
+    bool sync;                 /* CUDA: synchronize after every op and check it (--cuda-sync) */
+} backend_spec_t;
+
+/* The backend the spec names, or NULL with a message naming the problem
+ * and the fix (a build without CUDA, no usable GPU, FP8 on a GPU without
+ * it). The table lives as long as the process. */
+const backend_t *backend_open(const backend_spec_t *spec, char *err, size_t errlen);
+
+/* Devices of that kind this process can use (CPU: 1); 0 with the reason in
+ * why when there is none (no GPU, driver missing, a build without CUDA). */
+int backend_device_count(backend_kind_t kind, char *why, size_t whylen);
+
 /* The fp32 CPU backend. threads <= 0 uses every core. Its xfer copies
- * run at once, unless backend_cpu_defer_copies(true): then each one runs
- * only at the xfer_order or xfer_wait of its handle or of a later one (in
- * queue order), the latest moment a GPU could run it, so a missing order
- * or wait gives wrong bits in tests (BALLAST_OFFLOAD_STAGE=1). */
+ * run at once. */
 const backend_t *backend_cpu(int threads);
-void backend_cpu_defer_copies(bool on);
-/* Deferred copies queued and not yet run (tests: 0 after a step). */
-size_t backend_cpu_copies_pending(void);
 
 #endif

@@ -531,71 +531,6 @@ static void cpu_vp_xent_bwd(float *dl, const float *logits, const float *lse, co
     }
 }
 
-/* ---- asynchronous copies ----
- * At once by default. Deferred (tests): a FIFO of copies, each run at the
- * xfer_order or xfer_wait of its handle or a later one. One host thread. */
-
-struct be_xfer {
-    uint64_t seq;
-    bool done;
-};
-
-typedef struct {
-    void *dst;
-    const void *src;
-    size_t bytes;
-    struct be_xfer *h;
-} cpu_xfer_entry_t;
-
-static bool g_defer;
-static cpu_xfer_entry_t *g_q;
-static size_t g_qn, g_qcap;
-static uint64_t g_qseq;
-
-void backend_cpu_defer_copies(bool on) { g_defer = on; }
-size_t backend_cpu_copies_pending(void) { return g_qn; }
-
-static struct be_xfer *cpu_xfer(void *dst, const void *src, size_t bytes) {
-    if (!g_defer) {
-        cpu_copy(dst, src, bytes);
-        return NULL;
-    }
-    struct be_xfer *h = calloc(1, sizeof *h);
-    if (g_qn == g_qcap) {
-        size_t cap = g_qcap ? 2 * g_qcap : 64;
-        cpu_xfer_entry_t *q = realloc(g_q, cap * sizeof *q);
-        if (!q) free(h), h = NULL;
-        else g_q = q, g_qcap = cap;
-    }
-    if (!h) {
-        fprintf(stderr, "backend cpu: out of memory queueing a copy\n");
-        abort();
-    }
-    h->seq = ++g_qseq;
-    g_q[g_qn++] = (cpu_xfer_entry_t){ dst, src, bytes, h };
-    return h;
-}
-
-/* Run the queued copies up to and including h's. */
-static void cpu_xfer_run_to(const struct be_xfer *h) {
-    size_t k = 0;
-    while (k < g_qn && g_q[k].h->seq <= h->seq) {
-        cpu_copy(g_q[k].dst, g_q[k].src, g_q[k].bytes);
-        g_q[k].h->done = true;
-        k++;
-    }
-    memmove(g_q, g_q + k, (g_qn - k) * sizeof *g_q);
-    g_qn -= k;
-}
-
-static void cpu_xfer_order(struct be_xfer *h) { if (h && !h->done) cpu_xfer_run_to(h); }
-static void cpu_xfer_wait(struct be_xfer *h) {
-    if (!h) return;
-    if (!h->done) cpu_xfer_run_to(h);
-    free(h);
-}
-static bool cpu_xfer_done(struct be_xfer *h) { return !h || h->done; }
-
 /* ---- table ---- */
 
 /* fp32 everywhere: act storage is the backend's own float memory */
@@ -606,6 +541,7 @@ static size_t cpu_attention_state_numel(int B, int T, int H) { return (size_t)B 
 static const backend_t cpu_backend = {
     .name = "cpu",
     .act_bytes = sizeof(float),
+    .host_memory = true,
     .to_act = cpu_to_act, .act_to_host = cpu_act_to_host,
     .attention_state_numel = cpu_attention_state_numel,
     .alloc = cpu_alloc, .free = cpu_free, .memset0 = cpu_memset0,
@@ -624,8 +560,8 @@ static const backend_t cpu_backend = {
     .vp_embedding_fwd = cpu_vp_embedding_fwd, .vp_embedding_bwd = cpu_vp_embedding_bwd,
     .vp_xent_max = cpu_vp_xent_max, .vp_xent_stats = cpu_vp_xent_stats, .vp_xent_finish = cpu_vp_xent_finish,
     .vp_xent_bwd = cpu_vp_xent_bwd,
-    .xfer_to_host = cpu_xfer, .xfer_from_host = cpu_xfer,
-    .xfer_order = cpu_xfer_order, .xfer_wait = cpu_xfer_wait, .xfer_done = cpu_xfer_done,
+    /* copies are synchronous: no xfer ops (be_xfer_* copy at once); no
+     * host_register (host memory needs no pinning) */
 };
 
 const backend_t *backend_cpu(int threads) {

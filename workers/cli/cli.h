@@ -1,5 +1,5 @@
 /* cli.h: the subcommands of the `ballast` program. Each lives in its own
- * workers/cmd_NAME.c and returns the process exit status. */
+ * workers/cli/cmd_NAME.c and returns the process exit status. */
 #ifndef BALLAST_CLI_H
 #define BALLAST_CLI_H
 

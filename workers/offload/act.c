@@ -420,15 +420,14 @@ int act_offload_backward_end(act_offload_t *a, char *err, size_t errlen) {
     for (int s = 0; s < a->S; s++) a->owner[s] = -1;
     for (int l = 0; l <= a->L; l++) a->m->xs[l] = a->slot[l % a->K];
     /* every copy of this micro-step has been waited for (each handle once);
-     * on the CPU backend, whose deferred copies are countable, none may be
-     * left in its queue */
+     * on a backend that counts its queued copies, none may be left */
     if (a->open != 0 && !rc)
         rc = errbuf_set(err, errlen, "activation offload: %d copies never waited for at the end of a micro-step",
                         a->open);
     a->open = 0;
-    if (!strcmp(a->be->name, "cpu") && backend_cpu_copies_pending() != 0 && !rc)
+    if (be_xfer_pending(a->be) != 0 && !rc)
         rc = errbuf_set(err, errlen, "activation offload: %zu backend copies still pending at the end of a micro-step",
-                        backend_cpu_copies_pending());
+                        be_xfer_pending(a->be));
     return rc;
 }
 

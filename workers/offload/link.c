@@ -11,11 +11,7 @@
 #include "errbuf.h"
 #include "workers/backend/backend.h"
 
-bool offload_link_in_place(const backend_t *be) {
-    const char *force = getenv("BALLAST_OFFLOAD_STAGE");
-    if (force && !strcmp(force, "1")) return false;
-    return be->act_bytes == 4 && !strcmp(be->name, "cpu");
-}
+bool offload_link_in_place(const backend_t *be) { return be->host_memory && be->act_bytes == 4; }
 
 int offload_link_fail(char *err, size_t errlen, const char *what) {
     return errbuf_set(err, errlen, "%s: %s", what, oc_last_error());

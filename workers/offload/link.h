@@ -68,10 +68,9 @@ int offload_link_free(offload_link_t *l, const oc_key_t *k, char *err, size_t er
 int offload_link_fail(char *err, size_t errlen, const char *what);
 
 /* Whether the savers may compute on pool memory in place (read a block
- * input there, run AdamW on moments there): only on the fp32 CPU backend,
- * whose memory is host memory. Elsewhere they copy through a staging buffer
- * in backend memory. BALLAST_OFFLOAD_STAGE=1 makes the CPU backend stage
- * too (a test hook: its copies are memcpy, so no number may change). */
+ * input there, run AdamW on moments there): only on a backend whose memory
+ * is host memory in fp32 (backend_t.host_memory: the CPU backend).
+ * Elsewhere they copy through a staging buffer in backend memory. */
 struct backend;
 bool offload_link_in_place(const struct backend *be);
 

@@ -2,9 +2,9 @@
  * step record for resuming; see opt_offload.h. Relies on fsdp.h for the
  * chunk layout and the collectives, offload_link.h for the session, the
  * backend's asynchronous copies (backend.h, be_xfer_*) for the staged
- * path. Only the fp32 CPU backend runs AdamW on moments that lie in the
- * pool (in place); every other backend, and the CPU one with
- * BALLAST_OFFLOAD_STAGE=1, streams each unit's whole blob [ m | v | master ]
+ * path. Only a backend whose memory is host memory (the fp32 CPU backend)
+ * runs AdamW on moments that lie in the pool (in place); every other
+ * backend, the CPU's staged test double too, streams each unit's whole blob [ m | v | master ]
  * through two staging sets in backend memory (double buffering, see
  * step_staged), and on a backend whose working copy is separate (bf16 on
  * CUDA) the fp32 master chunks live in ballastd only. */
@@ -571,7 +571,7 @@ static int retire_stage(opt_offload_t *o, int64_t s, oo_stage_t *st, char *err, 
     return release_unit(o, s, u, err, errlen);
 }
 
-/* Every other backend (and the CPU one with BALLAST_OFFLOAD_STAGE=1):
+/* Every other backend (and the CPU's staged test double):
  * unit u's blob [ m | v | master ] goes through staging set stage[u % 2]
  * in backend memory, double buffered, with the host blocking on no copy
  * the device has not had a whole unit's time to do:
@@ -664,11 +664,11 @@ int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, c
         abort_step(o, s);
         return -1;
     }
-    /* every copy of the step ran and was waited (deferred CPU copies: a
-     * missing wait or order would leave one queued) */
-    if (!strcmp(f->be->name, "cpu") && backend_cpu_copies_pending() != 0) {
+    /* every copy of the step ran and was waited (a backend that counts its
+     * queued copies: a missing wait or order would leave one queued) */
+    if (be_xfer_pending(f->be) != 0) {
         errbuf_set(err, errlen, "optimizer offload: %zu backend copies still queued at the end of step %lld (a copy "
-                   "without its wait)", backend_cpu_copies_pending(), (long long)s);
+                   "without its wait)", be_xfer_pending(f->be), (long long)s);
         abort_step(o, s);
         return -1;
     }

@@ -31,9 +31,10 @@
  * it, or at shutdown); only then, when durable, is record s written. So
  * after a crash the newest recorded step may lag the last finished one by
  * one.
- * On the fp32 CPU backend AdamW runs on the moments in the pool (in place,
- * straight into unit u's new blob). Everywhere else (and on the CPU with
- * BALLAST_OFFLOAD_STAGE=1) each unit's whole blob is copied
+ * On a backend whose memory is host memory (the fp32 CPU backend) AdamW
+ * runs on the moments in the pool (in place, straight into unit u's new
+ * blob). Everywhere else (and on the CPU's staged test double) each unit's
+ * whole blob is copied
  * asynchronously (backend.h, be_xfer_*) into one of two staging sets in
  * backend memory, updated there (the master too; the working copy in
  * f->wact follows), and copied into the new blob, double buffered: unit

@@ -2,39 +2,32 @@
  * offload_run.h. */
 #include "workers/offload/run.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "errbuf.h"
 #include "log.h"
 #include "options.h"
-#include "workers/backend/cuda/pool_register.h"
 
-/* From libballast_cuda.a when ballast-worker was built with nvcc; NULL
- * otherwise (workers/module.mk pulls them in with -u). */
-#pragma weak pool_register
-#pragma weak pool_unregister
-
-/* Register the session's pool segments with the GPU when the backend is
- * one and the session maps the pool; a failure warns and training goes on
- * with pageable copies. */
+/* Register the session's pool segments with the backend when it pins host
+ * memory (a GPU) and the session maps the pool; a failure warns and
+ * training goes on with pageable copies. */
 static void register_pool(offload_run_t *r, const backend_t *be, int rank) {
-    if (!strcmp(be->name, "cpu") || !oc_is_shared(r->link.c)) return;
-    if (!pool_register || !pool_unregister) {
-        log_warn("rank %d: this ballast-worker has no CUDA pool registration; device<->pool copies stay pageable",
-                 rank);
-        return;
-    }
+    if (!be->host_register || !oc_is_shared(r->link.c)) return;
     uint32_t n = 0;
     const oc_segment_t *segs = oc_segments(r->link.c, &n);
     if (!segs || n == 0) return;
+    be_range_t *ranges = calloc(n, sizeof *ranges);
+    if (!ranges) return;
+    for (uint32_t i = 0; i < n; i++) ranges[i] = (be_range_t){ segs[i].base, (size_t)segs[i].bytes };
     char e[512];
-    pool_reg_t *reg = NULL;
-    if (pool_register(&reg, segs, n, e, sizeof e)) {
-        log_warn("rank %d: registering ballastd's pool with the GPU failed (%s); device<->pool copies stay pageable",
-                 rank, e);
-        return;
-    }
-    r->reg = reg;   /* pool_register logged the outcome (or why copies stay pageable) */
+    r->reg = be->host_register(ranges, (int)n, e, sizeof e); /* it logs the outcome (or why copies stay pageable) */
+    free(ranges);
+    if (!r->reg)
+        log_warn("rank %d: registering ballastd's pool with the %s backend failed (%s); device<->pool copies stay "
+                 "pageable", rank, be->name, e);
+    else
+        r->be = be;
 }
 
 bool offload_run_opt_durable(const train_opts_t *o) {
@@ -70,13 +63,8 @@ int offload_run_open(offload_run_t *r, const train_opts_t *o, fsdp_t *f, int ran
     if (offload_link_open(&r->link, o->offload_socket, o->offload_remote, o->offload_job, o->offload_token_file, rank, err, errlen)) return -1;
     r->on = true;
     register_pool(r, f->be, rank);
-    if (!offload_link_in_place(f->be) && !strcmp(f->be->name, "cpu")) {
-        /* the GPU ranks' path on the CPU: staged, and every asynchronous
-         * copy runs as late as a copy stream could, so a missing order or
-         * wait shows as wrong bits */
-        backend_cpu_defer_copies(true);
-        log_info("rank %d: offload copies staged through backend memory, run late (BALLAST_OFFLOAD_STAGE=1)", rank);
-    }
+    if (!offload_link_in_place(f->be))
+        log_info("rank %d: offload copies staged through backend memory (%s backend)", rank, f->be->name);
     if (o->act_offload) {
         if (!(r->ao = act_offload_create(f->m, &r->link, (int)o->act_horizon, err, errlen))) return -1;
         f->ao = act_offload_hooks(r->ao);
@@ -163,7 +151,7 @@ void offload_run_close(offload_run_t *r, fsdp_t *f) {
     }
     opt_offload_destroy(r->oo);
     /* before the session unmaps the segments */
-    if (r->reg && pool_unregister) pool_unregister(r->reg);
+    if (r->reg) r->be->host_unregister(r->reg);
     offload_link_close(&r->link);
     memset(r, 0, sizeof *r);
 }

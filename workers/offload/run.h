@@ -22,8 +22,8 @@ typedef struct {
     offload_link_t link;
     act_offload_t *ao;         /* --activation-offload, or NULL (also set as f->ao) */
     opt_offload_t *oo;         /* --optimizer-offload, or NULL */
-    struct pool_reg *reg;      /* ballastd's pool registered with the GPU, or NULL
-                                  (workers/backend/cuda/pool_register.h) */
+    struct be_pinned *reg;     /* ballastd's pool pinned by the backend (host_register), or NULL */
+    const backend_t *be;       /* the backend that pinned it */
 } offload_run_t;
 
 /* Whether the flags make the optimizer state durable

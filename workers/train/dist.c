@@ -9,10 +9,9 @@
  * (workers/comm/stage.h), so fsdp.c and tp.c see device memory either way.
  * Sharded checkpoints (--ckpt-dir, --resume) copy the state through the
  * backend (workers/ckpt/sharded.c), so they work on GPU ranks as on the CPU.
- * BALLAST_TEST_SCRAMBLED_BACKEND=1 (a test hook) runs CPU ranks on
- * workers/backend/scrambled.h with staged collectives: the GPU ranks'
- * paths, on the CPU, where a direct access to backend memory gives wrong
- * bits.
+ * A backend whose memory the host may not touch (host_memory false: a GPU,
+ * or a test double of the CPU backend in the test build) gets its shm
+ * collectives behind host staging.
  *
  * The global batch of a step is A micro-steps x dp data-parallel ranks x B
  * rows of T tokens (dp = world / T); rank r reads rows r*B .. r*B+B-1 of
@@ -37,8 +36,6 @@
 #include "options.h"
 #include "topology.h"
 #include "workers/backend/backend.h"
-#include "workers/backend/cuda/backend_cuda.h"
-#include "workers/backend/scrambled.h"
 #include "workers/ckpt/ckpt.h"
 #include "workers/comm/stage.h"
 #include "workers/data/data.h"
@@ -49,13 +46,6 @@
 #include "workers/model/optim.h"
 #include "workers/train/progress.h"
 #include "workers/train/train.h"
-
-/* from libballast_cuda.a when the build has CUDA; NULL otherwise */
-#pragma weak cuda_device_name
-/* From libballast_cuda.a when ballast-worker was built with nvcc; NULL
- * otherwise (train.c pulls the backend in for --backend cuda). */
-#pragma weak backend_cuda
-#pragma weak cuda_device_count
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
@@ -83,13 +73,8 @@ static int dump_batch(const char *dir, int rank, const int32_t *inputs, size_t n
  * share a GPU. *comm gets the kind for dist_init. 0, or -1 with a message. */
 static int gpu_setup(const train_opts_t *o, int rank, int world, const backend_t **be, int *device, comm_kind_t *comm,
                      char *err, size_t errlen) {
-    if (!backend_cuda || !cuda_device_count) {
-        snprintf(err, errlen, "--backend cuda: this ballast-worker was built without CUDA (no nvcc at build time, or "
-                 "CUDA=0); rebuild with nvcc on PATH, or use --backend cpu");
-        return -1;
-    }
     char why[256] = "";
-    int count = cuda_device_count(why, sizeof why);
+    int count = backend_device_count(BACKEND_CUDA, why, sizeof why);
     if (count <= 0) {
         snprintf(err, errlen, "--backend cuda: no usable GPU: %s; check nvidia-smi and CUDA_VISIBLE_DEVICES", why);
         return -1;
@@ -114,7 +99,7 @@ static int gpu_setup(const train_opts_t *o, int rank, int world, const backend_t
         return -1;
     }
     *comm = shared ? COMM_SHM : want;
-    if (!(*be = backend_cuda(*device, err, errlen))) return -1;
+    if (!(*be = train_open_backend(o, *device, err, errlen))) return -1;
     return 0;
 }
 
@@ -140,13 +125,10 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         log_error("rank %d: %s", rank, err);
         return 1;
     }
-    /* BALLAST_TEST_SCRAMBLED_BACKEND=1: the CPU backend with memory that is
-     * not host memory (workers/backend/scrambled.h), so the GPU ranks' paths
-     * (staged collectives, checkpoints through the backend's copies) run and
-     * are checked on the CPU */
-    const char *scr = getenv("BALLAST_TEST_SCRAMBLED_BACKEND");
-    bool scrambled = !on_gpu && scr && !strcmp(scr, "1");
-    if (!on_gpu) be = scrambled ? backend_scrambled((int)o->threads) : backend_cpu((int)o->threads);
+    if (!on_gpu && !(be = train_open_backend(o, 0, err, sizeof err))) {
+        log_error("rank %d: %s", rank, err);
+        return 1;
+    }
     if (o->resume && !o->ckpt_dir) { log_error("--resume needs --ckpt-dir DIR (where the step-NNNNNNNN directories are)"); return 1; }
     if (o->ckpt_every && !o->ckpt_dir) { log_error("--ckpt-every needs --ckpt-dir DIR"); return 1; }
     if (o->dump_grads) {
@@ -170,10 +152,9 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     };
     dist_t d;
     if (dist_init(&d, &dopt, err, sizeof err)) { log_error("%s", err); return 1; }
-    /* BALLAST_COMM_STAGE=1 stages the CPU backend's collectives too (a test
-     * hook: the copies are memcpy there, so the results must not change) */
-    const char *force_stage = getenv("BALLAST_COMM_STAGE");
-    bool stage = d.kind == COMM_SHM && (on_gpu || scrambled || (force_stage && !strcmp(force_stage, "1")));
+    /* shm collectives read and write host memory: stage them for a backend
+     * whose memory the host may not touch */
+    bool stage = d.kind == COMM_SHM && !be->host_memory;
     if (stage && stage_comms(&d, be, err, sizeof err)) {
         log_error("rank %d: %s", rank, err);
         for (int kk = 0; kk < GROUP_NKINDS; kk++) comm_destroy(d.comm[kk]);
@@ -183,9 +164,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         return 1;
     }
     if (on_gpu) log_info("rank %d: GPU %d, collectives %s", rank, device, comm_backend(d.comm[GROUP_SHARD]));
-    else if (scrambled) log_info("rank %d: scrambled test backend, collectives %s (BALLAST_TEST_SCRAMBLED_BACKEND=1)",
-                                 rank, comm_backend(d.comm[GROUP_SHARD]));
-    else if (stage) log_info("rank %d: collectives %s (BALLAST_COMM_STAGE=1)", rank, comm_backend(d.comm[GROUP_SHARD]));
+    else if (stage) log_info("rank %d: %s backend, collectives %s", rank, be->name, comm_backend(d.comm[GROUP_SHARD]));
     const groups_t *g = &d.groups;
     int dp = world / g->T, dp_rank = g->replica * g->S + g->shard;
     int B = (int)o->micro_batch, T = (int)o->seq_len, A = 0;
@@ -331,7 +310,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
     {
         progress_cfg_t pcfg = { .total_steps = o->steps, .start_step = start, .tokens_per_step = (int64_t)A * dp * B * T,
                                 .flops_per_token = llama_flops_per_token(&cfg, T), .n_gpus = world,
-                                .device = o->backend == 1 && cuda_device_name && cuda_device_name() ? cuda_device_name() : "cpu",
+                                .device = be_device_name(be),
                                 .peak_tflops = o->peak_tflops, .log_every = o->log_every,
                                 .console = rank == 0 ? con : NULL, .live = -1, .json = jlog, .rank = rank,
                                 .metrics = metrics_default() };

@@ -20,7 +20,6 @@
 #include "topology.h"
 #include "options.h"
 #include "workers/backend/backend.h"
-#include "workers/backend/cuda/backend_cuda.h"
 #include "workers/ckpt/ckpt.h"
 #include "workers/data/data.h"
 #include "workers/model/model.h"
@@ -28,11 +27,6 @@
 #include "workers/train/progress.h"
 #include "workers/ckpt/safetensors.h"
 
-/* backend_cuda() comes from libballast_cuda.a, linked into ballast-worker
- * only when the build found nvcc; elsewhere the weak reference is NULL. */
-#pragma weak backend_cuda
-#pragma weak cuda_device_name
-#pragma weak cuda_set_precision
 
 /* ---- options ---- */
 
@@ -68,6 +62,8 @@ static const opt_t train_options[] = {
     { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads (0: all cores)", &g_opts.threads },
     { "backend", OPT_ENUM, "cpu", 0, 0, "cpu|cuda", "compute backend: cpu (fp32) or cuda (bf16 on GPU --device)", &g_opts.backend },
     { "device", OPT_INT, "0", 0, 1024, NULL, "GPU index for --backend cuda", &g_opts.device },
+    { "attention", OPT_ENUM, "auto", 0, 0, "auto|tc|simt", "attention kernels on --backend cuda: auto (tensor cores), tc (tensor cores) or simt", &g_opts.attention },
+    { "cuda-sync", OPT_BOOL, "false", 0, 0, NULL, "--backend cuda: wait for every kernel and check it, so an error names the kernel that failed (slow; for debugging)", &g_opts.cuda_sync },
     { "precision", OPT_ENUM, "bf16", 0, 0, "bf16|fp8", "GEMM precision on --backend cuda: bf16, or fp8 (compute capability 8.9+: E4M3/E5M2, delayed scaling)", &g_opts.precision },
     { "grad-reduce-dtype", OPT_ENUM, "fp32", 0, 0, "fp32|bf16", "gradient reductions across ranks in fp32, or bf16 (half the traffic; each partial sum rounded to bf16)", &g_opts.grad_reduce_dtype },
     { "metrics-port", OPT_INT, "0", 0, 65535, NULL, "serve Prometheus /metrics on this port + the local rank (0: off)", &g_opts.metrics_port },
@@ -210,6 +206,18 @@ static int resolve_topology(const train_opts_t *o, topo_t *t, char *err, size_t 
     return topo_resolve(&f, t, err, errlen);
 }
 
+static train_backend_wrap_fn g_wrap;
+
+void train_set_backend_wrap(train_backend_wrap_fn wrap) { g_wrap = wrap; }
+
+const backend_t *train_open_backend(const train_opts_t *o, int device, char *err, size_t errlen) {
+    backend_spec_t spec = { .kind = o->backend == 1 ? BACKEND_CUDA : BACKEND_CPU, .threads = (int)o->threads,
+                            .device = device, .fp8 = o->precision == 1, .attention = (be_attention_t)o->attention,
+                            .sync = o->cuda_sync };
+    const backend_t *be = backend_open(&spec, err, errlen);
+    return be && g_wrap ? g_wrap(be, err, errlen) : be;
+}
+
 int train_run(const train_opts_t *o) {
     char err[1024];
     if (o->precision == 1 && o->backend != 1) {
@@ -256,18 +264,8 @@ static int train_run_single(const train_opts_t *o) {
     float *logits_host = NULL;
     bool have_model = false, have_opt = false;
 
-    const backend_t *be = NULL;
-    if (o->backend == 1) {
-        if (!backend_cuda) {
-            log_error("--backend cuda: this ballast-worker was built without CUDA (no nvcc at build time, or CUDA=0); "
-                      "rebuild with nvcc on PATH, or use --backend cpu");
-            return 1;
-        }
-        if (!(be = backend_cuda((int)o->device, err, sizeof err))) { log_error("--backend cuda: %s", err); return 1; }
-        if (o->precision == 1 && cuda_set_precision(CUDA_PRECISION_FP8, err, sizeof err)) { log_error("%s", err); return 1; }
-    } else {
-        be = backend_cpu((int)o->threads);
-    }
+    const backend_t *be = train_open_backend(o, (int)o->device, err, sizeof err);
+    if (!be) { log_error("%s", err); return 1; }
     llama_config_t cfg;
     if (train_resolve_config(o, &cfg, err, sizeof err)) { log_error("%s", err); return 1; }
     if (!o->data) {
@@ -366,7 +364,7 @@ static int train_run_single(const train_opts_t *o) {
     }
     progress_cfg_t pcfg = { .total_steps = o->steps, .start_step = start, .tokens_per_step = (int64_t)A * B * T,
                             .flops_per_token = llama_flops_per_token(&cfg, T), .n_gpus = 1,
-                            .device = o->backend == 1 && cuda_device_name && cuda_device_name() ? cuda_device_name() : be->name,
+                            .device = be_device_name(be),
                             .peak_tflops = o->peak_tflops, .log_every = o->log_every, .console = con, .live = -1,
                             .json = jlog, .rank = 0, .metrics = metrics_default() };
     prog = progress_new(&pcfg, err, sizeof err);

@@ -43,6 +43,8 @@ typedef struct {
     int backend;              /* 0 = cpu, 1 = cuda */
     int64_t device;           /* GPU index for the cuda backend */
     int precision;            /* --precision: 0 = bf16, 1 = fp8 (cuda only) */
+    int attention;            /* --attention: be_attention_t (cuda only) */
+    bool cuda_sync;           /* --cuda-sync: check every kernel as it finishes (cuda only) */
     int grad_reduce_dtype;    /* --grad-reduce-dtype: 0 = fp32, 1 = bf16 */
     const char *dump_grads;   /* test hook: step 1's logits, loss and gradients */
     int64_t metrics_port;     /* Prometheus /metrics port (docs/observability.md); 0 = off */
@@ -85,6 +87,18 @@ const opt_t *train_option_table(size_t *n);
 /* Run training; 0 on success, non-zero with a logged message otherwise.
  * With a world of several processes it runs train_run_sharded. */
 int train_run(const train_opts_t *o);
+
+/* The backend the flags name (backend_open), passed through the test
+ * build's wrapper when one is set; NULL with a message. */
+const backend_t *train_open_backend(const train_opts_t *o, int device, char *err, size_t errlen);
+
+/* A test build of ballast-worker (tests/lib/worker_test_main.c) swaps the
+ * backend train_run opens for a test double (a CPU backend whose memory the
+ * host may not touch): wrap gets the opened table and returns the one to
+ * train on, or NULL with a message. NULL (the default) trains on the
+ * opened one. */
+typedef const backend_t *(*train_backend_wrap_fn)(const backend_t *opened, char *err, size_t errlen);
+void train_set_backend_wrap(train_backend_wrap_fn wrap);
 
 /* ---- shared with train_dist.c ---- */
 

@@ -9,7 +9,7 @@
  * and can be checked line by line against the CPU oracle. Two paths:
  * attention_tc.cu (WMMA tensor cores, the default) and the SIMT kernels
  * here (fp32 FMA: slower, simplest to trust), chosen with
- * BALLAST_ATTENTION=tc|simt or cuda_attention_use().
+ * the worker's --attention tc|simt (cuda_attention_use()).
  *
  * Shapes: q, out, dq (B, T, H, Dh); k, v, dk, dv (B, T, Hkv, Dh), bf16;
  * lse (B, H, T) fp32 = log-sum-exp of each query row's scaled scores, the
@@ -323,8 +323,8 @@ static void check_shape(int H, int Hkv, int Dh) {
     }
 }
 
-/* 1: tensor cores (attention_tc.cu), 0: SIMT; -1 until first use */
-static int g_use_tc = -1;
+/* 1: tensor cores (attention_tc.cu, the default), 0: SIMT */
+static int g_use_tc = 1;
 
 extern "C" int cuda_attention_use(const char *impl) {
     if (strcmp(impl, "tc") == 0) g_use_tc = 1;
@@ -333,17 +333,7 @@ extern "C" int cuda_attention_use(const char *impl) {
     return 0;
 }
 
-static bool use_tc(void) {
-    if (g_use_tc < 0) {
-        const char *e = getenv("BALLAST_ATTENTION");
-        if (e && cuda_attention_use(e) != 0) {
-            fprintf(stderr, "BALLAST_ATTENTION=%s: unknown; use tc (tensor cores) or simt\n", e);
-            exit(1);
-        }
-        if (g_use_tc < 0) g_use_tc = 1;
-    }
-    return g_use_tc == 1;
-}
+static bool use_tc(void) { return g_use_tc == 1; }
 
 void launch_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
                           int Hkv, int Dh) {

@@ -12,19 +12,18 @@
 
 /* ---- launch checks ---- */
 
+static bool g_sync; /* --cuda-sync: wait for every kernel and check it */
+
+extern "C" void cuda_set_sync(bool on) { g_sync = on; }
+
 void cuda_launch_check_at(const char *kernel, const char *file, int line) {
-    static int sync_mode = -1;
-    if (sync_mode < 0) {
-        const char *e = getenv("BALLAST_CUDA_SYNC");
-        sync_mode = e && *e && strcmp(e, "0") != 0;
-    }
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && sync_mode) e = cudaStreamSynchronize(cuda_compute_stream());
+    if (e == cudaSuccess && g_sync) e = cudaStreamSynchronize(cuda_compute_stream());
     if (e == cudaSuccess) return;
     const char *hint = cuda_hint(e);
     fprintf(stderr, "%s:%d: CUDA error %s (%s) launching %s; hint: %s\n", file, line, cudaGetErrorName(e),
             cudaGetErrorString(e), kernel,
-            hint ? hint : "rerun with BALLAST_CUDA_SYNC=1 to stop at the kernel that failed");
+            hint ? hint : "rerun with --cuda-sync (BALLAST_CUDA_SYNC=1) to stop at the kernel that failed");
     exit(1);
 }
 
@@ -354,6 +353,10 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     memset(&t, 0, sizeof t);
     t.name = "cuda";
     t.act_bytes = 2;
+    t.host_memory = false;
+    t.device_name = cuda_device_name;
+    t.host_register = cuda_host_register;
+    t.host_unregister = cuda_host_unregister;
     t.alloc = cu_alloc; t.free = cu_free; t.memset0 = cu_memset0; t.copy = cu_copy;
     t.to_host = cu_to_host; t.from_host = cu_from_host; t.to_act = cu_to_act; t.act_to_host = cu_act_to_host;
     t.add = cu_add; t.scale = cu_scale; t.sumsq = cu_sumsq;
@@ -375,4 +378,13 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     snprintf(g_device_name, sizeof g_device_name, "%s", prop.name);
     g_device = device;
     return &g_table;
+}
+
+extern "C" const backend_t *backend_cuda_open(const backend_spec_t *spec, char *err, size_t errlen) {
+    const backend_t *be = backend_cuda(spec->device, err, errlen);
+    if (!be) return NULL;
+    if (spec->fp8 && cuda_set_precision(CUDA_PRECISION_FP8, err, errlen)) return NULL;
+    if (spec->attention != BE_ATTENTION_AUTO) cuda_attention_use(spec->attention == BE_ATTENTION_SIMT ? "simt" : "tc");
+    cuda_set_sync(spec->sync);
+    return be;
 }

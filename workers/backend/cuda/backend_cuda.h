@@ -32,6 +32,19 @@ int cuda_device_count(char *why, size_t whylen);
  * (one device per process). */
 const backend_t *backend_cuda(int device, char *err, size_t errlen);
 
+/* backend_open's CUDA part (workers/backend/backend.h): backend_cuda(spec
+ * device), then the spec's precision, attention kernel and sync mode. */
+const backend_t *backend_cuda_open(const backend_spec_t *spec, char *err, size_t errlen);
+
+/* --cuda-sync: synchronize after every kernel launch and check it, so an
+ * error names the kernel that failed (slow; off by default). */
+void cuda_set_sync(bool on);
+
+/* Pin host ranges for DMA (the table's host_register / host_unregister;
+ * pool_register.h does the work). */
+struct be_pinned *cuda_host_register(const be_range_t *ranges, int n, char *err, size_t errlen);
+void cuda_host_unregister(struct be_pinned *p);
+
 /* The name of the GPU backend_cuda() selected (cudaDeviceProp.name, e.g.
  * "NVIDIA H100 80GB HBM3"; the MFU peak table matches on it), or NULL
  * before it selected one. */
@@ -125,8 +138,8 @@ double cuda_sumsq_multi(const float *const *xs, const size_t *ns, int count);
 
 /* ---- attention path (attention.cu) ---- */
 
-/* "tc" (tensor cores, the default) or "simt"; overrides BALLAST_ATTENTION.
- * 0, or -1 for an unknown name. */
+/* "tc" (tensor cores, the default) or "simt" (--attention). 0, or -1 for
+ * an unknown name. */
 int cuda_attention_use(const char *impl);
 
 /* ---- timing (backend_cuda.cu) ---- */

@@ -44,7 +44,7 @@ static inline void cuda_check_at(cudaError_t e, const char *call, const char *fi
 #define CUDA_CHECK(call) cuda_check_at((call), #call, __FILE__, __LINE__)
 
 /* After every launch: catches bad configurations at once; with
- * BALLAST_CUDA_SYNC=1 also synchronizes so a fault names its kernel. */
+ * --cuda-sync (cuda_set_sync) also synchronizes so a fault names its kernel. */
 void cuda_launch_check_at(const char *kernel, const char *file, int line);
 #define CUDA_LAUNCH_CHECK(kernel) cuda_launch_check_at(kernel, __FILE__, __LINE__)
 

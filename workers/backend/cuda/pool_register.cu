@@ -1,4 +1,5 @@
-/* pool_register.cu: pin ballastd's pool for DMA (pool_register.h).
+/* pool_register.cu: pin host memory that is mapped already (ballastd's
+ * pool) for DMA (pool_register.h).
  *
  * cudaHostRegister on memory that is already mapped (the sealed memfd
  * segments ballastd hands over) page-locks it and tells the driver about
@@ -25,7 +26,7 @@ typedef struct {
     bool ours;      /* registered by us (false: it already was; left alone at unregister) */
 } pool_span_t;
 
-struct pool_reg {
+struct be_pinned {
     bool registered;     /* every segment fully registered */
     pool_span_t *spans;  /* (n) registered ranges */
     uint32_t n, cap;
@@ -103,11 +104,11 @@ static cudaError_t register_segment(pool_reg_t *r, char *base, uint64_t bytes) {
 
 /* ---- public ---- */
 
-extern "C" int pool_register(pool_reg_t **out, const oc_segment_t *segs, uint32_t n, char *err, size_t errlen) {
+extern "C" int pool_register(pool_reg_t **out, const be_range_t *segs, uint32_t n, char *err, size_t errlen) {
     *out = NULL;
     for (uint32_t i = 0; i < n; i++)
         if (!segs[i].base || !segs[i].bytes) {
-            snprintf(err, errlen, "pool segment %u is %s: pass the segments oc_segments() returns", i,
+            snprintf(err, errlen, "pool segment %u is %s: pass the mapped segments of the pool", i,
                      segs[i].base ? "empty" : "not mapped");
             return -EINVAL;
         }
@@ -188,3 +189,13 @@ extern "C" int pool_copy_async(const pool_reg_t *r, void *dev, void *host, size_
     }
     return 0;
 }
+
+/* ---- as the table's host_register / host_unregister ---- */
+
+extern "C" struct be_pinned *cuda_host_register(const be_range_t *ranges, int n, char *err, size_t errlen) {
+    pool_reg_t *r = NULL;
+    if (n < 0 || pool_register(&r, ranges, (uint32_t)n, err, errlen)) return NULL;
+    return r;
+}
+
+extern "C" void cuda_host_unregister(struct be_pinned *p) { pool_unregister(p); }

@@ -1,7 +1,8 @@
 /* pool_register.h: make ballastd's pool DMA-able for the GPU.
  *
  * In shared-memory mode the worker maps the pool segments of ballastd
- * (oc_segments(), workers/offload/client.h). pool_register() registers them
+ * (workers/offload/client.h); the offload layer hands them to the backend's
+ * host_register (workers/backend/backend.h), and pool_register() registers them
  * once with cudaHostRegister, so device<->pool copies run as DMA from pinned
  * memory at link speed instead of being staged through a driver bounce
  * buffer. A segment the driver refuses whole is registered in chunks
@@ -18,13 +19,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "workers/offload/client.h"
+#include "workers/backend/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct pool_reg pool_reg_t;
+typedef struct be_pinned pool_reg_t;
 
 #define POOL_REG_CHUNK_BIG (1ull << 30)    /* first chunk size when a segment is refused whole */
 #define POOL_REG_CHUNK_SMALL (128ull << 20) /* second chunk size */
@@ -35,7 +36,7 @@ typedef struct pool_reg pool_reg_t;
  * GPU), -EINVAL (a NULL or zero-length segment) or -ENOMEM with a message
  * in err; then *out is NULL. The segments must stay mapped until
  * pool_unregister. */
-int pool_register(pool_reg_t **out, const oc_segment_t *segs, uint32_t n, char *err, size_t errlen);
+int pool_register(pool_reg_t **out, const be_range_t *segs, uint32_t n, char *err, size_t errlen);
 
 /* Unregister everything pool_register registered and free the handle.
  * NULL is fine. Call before the segments are unmapped (oc_close). */

@@ -1,4 +1,5 @@
-/* backend_scrambled.h: a test backend whose memory is not host memory.
+/* backend_scrambled.h: a test double of the CPU backend whose memory is
+ * not host memory.
  *
  * It is the fp32 CPU backend (backend_cpu) except that every byte of its
  * memory is stored XOR 0x5A: to_host / from_host (and act_to_host) undo and
@@ -11,12 +12,12 @@
  * memory; the asynchronous copies are synchronous (no xfer ops). Calls are
  * serialized by one lock, so ops from several threads stay correct.
  *
- * ballast-worker uses it instead of the CPU backend when
- * BALLAST_TEST_SCRAMBLED_BACKEND=1 (workers/train/dist.c): the sharded loop
- * then takes the GPU ranks' paths (collectives behind host staging,
- * checkpoints through the backend's copies) on the CPU. */
-#ifndef BALLAST_BACKEND_SCRAMBLED_H
-#define BALLAST_BACKEND_SCRAMBLED_H
+ * Its host_memory is false, so training on it takes the GPU ranks' paths
+ * (collectives behind host staging, checkpoints through the backend's
+ * copies) on the CPU. The test build of ballast-worker
+ * (tests/lib/worker_test_main.c) uses it with BALLAST_TEST_BACKEND=scrambled. */
+#ifndef BALLAST_TESTS_BACKEND_SCRAMBLED_H
+#define BALLAST_TESTS_BACKEND_SCRAMBLED_H
 
 #include <stddef.h>
 

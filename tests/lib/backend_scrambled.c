@@ -7,7 +7,7 @@
  * them back. Memory the op is handed that is not backend memory (host
  * outputs of act_to_host, host token arrays) is not recorded and so not
  * touched. */
-#include "workers/backend/scrambled.h"
+#include "tests/lib/backend_scrambled.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -167,6 +167,7 @@ static void build(void) {
     g_cpu = backend_cpu(g_threads);
     g_be = *g_cpu;
     g_be.name = "scrambled";
+    g_be.host_memory = false;   /* the point: the host must not read it */
     g_be.alloc = s_alloc;
     g_be.free = s_free;
     g_be.memset0 = s_memset0;
