@@ -2,7 +2,10 @@
 """tests/layers/check.py: the layering of the tree, checked on its #include
 graph and, given a build directory, on the symbols its objects define and use.
 
-  tests/layers/check.py [--objects BUILD] [--tap]
+  tests/layers/check.py [--root DIR] [--objects BUILD] [--tap]
+
+--root checks another copy of the tree (default: this checkout; a copy that
+is no git checkout is read whole).
 
 Folders are layers that only point down (docs/layers.md):
   proto     the wire formats (*.proto, the ring), generated code in build/gen
@@ -15,10 +18,13 @@ Folders are layers that only point down (docs/layers.md):
   tests     anything
 
 Failures: an include (or a symbol use) that points up or sideways, and any
-cycle between files. A file's module is its stem (foo.c with foo.h); the
-module graph joins modules through #include and, with --objects, through
-symbols: an object that calls a function defined in another depends on it,
-which is how two .c files behind one header are seen to need each other.
+cycle between files. A file's module is its stem (foo.c with foo.h); a
+header with no source file of its stem (a table of types, a private header)
+is no module of its own: what it includes counts for the files that
+include it. The module graph joins modules through #include and, with
+--objects, through symbols: an object that calls a function defined in
+another depends on it, which is how two .c files behind one header are seen
+to need each other.
 Exit status 1 on any failure; --tap prints one TAP line per check."""
 import os
 import re
@@ -106,8 +112,12 @@ def allowed(src, dst):
 
 
 def tracked_sources():
-    out = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard'], cwd=ROOT,
-                         capture_output=True, text=True).stdout.split()
+    git = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard'], cwd=ROOT,
+                         capture_output=True, text=True)
+    if git.returncode == 0 and os.path.isdir(os.path.join(ROOT, '.git')):
+        out = git.stdout.split()
+    else:
+        out = [os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(ROOT) for f in fs]
     return sorted(p for p in out if p.endswith(SRC_EXT) and p.split('/')[0] in
                   ('proto', 'common', 'services', 'workers', 'tests') and os.path.isfile(os.path.join(ROOT, p)))
 
@@ -130,33 +140,63 @@ def module(path):
     return stem
 
 
-def find_cycle(graph):
-    """One cycle of graph (dict node -> set of nodes) as a list, or None."""
-    WHITE, GREY, BLACK = 0, 1, 2
-    color = {n: WHITE for n in graph}
-    stack = []
+def has_source(header, files):
+    stem = module(header)
+    return any(stem + ext in files for ext in ('.c', '.cu', '.cc', '.cpp'))
 
-    def visit(n):
-        color[n] = GREY
-        stack.append(n)
-        for m in sorted(graph.get(n, ())):
-            if color.get(m, WHITE) == GREY:
-                return stack[stack.index(m):] + [m]
-            if color.get(m, WHITE) == WHITE:
-                c = visit(m)
-                if c:
-                    return c
-        stack.pop()
-        color[n] = BLACK
-        return None
 
-    sys.setrecursionlimit(10000)
-    for n in sorted(graph):
-        if color[n] == WHITE:
-            c = visit(n)
-            if c:
-                return c
-    return None
+def cycles(graph):
+    """The strongly connected components of graph (dict node -> set of nodes)
+    with more than one node, each as a list, smallest node first (Tarjan)."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    nodes = sorted(set(graph) | {m for ms in graph.values() for m in ms})
+    counter = [0]
+
+    def visit(v):
+        # iterative, so a deep graph cannot overflow Python's stack
+        work = [(v, iter(sorted(graph.get(v, ()))))]
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        while work:
+            n, it = work[-1]
+            for m in it:
+                if m not in index:
+                    index[m] = low[m] = counter[0]
+                    counter[0] += 1
+                    stack.append(m)
+                    on.add(m)
+                    work.append((m, iter(sorted(graph.get(m, ())))))
+                    break
+                if m in on:
+                    low[n] = min(low[n], index[m])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[n])
+                if low[n] == index[n]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == n:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+
+    for v in nodes:
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def describe(comp, edges):
+    """One line for a cycle: its files and what ties them."""
+    ties = ['%s -> %s (%s)' % (module(a), module(b), why) for (a, b), why in sorted(edges.items())
+            if module(a) in comp and module(b) in comp and module(a) != module(b)]
+    return 'cycle between %s: %s' % (', '.join(comp), '; '.join(ties[:8]))
 
 
 def symbol_edges(build):
@@ -197,13 +237,16 @@ def symbol_edges(build):
 
 
 def main():
+    global ROOT
     tap = '--tap' in sys.argv
+    if '--root' in sys.argv:
+        ROOT = os.path.abspath(sys.argv[sys.argv.index('--root') + 1])
     build = None
     if '--objects' in sys.argv:
         build = sys.argv[sys.argv.index('--objects') + 1]
     files = set(tracked_sources())
     problems = []
-    graph = {}
+    includes = {}
     for src in sorted(files):
         text = open(os.path.join(ROOT, src), errors='replace').read()
         for inc in INC_RE.findall(text):
@@ -213,11 +256,33 @@ def main():
             why = allowed(src, dst)
             if why:
                 problems.append('%s includes "%s": %s' % (src, inc, why))
-            if rank_of(src)[0] != 'tests' and module(src) != module(dst):
+            includes.setdefault(src, []).append((inc, dst))
+
+    def reached(f, seen):
+        """The module headers f includes, through headers that are no module."""
+        out = []
+        for inc, dst in includes.get(f, ()):
+            if dst in seen:
+                continue
+            seen.add(dst)
+            if dst.endswith(('.h', '.cuh')) and not has_source(dst, files) and not dst.startswith('proto/'):
+                out += [(inc + ' -> ' + i, d) for i, d in reached(dst, seen)]
+            else:
+                out.append((inc, dst))
+        return out
+
+    graph, why_edge = {}, {}
+    for src in sorted(files):
+        if rank_of(src)[0] == 'tests':
+            continue
+        if src.endswith(('.h', '.cuh')) and not has_source(src, files):
+            continue
+        for inc, dst in reached(src, set()):
+            if module(src) != module(dst):
                 graph.setdefault(module(src), set()).add(module(dst))
-    checks = [('the #include graph points only down', [p for p in problems])]
-    cyc = find_cycle(graph)
-    checks.append(('no cycle between files through #include', ['cycle: ' + ' -> '.join(cyc)] if cyc else []))
+                why_edge.setdefault((src, dst), '#include "%s"' % inc)
+    checks = [('the #include graph points only down', problems)]
+    checks.append(('no cycle between files through #include', [describe(c, why_edge) for c in cycles(graph)]))
     if build:
         sym_problems = []
         sgraph = {k: set(v) for k, v in graph.items()}
@@ -227,10 +292,10 @@ def main():
                 sym_problems.append('%s calls %s (%s): %s' % (src, sym, dst, why))
             if module(src) != module(dst):
                 sgraph.setdefault(module(src), set()).add(module(dst))
+                why_edge.setdefault((src, dst), 'uses ' + sym)
         checks.append(('the symbols objects use point only down', sym_problems))
-        cyc = find_cycle(sgraph)
         checks.append(('no cycle between files through #include and symbols',
-                       ['cycle: ' + ' -> '.join(cyc)] if cyc else []))
+                       [describe(c, why_edge) for c in cycles(sgraph)]))
     failed = 0
     for name, probs in checks:
         if tap:

@@ -1,6 +1,8 @@
-/* comm.c: the backend-independent half of comm.h: argument checks,
- * completion handles, backend selection. The collectives themselves live in
- * comm_shm.c and comm_nccl.c. */
+/* comm.c: the backend-independent half of comm.h: names, argument checks,
+ * completion handles, waiting and its accounting. The collectives
+ * themselves live in shm.c and nccl.c (and stage.c wraps one for device
+ * buffers), which use this file through impl.h; open.c picks a backend and
+ * starts a communicator on it. */
 #include "workers/comm/impl.h"
 #include "clock.h"
 
@@ -38,92 +40,12 @@ const char *comm_kind_name(comm_kind_t k) {
     }
 }
 
-int comm_select(comm_kind_t requested, bool on_gpu, char *err, size_t errlen) {
-    char why[COMM_ERR_LEN] = "";
-    switch (requested) {
-    case COMM_SHM: return COMM_SHM;
-    case COMM_AUTO:
-        if (on_gpu && comm_nccl_available(why, sizeof why)) return COMM_NCCL;
-        return COMM_SHM;
-    case COMM_NCCL:
-        if (!on_gpu) {
-            snprintf(err, errlen, "--comm nccl needs the CUDA backend (GPU buffers): "
-                     "use --comm shm (or auto) with the CPU backend");
-            return -1;
-        }
-        if (!comm_nccl_available(why, sizeof why)) {
-            snprintf(err, errlen, "--comm nccl: %s; use --comm shm for ranks of one node", why);
-            return -1;
-        }
-        return COMM_NCCL;
-    }
-    snprintf(err, errlen, "unknown --comm value %d: use auto, shm or nccl", (int)requested);
-    return -1;
-}
-
 /* ---- set-up ---- */
 
 void comm_config_init(comm_config_t *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->kind = COMM_SHM;
     cfg->shm_fd = -1;
-}
-
-int comm_init(comm_t **out, const comm_config_t *cfg, char *err, size_t errlen) {
-    *out = NULL;
-    if (cfg->n < 1 || cfg->n > COMM_MAX_RANKS) {
-        snprintf(err, errlen, "comm %s: group size %d out of range 1..%d", cfg->name ? cfg->name : "?",
-                 cfg->n, COMM_MAX_RANKS);
-        return -EINVAL;
-    }
-    if (cfg->index < 0 || cfg->index >= cfg->n) {
-        snprintf(err, errlen, "comm %s: index %d outside the group of %d", cfg->name ? cfg->name : "?",
-                 cfg->index, cfg->n);
-        return -EINVAL;
-    }
-    if (!cfg->name || !cfg->name[0] || strlen(cfg->name) >= 64) {
-        snprintf(err, errlen, "comm: a group name of 1..63 bytes is required (e.g. \"shard.3\")");
-        return -EINVAL;
-    }
-    for (const char *p = cfg->name; *p; p++)
-        if (!(*p == '.' || *p == '-' || *p == '_' || (*p >= '0' && *p <= '9') ||
-              (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z'))) {
-            snprintf(err, errlen, "comm: group name \"%s\" may hold only letters, digits, '.', '-', '_'",
-                     cfg->name);
-            return -EINVAL;
-        }
-    const comm_ops_t *ops;
-    if (cfg->kind == COMM_SHM) ops = &comm_shm_ops;
-    else if (cfg->kind == COMM_NCCL) ops = &comm_nccl_ops;
-    else {
-        snprintf(err, errlen, "comm %s: backend %s must be resolved with comm_select first",
-                 cfg->name, comm_kind_name(cfg->kind));
-        return -EINVAL;
-    }
-    comm_t *c = calloc(1, sizeof *c);
-    if (!c) goto oom;
-    c->ranks = malloc(sizeof(int) * (size_t)cfg->n);
-    if (!c->ranks) goto oom;
-    c->ops = ops;
-    snprintf(c->name, sizeof c->name, "%s", cfg->name);
-    c->n = cfg->n;
-    c->index = cfg->index;
-    for (int i = 0; i < cfg->n; i++) c->ranks[i] = cfg->ranks ? cfg->ranks[i] : i;
-    c->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : COMM_DEFAULT_TIMEOUT_S;
-    c->next_seq = 1;
-    int rc = ops->init(c, cfg, err, errlen);
-    if (rc) {
-        free(c->ranks);
-        free(c);
-        return rc;
-    }
-    *out = c;
-    return 0;
-oom:
-    if (c) free(c->ranks);
-    free(c);
-    snprintf(err, errlen, "comm %s: out of memory", cfg->name);
-    return -ENOMEM;
 }
 
 void comm_destroy(comm_t *c) {
@@ -235,9 +157,7 @@ bool comm_test(comm_req_t *r) {
 /* Nanoseconds this process spent blocked in comm_wait (exposed comm). */
 static _Atomic uint64_t g_wait_ns;
 
-double comm_wait_seconds(void) {
-    return 1e-9 * (double)atomic_load_explicit(&g_wait_ns, memory_order_relaxed) + comm_nccl_stall_seconds();
-}
+double comm_host_wait_seconds(void) { return 1e-9 * (double)atomic_load_explicit(&g_wait_ns, memory_order_relaxed); }
 
 /* Block until r is done (the backend's wait hook first); its status, and
  * its message in err when it failed. r stays allocated. */

@@ -7,7 +7,7 @@
  * Every rank of the group must start the same collectives in the same order
  * with the same counts. Buffers must stay valid until the wait returns.
  *
- * Two backends fill the table (comm_ops_t):
+ * Two backends fill the table (comm_ops_t, private to workers/comm/impl.h):
  *   shm   shared memory between the processes of one node: one memfd
  *         segment per group, per-rank slots, sequence-numbered flags,
  *         deterministic reduction order (bit-identical results on every
@@ -165,25 +165,6 @@ size_t comm_shm_segment_bytes(int n, size_t slot_bytes);
 /* Create (before fork, for tests and launchers) a sealed memfd segment for
  * n ranks; returns its fd or a negative errno. */
 int comm_shm_segment_create(int n, size_t slot_bytes, char *err, size_t errlen);
-
-/* ---- the table the backends fill ---- */
-
-typedef struct {
-    const char *name;
-    int (*init)(comm_t *c, const comm_config_t *cfg, char *err, size_t errlen);
-    void (*destroy)(comm_t *c);
-    /* start one collective; the backend completes req (comm_req_done) later */
-    int (*start)(comm_t *c, comm_req_t *req, char *err, size_t errlen);
-    /* block until req is done (backends that need to drive progress) */
-    void (*wait)(comm_t *c, comm_req_t *req);
-    /* whether req has finished without blocking (NULL: its done flag tells) */
-    bool (*test)(comm_t *c, comm_req_t *req);
-    /* make a CUDA stream wait for req (NULL: comm_stream_wait blocks the host) */
-    int (*stream_wait)(comm_t *c, comm_req_t *req, void *stream, char *err, size_t errlen);
-} comm_ops_t;
-
-extern const comm_ops_t comm_shm_ops;
-extern const comm_ops_t comm_nccl_ops;
 
 /* Whether libnccl and a CUDA runtime can be loaded here. */
 bool comm_nccl_available(char *err, size_t errlen);

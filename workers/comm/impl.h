@@ -1,6 +1,7 @@
-/* comm_impl.h: what comm.c shares with the backends (comm_shm.c,
- * comm_nccl.c): the communicator and request structures and the completion
- * call. Not for users of comm.h. */
+/* impl.h: what the core (comm.c) shares with the backends (shm.c, nccl.c,
+ * stage.c) and with open.c, which starts them: the backend table, the
+ * communicator and request structures, and the completion call. Private to
+ * workers/comm/: users see only comm.h. */
 #ifndef BALLAST_COMM_IMPL_H
 #define BALLAST_COMM_IMPL_H
 
@@ -15,6 +16,27 @@ typedef enum {
     COLL_BROADCAST,
     COLL_BARRIER,
 } comm_coll_t;
+
+/* ---- the table the backends fill (private to workers/comm/) ---- */
+
+typedef struct {
+    const char *name;
+    int (*init)(comm_t *c, const comm_config_t *cfg, char *err, size_t errlen);
+    void (*destroy)(comm_t *c);
+    /* start one collective; the backend completes req (comm_req_done) later */
+    int (*start)(comm_t *c, comm_req_t *req, char *err, size_t errlen);
+    /* block until req is done (backends that need to drive progress) */
+    void (*wait)(comm_t *c, comm_req_t *req);
+    /* whether req has finished without blocking (NULL: its done flag tells) */
+    bool (*test)(comm_t *c, comm_req_t *req);
+    /* make a CUDA stream wait for req (NULL: comm_stream_wait blocks the host) */
+    int (*stream_wait)(comm_t *c, comm_req_t *req, void *stream, char *err, size_t errlen);
+} comm_ops_t;
+
+extern const comm_ops_t comm_shm_ops;
+extern const comm_ops_t comm_nccl_ops;
+
+/* ---- a collective in flight ---- */
 
 struct comm_req {
     comm_t *comm;
@@ -55,5 +77,9 @@ void comm_req_done(comm_req_t *req, int status, const char *msg);
 const char *comm_coll_name(comm_coll_t c);
 size_t comm_dtype_size(comm_dtype_t dt);
 const char *comm_dtype_name(comm_dtype_t dt);
+
+/* Seconds this process spent blocked in comm_wait and in host-side
+ * comm_stream_wait (comm_wait_seconds adds NCCL's timed stalls). */
+double comm_host_wait_seconds(void);
 
 #endif

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "workers/model/model.h"
+#include "workers/model/layout.h"
 
 /* full (N, width) = the local rows (N/T, width) of every rank, in rank order. */
 void tp_gather_rows(model_tp_t *tp, act_t *full, const act_t *loc, size_t width);

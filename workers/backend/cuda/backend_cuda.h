@@ -142,7 +142,7 @@ double cuda_sumsq_multi(const float *const *xs, const size_t *ns, int count);
  * an unknown name. */
 int cuda_attention_use(const char *impl);
 
-/* ---- timing (backend_cuda.cu) ---- */
+/* ---- timing (table.cu) ---- */
 
 /* When on, every table op records events around itself on the compute
  * stream; cuda_prof_report prints total milliseconds, calls and share per

@@ -76,6 +76,29 @@ static inline void cublas_check_at(cublasStatus_t s, const char *call, const cha
     exit(1);
 }
 #define CUBLAS_CHECK(call) cublas_check_at((call), #call, __FILE__, __LINE__)
+
+/* ---- the one cuBLASLt handle, workspace and plan cache (cublaslt.cu) ----
+ * Every GEMM of the backend (bf16 in gemm.cu, FP8 in gemm_fp8.cu) runs
+ * through these: column-major D (m, n) = op(A) (m, k) . op(B) (k, n) +
+ * beta D, leading dimensions the packed ones. */
+typedef struct {
+    int m, n, k;
+    cublasOperation_t ta, tb;
+    cudaDataType_t at, bt, dt; /* element types of A, B and C = D */
+    bool beta1;                /* the caller accumulates (beta = 1) */
+    uint32_t align_ab;         /* bytes A and B are aligned to (256 = cuBLASLt's default assumption) */
+    uint32_t align_cd;         /* bytes C = D is aligned to */
+} lt_shape_t;
+typedef struct lt_plan lt_plan_t;
+/* The cached plan (descriptor, layouts, the heuristic's first algorithm)
+ * for a shape; NULL, cached too, when cuBLASLt has no algorithm for it
+ * (*why gets the heuristic's status). *first (may be NULL) is true when this
+ * call asked the heuristic, false when the answer came from the cache. */
+const lt_plan_t *lt_plan(const lt_shape_t *s, cublasStatus_t *why, bool *first);
+/* D = op(A) . op(B) + beta D on the compute stream. */
+void lt_matmul(const lt_plan_t *p, const void *A, const void *B, void *D, float beta);
+/* FP8: the dequantization factors cuBLASLt reads through pointers (device). */
+void lt_set_scales(const lt_plan_t *p, const float *a_inv, const float *b_inv);
 #endif
 
 /* ---- backend internals shared between files ---- */
@@ -93,7 +116,7 @@ bool cuda_xfer_done(struct be_xfer *x);
 void *cuda_compute_stream_ptr(void);
 void cuda_op_scope(int s);   /* gemm_fp8.cu: the scope FP8 states are keyed by */
 
-/* Device scratch that grows on demand, one buffer per slot (backend_cuda.cu).
+/* Device scratch that grows on demand, one buffer per slot (runtime.cu).
  * Contents are undefined; a slot is owned by one op for the op's duration.
  * Growing frees the old buffer (cudaFree synchronizes the device). */
 enum { SCRATCH_RMSNORM, SCRATCH_ATTN, SCRATCH_NORM, SCRATCH_EMBED, SCRATCH_ROPE, SCRATCH_NSLOTS };
@@ -101,7 +124,7 @@ void *cuda_scratch(int slot, size_t bytes);
 
 /* ---- op launchers, one family per file; pointers are device memory ---- */
 
-void launch_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n);                   /* backend_cuda.cu */
+void launch_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n);                   /* elementwise.cu */
 void launch_scale(float *x, float s, size_t n);
 void launch_f32_to_bf16(bf16 *dst, const float *src, size_t n);
 void launch_bf16_to_f32(float *dst, const bf16 *src, size_t n);
@@ -124,7 +147,7 @@ void launch_attention_fwd_tc(bf16 *out, float *lse, const bf16 *q, const bf16 *k
 void launch_attention_bwd_tc(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                              const bf16 *v, const float *lse, const float *dvec, int B, int T, int H, int Hkv, int Dh,
                              float scale);
-void gemm_init(void);                                                                  /* gemm.cu */
+void lt_init(void);                                                                    /* cublaslt.cu */
 void gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O);
 void gemm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, int N, int I, int O, bool dx_acc);
 /* FP8 versions (gemm_fp8.cu): false when the precision is bf16 or the shape

@@ -45,8 +45,6 @@
 #define FP8_E4M3_MAX 448.0f
 #define FP8_E5M2_MAX 57344.0f
 #define FP8_MAX_WEIGHTS 4096    /* matmuls (distinct weights) tracked */
-#define FP8_WORKSPACE (32u << 20)
-#define FP8_CACHE 128
 
 typedef struct {
     float amax_cur;             /* amax of the operand being quantized now (atomicMax as int bits) */
@@ -59,8 +57,6 @@ typedef struct {
 enum { ROLE_W = 0, ROLE_X = 1, ROLE_G = 2, NROLES };
 
 static cuda_precision_t g_prec = CUDA_PRECISION_BF16;
-static cublasLtHandle_t g_lt;
-static void *g_ws;
 static fp8_meta_t *g_meta;               /* device (FP8_MAX_WEIGHTS, NROLES) */
 static const void *g_keys[FP8_MAX_WEIGHTS];
 static int g_key_scope[FP8_MAX_WEIGHTS];
@@ -169,72 +165,27 @@ static void quantize(uint8_t *q, uint8_t *qt, const bf16 *x, int R, int C, int w
     CUDA_LAUNCH_CHECK("fp8 scale update");
 }
 
-/* ---- cuBLASLt ---- */
-
-typedef struct {
-    int m, n, k;
-    cudaDataType_t bt, dt;
-    bool beta1;
-    bool none;                  /* cuBLASLt has no FP8 algorithm for it: bf16 instead */
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t a, b, c;
-    cublasLtMatmulAlgo_t algo;
-} fp8_plan_t;
-
-static fp8_plan_t g_plans[FP8_CACHE];
-static int g_nplans;
+/* ---- cuBLASLt (cublaslt.cu) ---- */
 
 /* Column-major D (m, n) = A^T B + beta D, A stored (k, m) E4M3, B (k, n) of
  * bt. NULL (and one warning per shape) when cuBLASLt offers no algorithm. */
-static const fp8_plan_t *plan(int m, int n, int k, cudaDataType_t bt, cudaDataType_t dt, bool beta1) {
-    for (int i = 0; i < g_nplans; i++) {
-        const fp8_plan_t *p = &g_plans[i];
-        if (p->m == m && p->n == n && p->k == k && p->bt == bt && p->dt == dt && p->beta1 == beta1)
-            return p->none ? NULL : p;
-    }
-    if (g_nplans == FP8_CACHE) {
-        fprintf(stderr, "%s:%d: more than %d FP8 GEMM shapes; raise FP8_CACHE\n", __FILE__, __LINE__, FP8_CACHE);
-        exit(1);
-    }
-    fp8_plan_t *p = &g_plans[g_nplans];
-    p->m = m; p->n = n; p->k = k; p->bt = bt; p->dt = dt; p->beta1 = beta1;
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, k, m, k));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, bt, k, n, k));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, dt, m, n, m));
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = FP8_WORKSPACE;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    uint32_t al = 16; /* outputs are checked for 16 bytes; the fp8 scratch is 256 */
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g_lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    g_nplans++;
-    if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
-        p->none = true;
+static const lt_plan_t *plan(int m, int n, int k, cudaDataType_t bt, cudaDataType_t dt, bool beta1) {
+    /* outputs are checked for 16 bytes; the fp8 scratch is 256 */
+    lt_shape_t sh = { m, n, k, CUBLAS_OP_T, CUBLAS_OP_N, CUDA_R_8F_E4M3, bt, dt, beta1, 256, 16 };
+    cublasStatus_t why;
+    bool first;
+    const lt_plan_t *p = lt_plan(&sh, &why, &first);
+    if (!p && first)
         fprintf(stderr, "%s:%d: warning: cuBLASLt has no FP8 algorithm for m=%d n=%d k=%d (B %s, D %s): %s; "
                 "this GEMM runs in bf16\n", __FILE__, __LINE__, m, n, k, bt == CUDA_R_8F_E5M2 ? "e5m2" : "e4m3",
-                dt == CUDA_R_32F ? "fp32" : "bf16", hs != CUBLAS_STATUS_SUCCESS ? cublas_status_name(hs) : "none found");
-        return NULL;
-    }
-    p->algo = res.algo;
+                dt == CUDA_R_32F ? "fp32" : "bf16", cublas_status_name(why));
     return p;
 }
 
-static void run(const fp8_plan_t *p, const uint8_t *A, const float *a_inv, const uint8_t *B, const float *b_inv,
+static void run(const lt_plan_t *p, const uint8_t *A, const float *a_inv, const uint8_t *B, const float *b_inv,
                 void *D, float beta) {
-    float alpha = 1.f;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_inv, sizeof a_inv));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_inv, sizeof b_inv));
-    CUBLAS_CHECK(cublasLtMatmul(g_lt, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, &p->algo, g_ws,
-                                FP8_WORKSPACE, cuda_compute_stream()));
+    lt_set_scales(p, a_inv, b_inv);
+    lt_matmul(p, A, B, D, beta);
 }
 
 static bool shape_ok(int N, int I, int O, const void *out) {
@@ -250,7 +201,7 @@ static const float *inv(int wi, int role) { return &g_meta[(size_t)wi * NROLES +
 
 bool fp8_gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O) {
     if (g_prec != CUDA_PRECISION_FP8 || N <= 0 || !shape_ok(N, I, O, out)) return false;
-    const fp8_plan_t *p = plan(O, N, I, CUDA_R_8F_E4M3, CUDA_R_16BF, false);
+    const lt_plan_t *p = plan(O, N, I, CUDA_R_8F_E4M3, CUDA_R_16BF, false);
     int wi = p ? meta_index(w) : -1;
     if (wi < 0) { g_count_bf16++; return false; }
     uint8_t *w8 = buf(0, (size_t)O * I), *x8 = buf(1, (size_t)N * I);
@@ -264,8 +215,8 @@ bool fp8_gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O) 
 bool fp8_gemm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, int N, int I, int O, bool dx_acc) {
     if (g_prec != CUDA_PRECISION_FP8 || N <= 0 || !shape_ok(N, I, O, dx ? (const void *)dx : (const void *)dw)) return false;
     if (dx && dw && ((uintptr_t)dw & 15)) { g_count_bf16++; return false; }
-    const fp8_plan_t *pdx = dx ? plan(I, N, O, CUDA_R_8F_E5M2, CUDA_R_16BF, dx_acc) : NULL;
-    const fp8_plan_t *pdw = dw ? plan(I, O, N, CUDA_R_8F_E5M2, CUDA_R_32F, true) : NULL;
+    const lt_plan_t *pdx = dx ? plan(I, N, O, CUDA_R_8F_E5M2, CUDA_R_16BF, dx_acc) : NULL;
+    const lt_plan_t *pdw = dw ? plan(I, O, N, CUDA_R_8F_E5M2, CUDA_R_32F, true) : NULL;
     int wi = (!dx || pdx) && (!dw || pdw) ? meta_index(w) : -1;
     if (wi < 0) { g_count_bf16++; return false; }
     uint8_t *g8 = dx ? buf(0, (size_t)N * O) : NULL, *g8t = dw ? buf(1, (size_t)N * O) : NULL;
@@ -312,9 +263,8 @@ extern "C" int cuda_set_precision(cuda_precision_t p, char *err, size_t errlen) 
                  "Blackwell); GPU %d (%s) has %d.%d: use --precision bf16", dev, prop.name, prop.major, prop.minor);
         return -1;
     }
-    if (!g_lt) {
-        CUBLAS_CHECK(cublasLtCreate(&g_lt));
-        CUDA_CHECK(cudaMalloc(&g_ws, FP8_WORKSPACE));
+    if (!g_meta) {
+        lt_init();
         CUDA_CHECK(cudaMalloc((void **)&g_meta, sizeof(fp8_meta_t) * FP8_MAX_WEIGHTS * NROLES));
         CUDA_CHECK(cudaMemset(g_meta, 0, sizeof(fp8_meta_t) * FP8_MAX_WEIGHTS * NROLES));
     }

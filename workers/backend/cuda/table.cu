@@ -1,6 +1,7 @@
-/* backend_cuda.cu: the CUDA backend's table (workers/backend/backend.h): device
- * start-up, memory, the small elementwise ops, per-op timing, and the
- * wiring of every op to its launcher in the op's own file.
+/* table.cu: the CUDA backend's table (workers/backend/backend.h): device
+ * start-up, memory, per-op timing, and the wiring of every op to its
+ * launcher in the op's own file; backend_cuda_open applies the worker's
+ * backend flags.
  *
  * act_t buffers are bf16 here (act_bytes = 2); float buffers fp32. Every op
  * is asynchronous on the compute stream except those that return host data
@@ -9,105 +10,6 @@
 #include "workers/backend/cuda/common.cuh"
 
 #include <string.h>
-
-/* ---- launch checks ---- */
-
-static bool g_sync; /* --cuda-sync: wait for every kernel and check it */
-
-extern "C" void cuda_set_sync(bool on) { g_sync = on; }
-
-void cuda_launch_check_at(const char *kernel, const char *file, int line) {
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && g_sync) e = cudaStreamSynchronize(cuda_compute_stream());
-    if (e == cudaSuccess) return;
-    const char *hint = cuda_hint(e);
-    fprintf(stderr, "%s:%d: CUDA error %s (%s) launching %s; hint: %s\n", file, line, cudaGetErrorName(e),
-            cudaGetErrorString(e), kernel,
-            hint ? hint : "rerun with --cuda-sync (BALLAST_CUDA_SYNC=1) to stop at the kernel that failed");
-    exit(1);
-}
-
-/* ---- scratch ---- */
-
-static void *g_scratch[SCRATCH_NSLOTS];
-static size_t g_scratch_cap[SCRATCH_NSLOTS];
-
-void *cuda_scratch(int slot, size_t bytes) {
-    if (bytes <= g_scratch_cap[slot]) return g_scratch[slot];
-    if (g_scratch[slot]) CUDA_CHECK(cudaFree(g_scratch[slot])); /* synchronizes: in-flight users finish first */
-    size_t cap = bytes + bytes / 4 + 256;
-    CUDA_CHECK(cudaMalloc(&g_scratch[slot], cap));
-    g_scratch_cap[slot] = cap;
-    return g_scratch[slot];
-}
-
-/* ---- elementwise kernels ---- */
-
-__global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
-}
-
-__global__ void scale_kernel(float *x, float s, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        x[i] *= s;
-}
-
-__global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16(src[i]);
-}
-
-__global__ void bf16_to_f32_kernel(float *dst, const bf16 *src, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __bfloat162float(src[i]);
-}
-
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-__global__ void fill_normal_kernel(float *p, size_t n, float mean, float std, uint64_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t a = mix64(seed + 0x9E3779B97F4A7C15ull * (2 * i + 1)), b = mix64(a + 0x632BE59BD9B4E019ull);
-        float u1 = ((a >> 40) + 1.0f) * (1.0f / 16777217.0f), u2 = (b >> 40) * (1.0f / 16777216.0f);
-        p[i] = mean + std * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
-    }
-}
-
-extern "C" void cuda_fill_normal(float *p, size_t n, float mean, float std, uint64_t seed) {
-    if (!n) return;
-    fill_normal_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_compute_stream()>>>(p, n, mean, std, seed);
-    CUDA_LAUNCH_CHECK("fill_normal_kernel");
-}
-
-void launch_add(bf16 *out, const bf16 *a, const bf16 *b, size_t n) {
-    if (!n) return;
-    add_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_compute_stream()>>>(out, a, b, n);
-    CUDA_LAUNCH_CHECK("add_kernel");
-}
-
-void launch_scale(float *x, float s, size_t n) {
-    if (!n) return;
-    scale_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_compute_stream()>>>(x, s, n);
-    CUDA_LAUNCH_CHECK("scale_kernel");
-}
-
-void launch_f32_to_bf16(bf16 *dst, const float *src, size_t n) {
-    if (!n) return;
-    f32_to_bf16_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_compute_stream()>>>(dst, src, n);
-    CUDA_LAUNCH_CHECK("f32_to_bf16_kernel");
-}
-
-void launch_bf16_to_f32(float *dst, const bf16 *src, size_t n) {
-    if (!n) return;
-    bf16_to_f32_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_compute_stream()>>>(dst, src, n);
-    CUDA_LAUNCH_CHECK("bf16_to_f32_kernel");
-}
-
-extern "C" void cuda_act_to_f32(float *dst, const act_t *src, size_t n) { launch_bf16_to_f32(dst, (const bf16 *)src, n); }
 
 /* ---- per-op timing ---- */
 
@@ -177,23 +79,6 @@ extern "C" void cuda_prof_report(FILE *out) {
         fprintf(out, "%-16s %10.3f %7d %5.1f%%\n", g_op_names[o], ms[o], calls[o], total > 0 ? 100.0 * ms[o] / total : 0.0);
     }
     fprintf(out, "%-16s %10.3f\n", "total", total);
-}
-
-/* ---- host helpers ---- */
-
-extern "C" uint16_t cuda_f32_to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1);                                           /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-extern "C" float cuda_bf16_to_f32(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
 }
 
 /* ---- table ops ---- */
@@ -304,18 +189,6 @@ void cuda_parallel_fill(backend_t *t); /* parallel.cu: the sharded / tensor-para
 
 /* ---- start-up ---- */
 
-extern "C" int cuda_device_count(char *why, size_t whylen) {
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        if (why) snprintf(why, whylen, "%s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
-        return 0;
-    }
-    if (n == 0 && why) snprintf(why, whylen, "no CUDA device");
-    return n;
-}
-
 extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     if (g_device >= 0) {
         if (device != g_device) {
@@ -348,7 +221,7 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
         return NULL;
     }
     cuda_streams_init();
-    gemm_init();
+    lt_init();
     backend_t t;
     memset(&t, 0, sizeof t);
     t.name = "cuda";

@@ -1,0 +1,105 @@
+/* cublaslt.cu: the backend's one cuBLASLt handle, its workspace and one
+ * plan cache for every GEMM shape (common.cuh, lt_*): bf16 (gemm.cu) and
+ * FP8 (gemm_fp8.cu) matmuls alike. The model has a few dozen distinct
+ * shapes and asks for each every step, so a plan (descriptor, layouts and
+ * the heuristic's algorithm) is made once per shape and kept, and so is the
+ * answer "no algorithm" (the caller then takes another path or stops). */
+#define BALLAST_CUDA_WITH_CUBLAS
+#include "workers/backend/cuda/common.cuh"
+
+#include <string.h>
+
+#define LT_WORKSPACE (32u << 20) /* bytes; NVIDIA's advice for Hopper */
+#define LT_CACHE 256             /* distinct shapes, bf16 and FP8 together */
+
+struct lt_plan {
+    lt_shape_t s;
+    bool none;                   /* cuBLASLt has no algorithm for it */
+    cublasStatus_t why;          /* the heuristic's status when none */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+};
+
+static cublasLtHandle_t g_lt;
+static void *g_workspace;
+static lt_plan_t g_plans[LT_CACHE];
+static int g_nplans;
+
+void lt_init(void) {
+    if (g_lt) return;
+    CUBLAS_CHECK(cublasLtCreate(&g_lt));
+    CUDA_CHECK(cudaMalloc(&g_workspace, LT_WORKSPACE));
+}
+
+static bool same(const lt_shape_t *a, const lt_shape_t *b) {
+    return a->m == b->m && a->n == b->n && a->k == b->k && a->ta == b->ta && a->tb == b->tb && a->at == b->at &&
+           a->bt == b->bt && a->dt == b->dt && a->beta1 == b->beta1 && a->align_ab == b->align_ab &&
+           a->align_cd == b->align_cd;
+}
+
+const lt_plan_t *lt_plan(const lt_shape_t *s, cublasStatus_t *why, bool *first) {
+    if (first) *first = false;
+    for (int i = 0; i < g_nplans; i++)
+        if (same(&g_plans[i].s, s)) {
+            *why = g_plans[i].why;
+            return g_plans[i].none ? NULL : &g_plans[i];
+        }
+    if (g_nplans == LT_CACHE) {
+        fprintf(stderr, "%s:%d: more than %d GEMM shapes; raise LT_CACHE\n", __FILE__, __LINE__, LT_CACHE);
+        exit(1);
+    }
+    lt_init();
+    if (first) *first = true;
+    lt_plan_t *p = &g_plans[g_nplans];
+    memset(p, 0, sizeof *p);
+    p->s = *s;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &s->ta, sizeof s->ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &s->tb, sizeof s->tb));
+    /* stored shapes: A is (m, k) or its transpose, B (k, n) or its transpose */
+    int ar = s->ta == CUBLAS_OP_N ? s->m : s->k, ac = s->ta == CUBLAS_OP_N ? s->k : s->m;
+    int br = s->tb == CUBLAS_OP_N ? s->k : s->n, bc = s->tb == CUBLAS_OP_N ? s->n : s->k;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, s->at, ar, ac, ar));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, s->bt, br, bc, br));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, s->dt, s->m, s->n, s->m));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = LT_WORKSPACE;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    /* the heuristic assumes 256-byte aligned pointers unless told otherwise;
+     * tensors inside the flat parameter buffer can be less aligned */
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &s->align_ab,
+                                                      sizeof s->align_ab));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &s->align_ab,
+                                                      sizeof s->align_ab));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &s->align_cd,
+                                                      sizeof s->align_cd));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &s->align_cd,
+                                                      sizeof s->align_cd));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(g_lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    g_nplans++;
+    if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
+        p->none = true;
+        p->why = hs != CUBLAS_STATUS_SUCCESS ? hs : CUBLAS_STATUS_NOT_SUPPORTED;
+        *why = p->why;
+        return NULL;
+    }
+    p->algo = res.algo;
+    *why = CUBLAS_STATUS_SUCCESS;
+    return p;
+}
+
+void lt_matmul(const lt_plan_t *p, const void *A, const void *B, void *D, float beta) {
+    float alpha = 1.f;
+    CUBLAS_CHECK(cublasLtMatmul(g_lt, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, &p->algo,
+                                g_workspace, LT_WORKSPACE, cuda_compute_stream()));
+}
+
+void lt_set_scales(const lt_plan_t *p, const float *a_inv, const float *b_inv) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_inv, sizeof a_inv));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_inv, sizeof b_inv));
+}
