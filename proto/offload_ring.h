@@ -1,4 +1,4 @@
-/* ring_proto.h: the per-session ring protocol between a worker and ballastd.
+/* offload_ring.h: the per-session ring protocol between a worker and ballastd.
  *
  * A session's ring memfd holds two rings of common/ring.h, each with
  * RING_PROTO_ENTRY_BYTES-byte entries: the request ring (worker -> service)

@@ -1,4 +1,4 @@
-/* backend_cpu.c: the fp32 CPU backend, the oracle every other backend is
+/* cpu.c: the fp32 CPU backend, the oracle every other backend is
  * checked against.
  *
  * Every op is a plain loop written for clarity, parallelised with OpenMP so

@@ -1,4 +1,4 @@
-/* comm_nccl.c: the NCCL backend of comm.h.
+/* nccl.c: the NCCL backend of comm.h.
  *
  * libnccl and the CUDA runtime are loaded at run time (dlopen), so every
  * build links and the CPU-only machines that run `make test` need neither;

@@ -1,4 +1,4 @@
-/* comm_shm.c: the shared-memory backend of comm.h, for the processes of one
+/* shm.c: the shared-memory backend of comm.h, for the processes of one
  * node. Relies on common/shm.h (sealed memfd, fd passing) and the
  * rendezvous client (to find the group leader's fd-passing socket).
  *

@@ -1,4 +1,4 @@
-/* comm_stage.c: device-memory collectives over a host-memory communicator
+/* stage.c: device-memory collectives over a host-memory communicator
  * through pinned staging buffers; see comm_stage.h. Relies on comm_impl.h
  * for the communicator structure and on the backend table for the copies
  * and the pinned allocations. */

@@ -1,4 +1,4 @@
-/* comm_stage.h: collectives on backend (GPU) memory over a communicator
+/* stage.h: collectives on backend (GPU) memory over a communicator
  * that moves host memory (the shm backend), through host staging buffers.
  *
  * NCCL refuses two ranks on one GPU, so ranks sharing a GPU (the multi-rank

@@ -1,4 +1,4 @@
-/* llama_config.c: presets, Hugging Face config.json I/O (jansson), counts. */
+/* config.c: presets, Hugging Face config.json I/O (jansson), counts. */
 #include "workers/model/config.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* llama_config.h: the shape of a Llama-architecture model.
+/* config.h: the shape of a Llama-architecture model.
  *
  * Field meanings follow Hugging Face's LlamaConfig so that a config.json
  * loads one to one. Presets carry the published shapes of Llama-2 7B/13B/70B
