@@ -32,16 +32,19 @@ static grpc_status_code key_from_pb(rpc_ctx_t *ctx, const pb_key_t *pk, uint64_t
     return GRPC_STATUS_OK;
 }
 
+/* The gRPC code of a status_t: the one mapping, proto/status.h. */
+static grpc_status_code grpc_of(status_t st) { return (grpc_status_code)status_to_grpc(st); }
+
 static grpc_status_code store_fail(rpc_ctx_t *ctx, status_t st, const char *what,
                                    const store_key_t *k, const char *detail) {
-    return rpc_ctx_errf(ctx, (grpc_status_code)status_to_grpc(st),
+    return rpc_ctx_errf(ctx, grpc_of(st),
                         "%s of key (rank %u, kind %u, index %llu, step %llu): %s%s%s", what,
                         k->rank, k->kind, (unsigned long long)k->index, (unsigned long long)k->step,
                         status_word(st), detail && detail[0] ? ": " : "", detail ? detail : "");
 }
 
-static grpc_status_code sess_fail(rpc_ctx_t *ctx, int code, const char *msg) {
-    return rpc_ctx_errf(ctx, (grpc_status_code)code, "%s", msg);
+static grpc_status_code sess_fail(rpc_ctx_t *ctx, status_t st, const char *msg) {
+    return rpc_ctx_errf(ctx, grpc_of(st), "%s", msg);
 }
 
 /* ---- sessions ---- */
@@ -52,8 +55,8 @@ static grpc_status_code h_open(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
     Ballast__Offload__V1__OpenSessionResponse *resp = (void *)rs;
     sess_open_info_t info;
     char err[SESS_ERR_LEN] = "";
-    int code = sess_open(svc->sessions, req->job, req->rank, req->quota_bytes, req->token,
-                         req->shared_memory, req->client_name, &info, err, sizeof err);
+    status_t code = sess_open(svc->sessions, req->job, req->rank, req->quota_bytes, req->token,
+                              req->shared_memory, req->client_name, &info, err, sizeof err);
     if (code) return sess_fail(ctx, code, err);
     pool_t *pool = store_pool(svc->store);
     uint32_t nsegs = pool_nsegs(pool);
@@ -82,8 +85,8 @@ static grpc_status_code h_close(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
     const Ballast__Offload__V1__CloseSessionRequest *req = (const void *)rq;
     Ballast__Offload__V1__CloseSessionResponse *resp = (void *)rs;
     char err[SESS_ERR_LEN] = "";
-    int code = sess_close(svc->sessions, req->session_id, req->keep_blobs, &resp->freed_bytes,
-                          err, sizeof err);
+    status_t code = sess_close(svc->sessions, req->session_id, req->keep_blobs, &resp->freed_bytes,
+                               err, sizeof err);
     return code ? sess_fail(ctx, code, err) : GRPC_STATUS_OK;
 }
 
@@ -92,8 +95,8 @@ static grpc_status_code h_heartbeat(rpc_ctx_t *ctx, const ProtobufCMessage *rq, 
     const Ballast__Offload__V1__HeartbeatRequest *req = (const void *)rq;
     Ballast__Offload__V1__HeartbeatResponse *resp = (void *)rs;
     char err[SESS_ERR_LEN] = "";
-    int code = sess_heartbeat(svc->sessions, req->session_id, &resp->lease_seconds,
-                              &resp->used_bytes, &resp->quota_bytes, err, sizeof err);
+    status_t code = sess_heartbeat(svc->sessions, req->session_id, &resp->lease_seconds,
+                                   &resp->used_bytes, &resp->quota_bytes, err, sizeof err);
     return code ? sess_fail(ctx, code, err) : GRPC_STATUS_OK;
 }
 
@@ -139,7 +142,7 @@ static grpc_status_code h_stats(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
 
     sess_row_t *rows = NULL;
     size_t n = 0;
-    if (sess_list(svc->sessions, &rows, &n) != 0)
+    if (sess_list(svc->sessions, &rows, &n) != STATUS_OK)
         return rpc_ctx_errf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     rpc_ctx_defer_free(ctx, rows);
     Ballast__Offload__V1__SessionStats *ss = rpc_ctx_alloc(ctx, (n ? n : 1) * sizeof *ss);
@@ -182,7 +185,7 @@ static grpc_status_code h_list(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
                                 req->job, SESS_NAME_MAX);
         char err[STORE_ERR_LEN] = "";
         status_t st = store_job_id(svc->store, req->job, &f.job_id, err, sizeof err);
-        if (st != STATUS_OK) return rpc_ctx_errf(ctx, (grpc_status_code)status_to_grpc(st), "job '%s': %s", req->job, err);
+        if (st != STATUS_OK) return rpc_ctx_errf(ctx, grpc_of(st), "job '%s': %s", req->job, err);
     }
     uint32_t max = req->max_keys ? req->max_keys : 10000;
     if (max > 100000)
@@ -235,7 +238,7 @@ static grpc_status_code h_release(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Pr
     uint64_t job_id;
     char err[STORE_ERR_LEN] = "";
     status_t st = store_job_id(svc->store, req->job, &job_id, err, sizeof err);
-    if (st != STATUS_OK) return rpc_ctx_errf(ctx, (grpc_status_code)status_to_grpc(st), "job '%s': %s", req->job, err);
+    if (st != STATUS_OK) return rpc_ctx_errf(ctx, grpc_of(st), "job '%s': %s", req->job, err);
     sess_release_job(svc->sessions, job_id, &resp->freed_blobs, &resp->freed_bytes);
     return GRPC_STATUS_OK;
 }
@@ -267,7 +270,7 @@ static grpc_status_code session_key(rpc_ctx_t *ctx, offload_svc_t *svc, uint64_t
                                     const pb_key_t *pk, store_key_t *k) {
     char err[STORE_ERR_LEN] = "";
     uint64_t job_id;
-    int code = sess_use(svc->sessions, session_id, &job_id, err, sizeof err);
+    status_t code = sess_use(svc->sessions, session_id, &job_id, err, sizeof err);
     if (code) return sess_fail(ctx, code, err);
     grpc_status_code gc = key_from_pb(ctx, pk, job_id, k);
     if (gc) sess_count(svc->sessions, session_id, true, false);

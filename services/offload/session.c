@@ -170,16 +170,14 @@ static uint32_t detail_of(status_t st) {
     }
 }
 
-static void cpl_fail(rp_cpl_t *c, uint32_t status, uint32_t detail) {
-    c->status = status;
+/* A completion carries the wire value of st (proto/status.h) and the detail. */
+static void cpl_fail(rp_cpl_t *c, status_t st, uint32_t detail) {
+    c->status = (uint32_t)status_wire(st);
     c->detail = detail;
 }
 
 static void cpl_store(rp_cpl_t *c, status_t st) {
-    if (st == STATUS_OK) return;
-    int code = status_to_grpc(st);
-    if (st == STATUS_NOT_HELD) code = STATUS_FAILED_PRECONDITION;
-    cpl_fail(c, (uint32_t)code, detail_of(st));
+    if (st != STATUS_OK) cpl_fail(c, st, detail_of(st));
 }
 
 static bool region_held(sess_mgr_t *m, sess_t *s, const store_key_t *k, const rp_req_t *q) {
@@ -326,10 +324,10 @@ done:
 
 /* ---- fd socket: attaching a session ---- */
 
-static int send_reply(int fd, uint32_t status, uint32_t nsegs, const char *msg) {
+static int send_reply(int fd, status_t st, uint32_t nsegs, const char *msg) {
     rp_attach_reply_t rep;
     memset(&rep, 0, sizeof rep);
-    rep.status = status;
+    rep.status = (uint32_t)status_wire(st);
     rep.nsegs = nsegs;
     snprintf(rep.msg, sizeof rep.msg, "%s", msg ? msg : "");
     char err[SHM_ERR_LEN];
@@ -374,7 +372,7 @@ static void handle_attach(sess_mgr_t *m, int fd, const shm_peer_t *peer) {
     pthread_mutex_lock(&m->mu);
     sess_t *s = find_locked(m, att.session_id);
     const char *why = NULL;
-    uint32_t code = STATUS_OK;
+    status_t code = STATUS_OK;
     if (!s || s->detached) { why = "unknown session id (expired or closed): open a new session"; code = STATUS_NOT_FOUND; }
     else if (s->nonce != att.nonce) { why = "attach nonce does not match the session"; code = STATUS_PERMISSION_DENIED; }
     else if (!s->shared) { why = "session was opened in remote mode (shared_memory=false)"; code = STATUS_FAILED_PRECONDITION; }
@@ -579,13 +577,13 @@ double sess_lease(const sess_mgr_t *m) { return m->cfg.lease_s; }
 
 /* ---- the calls behind the RPCs ---- */
 
-int sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
-              const char *token, bool shared, const char *client_name,
-              sess_open_info_t *info, char *err, size_t errlen) {
+status_t sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
+                   const char *token, bool shared, const char *client_name,
+                   sess_open_info_t *info, char *err, size_t errlen) {
     memset(info, 0, sizeof *info);
     if (!sess_token_ok(m, token)) {
         errbuf_set(err, errlen, "token missing or wrong: pass the contents of ballastd's --token-file");
-        return 16; /* UNAUTHENTICATED */
+        return STATUS_UNAUTHENTICATED;
     }
     if (!sess_name_ok(job, false)) {
         errbuf_set(err, errlen, "job name '%.80s' is invalid: use 1..%d characters of [A-Za-z0-9._-]",
@@ -615,7 +613,7 @@ int sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
     status_t st = store_job_id(m->store, job, &job_id, serr, sizeof serr);
     if (st != STATUS_OK) {
         errbuf_set(err, errlen, "job '%s': %s", job, serr[0] ? serr : status_word(st));
-        return status_to_grpc(st);
+        return st;
     }
     sess_t *s = calloc(1, sizeof *s);
     if (!s) { errbuf_set(err, errlen, "out of memory"); return STATUS_RESOURCE_EXHAUSTED; }
@@ -643,7 +641,7 @@ int sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
         pthread_mutex_unlock(&m->mu);
         free(s);
         errbuf_set(err, errlen, "cannot open a store session: %s", status_word(st));
-        return status_to_grpc(st);
+        return st;
     }
     s->next = m->list;
     m->list = s;
@@ -670,8 +668,8 @@ int sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
     return STATUS_OK;
 }
 
-int sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_bytes,
-               char *err, size_t errlen) {
+status_t sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_bytes,
+                    char *err, size_t errlen) {
     if (freed_bytes) *freed_bytes = 0;
     pthread_mutex_lock(&m->mu);
     sess_t *s;
@@ -709,8 +707,8 @@ int sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_byt
     return STATUS_OK;
 }
 
-int sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *used,
-                   uint64_t *quota, char *err, size_t errlen) {
+status_t sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *used,
+                        uint64_t *quota, char *err, size_t errlen) {
     pthread_mutex_lock(&m->mu);
     sess_t *s = find_locked(m, sid);
     if (!s || s->detached) {
@@ -731,7 +729,7 @@ int sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *used,
     return STATUS_OK;
 }
 
-int sess_use(sess_mgr_t *m, uint64_t sid, uint64_t *job_id, char *err, size_t errlen) {
+status_t sess_use(sess_mgr_t *m, uint64_t sid, uint64_t *job_id, char *err, size_t errlen) {
     pthread_mutex_lock(&m->mu);
     sess_t *s = find_locked(m, sid);
     if (!s || s->detached) {
@@ -757,7 +755,7 @@ void sess_count(sess_mgr_t *m, uint64_t sid, bool failed, bool quota) {
     pthread_mutex_unlock(&m->mu);
 }
 
-int sess_release_job(sess_mgr_t *m, uint64_t job_id, uint64_t *blobs, uint64_t *bytes) {
+status_t sess_release_job(sess_mgr_t *m, uint64_t job_id, uint64_t *blobs, uint64_t *bytes) {
     store_filter_t f = { job_id, -1, 0, false };
     store_blob_info_t *list = NULL;
     size_t n = 0;
@@ -785,7 +783,7 @@ int sess_release_job(sess_mgr_t *m, uint64_t job_id, uint64_t *blobs, uint64_t *
     return STATUS_OK;
 }
 
-int sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n) {
+status_t sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n) {
     *rows = NULL;
     *n = 0;
     pthread_mutex_lock(&m->mu);
