@@ -178,6 +178,41 @@ Test(session, async_handles) {
     svc_stop(&t);
 }
 
+/* Remote mode runs an async op at submit time and parks its result: a
+ * failure's message travels with the handle, so oc_wait() on any thread, in
+ * any order, reports that op's own message. */
+typedef struct { oc_client_t *c; oc_handle_t h; status_t st; char msg[1024]; } waiter_t;
+
+static void *wait_elsewhere(void *arg) {
+    waiter_t *w = arg;
+    oc_buf_t b;
+    w->st = oc_wait(w->c, w->h, &b, 10);
+    snprintf(w->msg, sizeof w->msg, "%s", oc_last_error());
+    return NULL;
+}
+
+Test(session, remote_async_failure_message_follows_the_handle) {
+    svc_t t;
+    svc_start(&t, 30, 16, 0);
+    oc_client_t *c = client(&t, "unit", 0, 0, OC_REMOTE);
+    oc_key_t k1 = { 0, OC_KIND_PARAM, 41, 0 }, k2 = { 0, OC_KIND_PARAM, 42, 0 };
+    oc_handle_t h1, h2;
+    cr_assert_eq(oc_get_async(c, &k1, &h1), STATUS_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_get_async(c, &k2, &h2), STATUS_OK, "%s", oc_last_error());
+    waiter_t w = { c, h1, STATUS_OK, "" };
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, wait_elsewhere, &w), 0);
+    pthread_join(th, NULL);
+    cr_assert_eq(w.st, STATUS_NOT_FOUND, "%s", w.msg);
+    cr_assert(strstr(w.msg, "index 41") && strstr(w.msg, "not_found"), "the waiting thread sees h1's message: %s",
+              w.msg);
+    oc_buf_t b;
+    cr_assert_eq(oc_wait(c, h2, &b, 10), STATUS_NOT_FOUND);
+    cr_assert(strstr(oc_last_error(), "index 42"), "h2's own message, not h1's: %s", oc_last_error());
+    oc_close(c, false);
+    svc_stop(&t);
+}
+
 /* oc_wait with timeout 0 is a poll: it never blocks, and it takes a
  * completion that has arrived (nobody else has to reap the ring for it) */
 Test(session, wait_timeout_zero_polls) {

@@ -41,6 +41,8 @@ typedef struct {
     int state;           /* SLOT_* */
     rp_cpl_t cpl;        /* when DONE */
     void *priv;          /* remote GET: unpacked response */
+    char *msg;           /* remote mode, a failed op: its message (malloc()ed), handed to
+                            whichever thread waits for the handle */
 } slot_t;
 
 struct oc_client {
@@ -98,12 +100,13 @@ static const char *FULL_HINT = "ballastd is out of pool memory (or this session'
                                "tier) or a larger --session-quota";
 
 /* Message for a failed RPC; adds the start hint when the service is unreachable. */
-static status_t rpc_fail(oc_client_t *c, grpc_status_code st, const char *what, const char *msg) {
-    if (st == GRPC_STATUS_UNAVAILABLE || st == GRPC_STATUS_DEADLINE_EXCEEDED)
-        return fail((status_t)st, "ballastd at %s: %s failed: %s; %s", c->addr, what, msg, HINT);
-    if (st == GRPC_STATUS_RESOURCE_EXHAUSTED)
-        return fail((status_t)st, "ballastd at %s: %s: %s; %s", c->addr, what, msg, FULL_HINT);
-    return fail((status_t)st, "ballastd at %s: %s: %s", c->addr, what, msg);
+static status_t rpc_fail(oc_client_t *c, grpc_status_code code, const char *what, const char *msg) {
+    status_t st = status_from_grpc(code);
+    if (st == STATUS_UNAVAILABLE || st == STATUS_DEADLINE_EXCEEDED)
+        return fail(st, "ballastd at %s: %s failed: %s; %s", c->addr, what, msg, HINT);
+    if (st == STATUS_RESOURCE_EXHAUSTED)
+        return fail(st, "ballastd at %s: %s: %s; %s", c->addr, what, msg, FULL_HINT);
+    return fail(st, "ballastd at %s: %s: %s", c->addr, what, msg);
 }
 
 /* ---- rpc helpers ---- */
@@ -205,7 +208,7 @@ static status_t attach(oc_client_t *c, const Ballast__Offload__V1__OpenSessionRe
     }
     rep.msg[sizeof rep.msg - 1] = 0;
     if (rep.status != STATUS_OK) {
-        st = fail((status_t)rep.status, "ballastd at %s refused to attach the session: %s", c->addr, rep.msg);
+        st = fail(status_from_grpc(rep.status), "ballastd at %s refused to attach the session: %s", c->addr, rep.msg);
         goto out;
     }
     if (rep.nsegs != r->n_segment_bytes) {
@@ -283,8 +286,10 @@ static void client_free(oc_client_t *c) {
     shm_destroy(&c->ringseg);
     for (int i = 1; i < RP_FD_COUNT; i++) if (c->efd[i] >= 0) close(c->efd[i]);
     if (c->slots) {
-        for (uint32_t i = 0; i < c->nslots; i++)
+        for (uint32_t i = 0; i < c->nslots; i++) {
             if (c->slots[i].priv) protobuf_c_message_free_unpacked(c->slots[i].priv, NULL);
+            free(c->slots[i].msg);
+        }
     }
     free(c->slots);
     free(c->free_stack);
@@ -463,6 +468,8 @@ static void slot_release_locked(oc_client_t *c, uint32_t i) {
     c->slots[i].state = SLOT_FREE;
     c->slots[i].req_id = 0;
     c->slots[i].priv = NULL;
+    free(c->slots[i].msg);
+    c->slots[i].msg = NULL;
     c->free_stack[c->nfree++] = i;
 }
 
@@ -505,7 +512,9 @@ static status_t submit(oc_client_t *c, rp_req_t *q, uint64_t *id) {
     return STATUS_OK;
 }
 
-/* Wait for the completion of id; on STATUS_OK or a service status *out is the completion. */
+/* Wait for the completion of id; on STATUS_OK *out is the completion (its
+ * status may be a failure: a parked remote failure's message then becomes
+ * this thread's oc_last_error()). */
 static status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **priv, double timeout_s) {
     double deadline = timeout_s < 0 ? 1e300 : clock_now_s() + timeout_s;
     bool poll = timeout_s == 0, polled = false; /* 0: one look at the completion ring, no blocking */
@@ -520,6 +529,11 @@ static status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **priv
             *out = s->cpl;
             if (priv) *priv = s->priv;
             else if (s->priv) protobuf_c_message_free_unpacked(s->priv, NULL);
+            if (s->cpl.status != STATUS_OK && !c->shared) {
+                if (s->msg) fail(STATUS_OK, "%s", s->msg);
+                else fail(STATUS_OK, "ballastd at %s: %s failed: %s (out of memory for its message)", c->addr,
+                          rp_op_name(s->cpl.op), status_name(status_from_grpc(s->cpl.status)));
+            }
             slot_release_locked(c, (uint32_t)(id & 0xffff));
             pthread_mutex_unlock(&c->mu);
             return STATUS_OK;
@@ -570,17 +584,20 @@ static status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **priv
     }
 }
 
+/* The status of a completion, read off the wire (anything that is not a
+ * wire value is STATUS_UNKNOWN), with its message. */
 static status_t cpl_status(oc_client_t *c, const rp_cpl_t *p, const oc_key_t *k) {
-    if (p->status == STATUS_OK) return STATUS_OK;
-    const char *sep = p->status == (uint32_t)STATUS_RESOURCE_EXHAUSTED ? "; " : "";
-    const char *hint = p->status == (uint32_t)STATUS_RESOURCE_EXHAUSTED ? FULL_HINT : "";
+    status_t st = status_from_grpc(p->status);
+    if (st == STATUS_OK) return STATUS_OK;
+    const char *sep = st == STATUS_RESOURCE_EXHAUSTED ? "; " : "";
+    const char *hint = st == STATUS_RESOURCE_EXHAUSTED ? FULL_HINT : "";
     if (k)
-        return fail((status_t)p->status, "ballastd at %s: %s of key (rank %u, kind %u, index %llu, step %llu) "
+        return fail(st, "ballastd at %s: %s of key (rank %u, kind %u, index %llu, step %llu) "
                     "failed: %s: %s%s%s", c->addr, rp_op_name(p->op), k->rank, k->kind,
                     (unsigned long long)k->index, (unsigned long long)k->step,
-                    status_name((status_t)p->status), rp_detail_text(p->detail), sep, hint);
-    return fail((status_t)p->status, "ballastd at %s: %s failed: %s: %s%s%s", c->addr, rp_op_name(p->op),
-                status_name((status_t)p->status), rp_detail_text(p->detail), sep, hint);
+                    status_name(st), rp_detail_text(p->detail), sep, hint);
+    return fail(st, "ballastd at %s: %s failed: %s: %s%s%s", c->addr, rp_op_name(p->op),
+                status_name(st), rp_detail_text(p->detail), sep, hint);
 }
 
 static void fill_req(rp_req_t *q, uint32_t op, const oc_key_t *k) {
@@ -817,7 +834,8 @@ status_t oc_nop(oc_client_t *c) {
 
 /* ---- async ---- */
 
-/* Remote mode: run now, park the result in a slot. */
+/* Remote mode: run now, park the result in a slot; a failure's message
+ * (this thread's oc_last_error(), just set by the call) goes with it. */
 static status_t remote_park(oc_client_t *c, uint32_t op, status_t st, void *priv, oc_handle_t *h) {
     uint64_t rid = slot_take(c);
     if (!rid) {
@@ -832,13 +850,12 @@ static status_t remote_park(oc_client_t *c, uint32_t op, status_t st, void *priv
     s->cpl.op = op;
     s->cpl.status = (uint32_t)st;
     s->priv = priv;
+    s->msg = st != STATUS_OK ? strdup(oc_last_error()) : NULL; /* the failing call's, on this thread */
     s->state = SLOT_DONE;
     pthread_mutex_unlock(&c->mu);
     *h = rid;
     return STATUS_OK;
 }
-
-static __thread char g_parked_err[1024];
 
 status_t oc_get_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h) {
     *h = 0;
@@ -847,7 +864,6 @@ status_t oc_get_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h) {
     if (!c->shared) {
         Ballast__Offload__V1__GetResponse *r = NULL;
         st = remote_get(c, k, &r);
-        if (st) snprintf(g_parked_err, sizeof g_parked_err, "%s", g_err);
         return remote_park(c, RP_OP_GET, st, r, h);
     }
     return simple_async(c, RP_OP_GET, k, h);
@@ -863,7 +879,6 @@ status_t oc_free_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h) {
     *h = 0;
     if (!c->shared) {
         status_t st = oc_free(c, k);
-        if (st) snprintf(g_parked_err, sizeof g_parked_err, "%s", g_err);
         return remote_park(c, RP_OP_FREE, st, NULL, h);
     }
     return simple_async(c, RP_OP_FREE, k, h);
@@ -876,7 +891,6 @@ status_t oc_put_commit_async(oc_client_t *c, const oc_key_t *k, oc_buf_t *b, oc_
     if (!c->shared) {
         if (!b->_priv) return fail(STATUS_INVALID_ARGUMENT, "buffer does not come from oc_put_alloc");
         st = oc_put_copy(c, k, b->ptr, b->len, b->persistent);
-        if (st) snprintf(g_parked_err, sizeof g_parked_err, "%s", g_err);
         free(b->_priv);
         memset(b, 0, sizeof *b);
         return remote_park(c, RP_OP_PUT_COMMIT, st, NULL, h);
@@ -893,9 +907,8 @@ status_t oc_wait(oc_client_t *c, oc_handle_t h, oc_buf_t *b, double timeout_s) {
     status_t st = wait_cpl(c, h, &p, &priv, timeout_s);
     if (st) return st;
     if (!c->shared) {
-        if (p.status != STATUS_OK) {
+        if (p.status != STATUS_OK) { /* wait_cpl set the message */
             if (priv) protobuf_c_message_free_unpacked(priv, NULL);
-            snprintf(g_err, sizeof g_err, "%s", g_parked_err);
             return (status_t)p.status;
         }
         if (b && priv) buf_from_get(b, priv);
@@ -929,5 +942,5 @@ status_t oc_raw_call(oc_client_t *c, const void *req64, void *cpl64, double time
     rp_cpl_t p;
     if ((st = wait_cpl(c, id, &p, NULL, timeout_s))) return st;
     memcpy(cpl64, &p, sizeof p);
-    return (status_t)p.status;
+    return status_from_grpc(p.status);
 }

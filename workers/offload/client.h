@@ -165,7 +165,11 @@ status_t oc_heartbeat(oc_client_t *c);
  * client-side error (STATUS_FAILED_PRECONDITION in remote mode). */
 status_t oc_raw_call(oc_client_t *c, const void *req64, void *cpl64, double timeout_s);
 
-/* Message of the last failing call on this thread. */
+/* Message of the last failing call on this thread. A failed async op's
+ * message is the one oc_wait() sets, on whichever thread waits for the
+ * handle (in remote mode it travels with the handle from the submitting
+ * thread). Per thread, not per client: a client may be used by several
+ * threads at once, and oc_open() fails without one. */
 const char *oc_last_error(void);
 
 #endif
