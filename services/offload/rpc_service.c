@@ -179,10 +179,9 @@ static grpc_status_code h_list(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
     Ballast__Offload__V1__ListKeysResponse *resp = (void *)rs;
     store_filter_t f = { 0, -1, 0, true };
     if (req->job && req->job[0]) {
-        if (!sess_name_ok(req->job, false))
+        if (!job_name_ok(req->job))
             return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                                "job name '%.80s' is invalid: use 1..%d characters of [A-Za-z0-9._-]",
-                                req->job, SESS_NAME_MAX);
+                                "job name '%.80s' is invalid: use " JOB_NAME_RULE, req->job);
         char err[STORE_ERR_LEN] = "";
         status_t st = store_job_id(svc->store, req->job, &f.job_id, err, sizeof err);
         if (st != STATUS_OK) return rpc_ctx_errf(ctx, grpc_of(st), "job '%s': %s", req->job, err);
@@ -231,10 +230,9 @@ static grpc_status_code h_release(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Pr
     if (!sess_token_ok(svc->sessions, req->token))
         return rpc_ctx_errf(ctx, GRPC_STATUS_UNAUTHENTICATED,
                             "token missing or wrong: pass the contents of ballastd's --token-file");
-    if (!sess_name_ok(req->job, false))
+    if (!job_name_ok(req->job))
         return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                            "job name '%.80s' is invalid: use 1..%d characters of [A-Za-z0-9._-]",
-                            req->job ? req->job : "", SESS_NAME_MAX);
+                            "job name '%.80s' is invalid: use " JOB_NAME_RULE, req->job ? req->job : "");
     uint64_t job_id;
     char err[STORE_ERR_LEN] = "";
     status_t st = store_job_id(svc->store, req->job, &job_id, err, sizeof err);

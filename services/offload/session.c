@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "errbuf.h"
+#include "job_name.h"
 #include "log.h"
 #include "ring.h"
 #include "shm.h"
@@ -38,7 +39,7 @@ typedef struct sess {
     uint64_t sid;                       /* random, nonzero */
     uint64_t nonce;                     /* attach proof */
     uint64_t job_id;
-    char job[SESS_NAME_MAX + 1];
+    char job[JOB_NAME_MAX + 1];
     char client[SESS_NAME_MAX + 1];
     uint32_t rank;
     uint64_t quota;                     /* bytes, 0 = unlimited */
@@ -93,18 +94,13 @@ static uint64_t rand64(void) {
     return v;
 }
 
-bool sess_name_ok(const char *s, bool allow_printable) {
+bool sess_client_name_ok(const char *s) {
     if (!s) return false;
     size_t n = strlen(s);
     if (n == 0 || n > SESS_NAME_MAX) return false;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (allow_printable) {
-            if (c < 0x20 || c > 0x7e) return false;
-        } else if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                     c == '.' || c == '_' || c == '-')) {
-            return false;
-        }
+        if (c < 0x20 || c > 0x7e) return false;
     }
     return true;
 }
@@ -585,12 +581,11 @@ status_t sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota
         errbuf_set(err, errlen, "token missing or wrong: pass the contents of ballastd's --token-file");
         return STATUS_UNAUTHENTICATED;
     }
-    if (!sess_name_ok(job, false)) {
-        errbuf_set(err, errlen, "job name '%.80s' is invalid: use 1..%d characters of [A-Za-z0-9._-]",
-               job ? job : "", SESS_NAME_MAX);
+    if (!job_name_ok(job)) {
+        errbuf_set(err, errlen, "job name '%.80s' is invalid: use " JOB_NAME_RULE, job ? job : "");
         return STATUS_INVALID_ARGUMENT;
     }
-    if (client_name && client_name[0] && !sess_name_ok(client_name, true)) {
+    if (client_name && client_name[0] && !sess_client_name_ok(client_name)) {
         errbuf_set(err, errlen, "client name must be 1..%d printable ASCII characters", SESS_NAME_MAX);
         return STATUS_INVALID_ARGUMENT;
     }

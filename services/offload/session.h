@@ -26,10 +26,11 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "job_name.h"
 #include "services/offload/store.h"
 
 #define SESS_ERR_LEN     256
-#define SESS_NAME_MAX    63     /* job and client names, chars */
+#define SESS_NAME_MAX    63     /* client names, chars (job names: JOB_NAME_MAX) */
 #define SESS_TOKEN_MAX   256    /* bytes of a token */
 
 typedef struct sess_mgr sess_mgr_t;
@@ -61,7 +62,7 @@ typedef struct {
 /* One row of Stats. */
 typedef struct {
     uint64_t sid;
-    char job[SESS_NAME_MAX + 1];
+    char job[JOB_NAME_MAX + 1];
     char client[SESS_NAME_MAX + 1];
     uint32_t rank;
     pid_t pid;                   /* fd-socket peer, 0 when not attached */
@@ -120,7 +121,8 @@ status_t sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n);
 void sess_counters(sess_mgr_t *m, sess_counters_t *out);
 double sess_lease(const sess_mgr_t *m);
 
-/* Job name rule shared with the client: 1..63 of [A-Za-z0-9._-]. */
-bool sess_name_ok(const char *s, bool allow_printable);
+/* Client names (shown in `ballast status`): 1..SESS_NAME_MAX printable
+ * ASCII characters. Job names follow job_name_ok() (common/job_name.h). */
+bool sess_client_name_ok(const char *s);
 
 #endif

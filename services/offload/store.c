@@ -90,7 +90,7 @@ typedef struct {
 
 typedef struct {
     uint64_t id;
-    char name[STORE_JOB_NAME_MAX + 1];
+    char name[JOB_NAME_MAX + 1];
 } job_t;
 
 struct store {
@@ -273,18 +273,6 @@ static job_t *job_by_name(store_t *s, const char *name) {
     for (size_t i = 0; i < s->njobs; i++)
         if (strcmp(s->jobs[i].name, name) == 0) return &s->jobs[i];
     return NULL;
-}
-
-static bool job_name_ok(const char *n) {
-    size_t len = strlen(n);
-    if (len == 0 || len > STORE_JOB_NAME_MAX) return false;
-    for (size_t i = 0; i < len; i++) {
-        char c = n[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-'))
-            return false;
-    }
-    return true;
 }
 
 static uint64_t fnv1a(const char *p, uint64_t salt) {
@@ -951,9 +939,9 @@ pool_t *store_pool(store_t *s) { return s->pool; }
 /* ---- jobs ---- */
 
 status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char *err, size_t errlen) {
-    if (!name || !job_name_ok(name)) {
+    if (!job_name_ok(name)) {
         errbuf_set(err, errlen, "bad job name \"%.80s\": use 1..%d characters of A-Z a-z 0-9 . _ -",
-               name ? name : "(null)", STORE_JOB_NAME_MAX);
+               name ? name : "(null)", JOB_NAME_MAX);
         return STATUS_INVALID_ARGUMENT;
     }
     pthread_mutex_lock(&s->mu);

@@ -42,11 +42,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "job_name.h"
 #include "pool.h"
 #include "proto/status.h"
 
 #define STORE_ERR_LEN   256   /* a comfortable size for err buffers */
-#define STORE_JOB_NAME_MAX 63 /* job name length, chars, [A-Za-z0-9._-] */
 
 /* ---- keys ---- */
 
@@ -113,7 +113,7 @@ typedef struct {
     uint64_t nvme_off;     /* offset in the NVMe tier, bytes; valid when tier has NVME */
     uint64_t owner;        /* session id charged for it; 0 = nobody (persistent, after restart) */
     uint32_t pins;         /* pin count over all sessions */
-    char job[STORE_JOB_NAME_MAX + 1]; /* job name, "" when unknown */
+    char job[JOB_NAME_MAX + 1]; /* job name, "" when unknown */
 } store_blob_info_t;
 
 /* ---- configuration and lifetime ---- */
@@ -162,14 +162,14 @@ pool_t *store_pool(store_t *s);
 
 /* ---- jobs ---- */
 
-/* Map a job name (1..63 chars of [A-Za-z0-9._-]) to its stable 64-bit id,
- * registering it (and recording it in the manifest when there is a spill
- * dir) the first time. The same name always gives the same id, across
+/* Map a job name (job_name_ok(), common/job_name.h) to its stable 64-bit
+ * id, registering it (and recording it in the manifest when there is a
+ * spill dir) the first time. The same name always gives the same id, across
  * restarts. STATUS_INVALID_ARGUMENT with a message for a bad name. */
 status_t store_job_id(store_t *s, const char *name, uint64_t *job_id,
                       char *err, size_t errlen);
 
-/* The name of a known job id into name[STORE_JOB_NAME_MAX+1]; false if unknown. */
+/* The name of a known job id into name[JOB_NAME_MAX+1]; false if unknown. */
 bool store_job_name(store_t *s, uint64_t job_id, char *name);
 
 /* ---- sessions ---- */

@@ -84,17 +84,22 @@ static void fill(uint8_t *p, size_t n, uint64_t seed) {
 }
 
 Test(session, names) {
-    cr_assert(sess_name_ok("llama-7b_run.3", false));
-    cr_assert(!sess_name_ok("", false));
-    cr_assert(!sess_name_ok("a b", false));
-    cr_assert(!sess_name_ok("a/b", false));
+    /* job names: the one rule of common/job_name.h (tested in full in test_job_name.c) */
+    cr_assert(job_name_ok("llama-7b_run.3"));
+    cr_assert(!job_name_ok(""));
+    cr_assert(!job_name_ok("a b"));
+    cr_assert(!job_name_ok("a/b"));
     char n64[65];
     memset(n64, 'x', 64); n64[64] = 0;
-    cr_assert(!sess_name_ok(n64, false));
+    cr_assert(!job_name_ok(n64));
+    cr_assert(!sess_client_name_ok(n64));
     n64[63] = 0;
-    cr_assert(sess_name_ok(n64, false));
-    cr_assert(sess_name_ok("ballast store", true));
-    cr_assert(!sess_name_ok("tab\there", true));
+    cr_assert(job_name_ok(n64));
+    cr_assert(sess_client_name_ok(n64));
+    /* client names: printable ASCII */
+    cr_assert(sess_client_name_ok("ballast store"));
+    cr_assert(!sess_client_name_ok("tab\there"));
+    cr_assert(!sess_client_name_ok(""));
     cr_assert(job_name_ok("job.1") && !job_name_ok("job 1") && !job_name_ok(NULL));
 }
 

@@ -567,7 +567,7 @@ Test(store, reopen_serves_persistent_blobs_only) {
     uint64_t again;
     cr_assert_eq(store_job_id(s, "llama-7b.run_3", &again, err, sizeof err), STATUS_OK);
     cr_assert_eq(again, job, "job id changed across a restart");
-    char name[STORE_JOB_NAME_MAX + 1];
+    char name[JOB_NAME_MAX + 1];
     cr_assert(store_job_name(s, job2, name));
     cr_assert_str_eq(name, "other-job");
     cr_assert_eq(store_session_open(s, 2, 0), STATUS_OK);

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "job_name.h"
 #include "log.h"
 #include "offload.pb-c.h"
 #include "options.h"
@@ -237,7 +238,7 @@ int cmd_store(int argc, char **argv) {
         return 2;
     }
     if ((!ls || (o_job && o_job[0])) && !job_name_ok(o_job)) {
-        fprintf(stderr, "ballast store %s: --job '%s' is missing or invalid: use 1..63 characters of [A-Za-z0-9._-]\n",
+        fprintf(stderr, "ballast store %s: --job '%s' is missing or invalid: use " JOB_NAME_RULE "\n",
                 verb, o_job ? o_job : "");
         return 2;
     }

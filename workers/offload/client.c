@@ -315,8 +315,7 @@ status_t oc_open(const oc_options_t *o, oc_client_t **out) {
     *out = NULL;
     if (!o || !o->addr || !o->addr[0]) return fail(STATUS_INVALID_ARGUMENT, "no ballastd address given (e.g. unix:/run/ballast/ballastd.sock or host:port)");
     if (!job_name_ok(o->job))
-        return fail(STATUS_INVALID_ARGUMENT, "job name '%.80s' is invalid: use 1..63 characters of [A-Za-z0-9._-]",
-                    o->job ? o->job : "");
+        return fail(STATUS_INVALID_ARGUMENT, "job name '%.80s' is invalid: use " JOB_NAME_RULE, o->job ? o->job : "");
     if (strlen(o->addr) >= 250) return fail(STATUS_INVALID_ARGUMENT, "address too long");
     oc_client_t *c = calloc(1, sizeof *c);
     if (!c) return fail(STATUS_RESOURCE_EXHAUSTED, "out of memory");
