@@ -16,14 +16,17 @@
  * its GET); another session's region, or one this session no longer holds,
  * is refused with RP_D_BAD_REGION.
  *
- * Status codes are gRPC's numbers (grpc/status.h) so that ring and RPC
- * errors read the same. Both structs are plain little-endian data with no
- * pointers; the service validates every field of every request. */
+ * Status codes are the wire values of proto/status.h, gRPC's numbers, so
+ * that ring and RPC errors read the same. Both structs are plain
+ * little-endian data with no pointers; the service validates every field of
+ * every request, the client every status it reads. */
 #ifndef BALLAST_RING_PROTO_H
 #define BALLAST_RING_PROTO_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "proto/status.h"
 
 #define RING_PROTO_VERSION      1u
 #define RING_PROTO_ENTRY_BYTES  64u
@@ -53,19 +56,11 @@ typedef enum {
                                    when it is not computed yet (crc32c is then 0): a
                                    non-persistent blob gets it when first written to NVMe */
 
-/* Completion status: gRPC status code numbers. */
-typedef enum {
-    RP_OK                  = 0,
-    RP_INVALID_ARGUMENT    = 3,
-    RP_NOT_FOUND           = 5,
-    RP_ALREADY_EXISTS      = 6,
-    RP_PERMISSION_DENIED   = 7,
-    RP_RESOURCE_EXHAUSTED  = 8,
-    RP_FAILED_PRECONDITION = 9,
-    RP_INTERNAL            = 13,
-    RP_UNAVAILABLE         = 14,
-    RP_DATA_LOSS           = 15,
-} rp_status_t;
+/* Completion status (rp_cpl_t.status, rp_attach_reply_t.status): a wire
+ * value of status_t (proto/status.h), i.e. a gRPC status code number. The
+ * service writes status_wire() of what happened; a reader takes the field
+ * through status_from_grpc(), which turns anything else into
+ * STATUS_UNKNOWN. The detail code says more. */
 
 /* Why a request failed, more precisely than the status (rp_cpl_t.detail). */
 typedef enum {
@@ -106,7 +101,7 @@ typedef struct {
 typedef struct {
     uint64_t req_id;      /* from the request */
     uint32_t op;          /* from the request */
-    uint32_t status;      /* rp_status_t */
+    uint32_t status;      /* status_t, a wire value (see above) */
     uint32_t detail;      /* rp_detail_t */
     uint32_t seg;         /* PUT_ALLOC / GET: region segment */
     uint64_t offset;      /* PUT_ALLOC / GET: region offset in the segment, bytes */
@@ -131,7 +126,7 @@ enum {
 };
 
 /* The fd socket handshake. The worker sends rp_attach_t (no fds); the
- * service answers with rp_attach_reply_t and, when status is RP_OK, the pool
+ * service answers with rp_attach_reply_t and, when status is STATUS_OK, the pool
  * segment fds (in chunks of at most 16 per message: each chunk is an
  * rp_fd_chunk_t carrying its fds) and then the RP_FD_COUNT ring fds in one
  * last rp_fd_chunk_t. */
@@ -145,9 +140,9 @@ typedef struct {
 } rp_attach_t;
 
 typedef struct {
-    uint32_t status;      /* rp_status_t */
+    uint32_t status;      /* status_t, a wire value */
     uint32_t nsegs;       /* pool segments that follow */
-    char msg[248];        /* why, when status != RP_OK */
+    char msg[248];        /* why, when status != STATUS_OK */
 } rp_attach_reply_t;
 
 typedef struct {

@@ -32,16 +32,19 @@ static grpc_status_code key_from_pb(rpc_ctx_t *ctx, const pb_key_t *pk, uint64_t
     return GRPC_STATUS_OK;
 }
 
-static grpc_status_code store_fail(rpc_ctx_t *ctx, store_status_t st, const char *what,
+/* The gRPC code of a status_t: the one mapping, proto/status.h. */
+static grpc_status_code grpc_of(status_t st) { return (grpc_status_code)status_to_grpc(st); }
+
+static grpc_status_code store_fail(rpc_ctx_t *ctx, status_t st, const char *what,
                                    const store_key_t *k, const char *detail) {
-    return rpc_ctx_errf(ctx, (grpc_status_code)store_status_grpc(st),
+    return rpc_ctx_errf(ctx, grpc_of(st),
                         "%s of key (rank %u, kind %u, index %llu, step %llu): %s%s%s", what,
                         k->rank, k->kind, (unsigned long long)k->index, (unsigned long long)k->step,
-                        store_status_name(st), detail && detail[0] ? ": " : "", detail ? detail : "");
+                        status_word(st), detail && detail[0] ? ": " : "", detail ? detail : "");
 }
 
-static grpc_status_code sess_fail(rpc_ctx_t *ctx, int code, const char *msg) {
-    return rpc_ctx_errf(ctx, (grpc_status_code)code, "%s", msg);
+static grpc_status_code sess_fail(rpc_ctx_t *ctx, status_t st, const char *msg) {
+    return rpc_ctx_errf(ctx, grpc_of(st), "%s", msg);
 }
 
 /* ---- sessions ---- */
@@ -52,8 +55,8 @@ static grpc_status_code h_open(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
     Ballast__Offload__V1__OpenSessionResponse *resp = (void *)rs;
     sess_open_info_t info;
     char err[SESS_ERR_LEN] = "";
-    int code = sess_open(svc->sessions, req->job, req->rank, req->quota_bytes, req->token,
-                         req->shared_memory, req->client_name, &info, err, sizeof err);
+    status_t code = sess_open(svc->sessions, req->job, req->rank, req->quota_bytes, req->token,
+                              req->shared_memory, req->client_name, &info, err, sizeof err);
     if (code) return sess_fail(ctx, code, err);
     pool_t *pool = store_pool(svc->store);
     uint32_t nsegs = pool_nsegs(pool);
@@ -82,8 +85,8 @@ static grpc_status_code h_close(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
     const Ballast__Offload__V1__CloseSessionRequest *req = (const void *)rq;
     Ballast__Offload__V1__CloseSessionResponse *resp = (void *)rs;
     char err[SESS_ERR_LEN] = "";
-    int code = sess_close(svc->sessions, req->session_id, req->keep_blobs, &resp->freed_bytes,
-                          err, sizeof err);
+    status_t code = sess_close(svc->sessions, req->session_id, req->keep_blobs, &resp->freed_bytes,
+                               err, sizeof err);
     return code ? sess_fail(ctx, code, err) : GRPC_STATUS_OK;
 }
 
@@ -92,8 +95,8 @@ static grpc_status_code h_heartbeat(rpc_ctx_t *ctx, const ProtobufCMessage *rq, 
     const Ballast__Offload__V1__HeartbeatRequest *req = (const void *)rq;
     Ballast__Offload__V1__HeartbeatResponse *resp = (void *)rs;
     char err[SESS_ERR_LEN] = "";
-    int code = sess_heartbeat(svc->sessions, req->session_id, &resp->lease_seconds,
-                              &resp->used_bytes, &resp->quota_bytes, err, sizeof err);
+    status_t code = sess_heartbeat(svc->sessions, req->session_id, &resp->lease_seconds,
+                                   &resp->used_bytes, &resp->quota_bytes, err, sizeof err);
     return code ? sess_fail(ctx, code, err) : GRPC_STATUS_OK;
 }
 
@@ -139,7 +142,7 @@ static grpc_status_code h_stats(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
 
     sess_row_t *rows = NULL;
     size_t n = 0;
-    if (sess_list(svc->sessions, &rows, &n) != 0)
+    if (sess_list(svc->sessions, &rows, &n) != STATUS_OK)
         return rpc_ctx_errf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     rpc_ctx_defer_free(ctx, rows);
     Ballast__Offload__V1__SessionStats *ss = rpc_ctx_alloc(ctx, (n ? n : 1) * sizeof *ss);
@@ -176,20 +179,19 @@ static grpc_status_code h_list(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
     Ballast__Offload__V1__ListKeysResponse *resp = (void *)rs;
     store_filter_t f = { 0, -1, 0, true };
     if (req->job && req->job[0]) {
-        if (!sess_name_ok(req->job, false))
+        if (!job_name_ok(req->job))
             return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                                "job name '%.80s' is invalid: use 1..%d characters of [A-Za-z0-9._-]",
-                                req->job, SESS_NAME_MAX);
+                                "job name '%.80s' is invalid: use " JOB_NAME_RULE, req->job);
         char err[STORE_ERR_LEN] = "";
-        store_status_t st = store_job_id(svc->store, req->job, &f.job_id, err, sizeof err);
-        if (st != STORE_OK) return rpc_ctx_errf(ctx, (grpc_status_code)store_status_grpc(st), "job '%s': %s", req->job, err);
+        status_t st = store_job_id(svc->store, req->job, &f.job_id, err, sizeof err);
+        if (st != STATUS_OK) return rpc_ctx_errf(ctx, grpc_of(st), "job '%s': %s", req->job, err);
     }
     uint32_t max = req->max_keys ? req->max_keys : 10000;
     if (max > 100000)
         return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "max_keys %u is above 100000", max);
     store_blob_info_t *list = NULL;
     size_t n = 0;
-    if (store_list(svc->store, &f, &list, &n) != STORE_OK)
+    if (store_list(svc->store, &f, &list, &n) != STATUS_OK)
         return rpc_ctx_errf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory listing blobs");
     if (list) rpc_ctx_defer_free(ctx, list);
     size_t m = n < max ? n : max;
@@ -228,14 +230,13 @@ static grpc_status_code h_release(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Pr
     if (!sess_token_ok(svc->sessions, req->token))
         return rpc_ctx_errf(ctx, GRPC_STATUS_UNAUTHENTICATED,
                             "token missing or wrong: pass the contents of ballastd's --token-file");
-    if (!sess_name_ok(req->job, false))
+    if (!job_name_ok(req->job))
         return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                            "job name '%.80s' is invalid: use 1..%d characters of [A-Za-z0-9._-]",
-                            req->job ? req->job : "", SESS_NAME_MAX);
+                            "job name '%.80s' is invalid: use " JOB_NAME_RULE, req->job ? req->job : "");
     uint64_t job_id;
     char err[STORE_ERR_LEN] = "";
-    store_status_t st = store_job_id(svc->store, req->job, &job_id, err, sizeof err);
-    if (st != STORE_OK) return rpc_ctx_errf(ctx, (grpc_status_code)store_status_grpc(st), "job '%s': %s", req->job, err);
+    status_t st = store_job_id(svc->store, req->job, &job_id, err, sizeof err);
+    if (st != STATUS_OK) return rpc_ctx_errf(ctx, grpc_of(st), "job '%s': %s", req->job, err);
     sess_release_job(svc->sessions, job_id, &resp->freed_blobs, &resp->freed_bytes);
     return GRPC_STATUS_OK;
 }
@@ -267,7 +268,7 @@ static grpc_status_code session_key(rpc_ctx_t *ctx, offload_svc_t *svc, uint64_t
                                     const pb_key_t *pk, store_key_t *k) {
     char err[STORE_ERR_LEN] = "";
     uint64_t job_id;
-    int code = sess_use(svc->sessions, session_id, &job_id, err, sizeof err);
+    status_t code = sess_use(svc->sessions, session_id, &job_id, err, sizeof err);
     if (code) return sess_fail(ctx, code, err);
     grpc_status_code gc = key_from_pb(ctx, pk, job_id, k);
     if (gc) sess_count(svc->sessions, session_id, true, false);
@@ -290,13 +291,13 @@ static grpc_status_code h_put(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Protob
                             req->data.len, (unsigned long long)max);
     }
     store_crc_t crc = { 0, false };
-    store_status_t st = store_put_copy(svc->store, req->session_id, &k, req->data.data, req->data.len,
-                                       req->persistent ? STORE_F_PERSISTENT : 0, &crc,
-                                       err, sizeof err);
+    status_t st = store_put_copy(svc->store, req->session_id, &k, req->data.data, req->data.len,
+                                 req->persistent ? STORE_F_PERSISTENT : 0, &crc,
+                                 err, sizeof err);
     resp->crc32c = crc.value;
     resp->crc32c_known = crc.known;
-    sess_count(svc->sessions, req->session_id, st != STORE_OK, st == STORE_QUOTA);
-    if (st != STORE_OK) return store_fail(ctx, st, "put", &k, err);
+    sess_count(svc->sessions, req->session_id, st != STATUS_OK, st == STATUS_QUOTA_EXCEEDED);
+    if (st != STATUS_OK) return store_fail(ctx, st, "put", &k, err);
     return GRPC_STATUS_OK;
 }
 
@@ -309,8 +310,8 @@ static grpc_status_code h_get(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Protob
     grpc_status_code gc = session_key(ctx, svc, req->session_id, req->key, &k);
     if (gc) return gc;
     store_blob_info_t info;
-    store_status_t st = store_info(svc->store, &k, &info);
-    if (st == STORE_OK && info.length + 64 > svc->max_msg_bytes) {
+    status_t st = store_info(svc->store, &k, &info);
+    if (st == STATUS_OK && info.length + 64 > svc->max_msg_bytes) {
         sess_count(svc->sessions, req->session_id, true, false);
         return rpc_ctx_errf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED,
                             "blob of %llu bytes does not fit in a message (--max-msg-bytes %llu): "
@@ -320,13 +321,13 @@ static grpc_status_code h_get(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Protob
     void *data = NULL;
     uint64_t len = 0;
     st = store_get_copy(svc->store, req->session_id, &k, &data, &len, err, sizeof err);
-    sess_count(svc->sessions, req->session_id, st != STORE_OK, false);
-    if (st != STORE_OK) return store_fail(ctx, st, "get", &k, err);
+    sess_count(svc->sessions, req->session_id, st != STATUS_OK, false);
+    if (st != STATUS_OK) return store_fail(ctx, st, "get", &k, err);
     if (data && !rpc_ctx_defer_free(ctx, data))
         return rpc_ctx_errf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     resp->data.data = data;
     resp->data.len = len;
-    if (store_info(svc->store, &k, &info) == STORE_OK) {
+    if (store_info(svc->store, &k, &info) == STATUS_OK) {
         resp->crc32c = info.crc32c;
         resp->crc32c_known = info.crc_known;
         resp->persistent = (info.flags & STORE_F_PERSISTENT) != 0;
@@ -342,10 +343,10 @@ static grpc_status_code h_free(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
     grpc_status_code gc = session_key(ctx, svc, req->session_id, req->key, &k);
     if (gc) return gc;
     store_blob_info_t info;
-    uint64_t len = store_info(svc->store, &k, &info) == STORE_OK ? info.length : 0;
-    store_status_t st = store_free(svc->store, req->session_id, &k);
-    sess_count(svc->sessions, req->session_id, st != STORE_OK, false);
-    if (st != STORE_OK) return store_fail(ctx, st, "free", &k, NULL);
+    uint64_t len = store_info(svc->store, &k, &info) == STATUS_OK ? info.length : 0;
+    status_t st = store_free(svc->store, req->session_id, &k);
+    sess_count(svc->sessions, req->session_id, st != STATUS_OK, false);
+    if (st != STATUS_OK) return store_fail(ctx, st, "free", &k, NULL);
     resp->freed_bytes = len;
     return GRPC_STATUS_OK;
 }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "errbuf.h"
+#include "job_name.h"
 #include "log.h"
 #include "ring.h"
 #include "shm.h"
@@ -38,7 +39,7 @@ typedef struct sess {
     uint64_t sid;                       /* random, nonzero */
     uint64_t nonce;                     /* attach proof */
     uint64_t job_id;
-    char job[SESS_NAME_MAX + 1];
+    char job[JOB_NAME_MAX + 1];
     char client[SESS_NAME_MAX + 1];
     uint32_t rank;
     uint64_t quota;                     /* bytes, 0 = unlimited */
@@ -93,18 +94,13 @@ static uint64_t rand64(void) {
     return v;
 }
 
-bool sess_name_ok(const char *s, bool allow_printable) {
+bool sess_client_name_ok(const char *s) {
     if (!s) return false;
     size_t n = strlen(s);
     if (n == 0 || n > SESS_NAME_MAX) return false;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (allow_printable) {
-            if (c < 0x20 || c > 0x7e) return false;
-        } else if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                     c == '.' || c == '_' || c == '-')) {
-            return false;
-        }
+        if (c < 0x20 || c > 0x7e) return false;
     }
     return true;
 }
@@ -156,30 +152,28 @@ static void sess_destroy(sess_mgr_t *m, sess_t *s, bool finish) {
 
 /* ---- ring processing ---- */
 
-static uint32_t detail_of(store_status_t st) {
+static uint32_t detail_of(status_t st) {
     switch (st) {
-    case STORE_NOT_FOUND: return RP_D_NO_KEY;
-    case STORE_EXISTS: return RP_D_EXISTS;
-    case STORE_QUOTA: return RP_D_OVER_QUOTA;
-    case STORE_NO_SPACE: return RP_D_POOL_FULL;
-    case STORE_DATA_LOSS: return RP_D_CRC;
-    case STORE_IO_ERROR: return RP_D_IO;
-    case STORE_UNAVAILABLE: return RP_D_DRAINING;
-    case STORE_NOT_HELD: return RP_D_NOT_HELD;
+    case STATUS_NOT_FOUND: return RP_D_NO_KEY;
+    case STATUS_ALREADY_EXISTS: return RP_D_EXISTS;
+    case STATUS_QUOTA_EXCEEDED: return RP_D_OVER_QUOTA;
+    case STATUS_NO_SPACE: return RP_D_POOL_FULL;
+    case STATUS_DATA_LOSS: return RP_D_CRC;
+    case STATUS_IO_ERROR: return RP_D_IO;
+    case STATUS_UNAVAILABLE: return RP_D_DRAINING;
+    case STATUS_NOT_HELD: return RP_D_NOT_HELD;
     default: return RP_D_NONE;
     }
 }
 
-static void cpl_fail(rp_cpl_t *c, uint32_t status, uint32_t detail) {
-    c->status = status;
+/* A completion carries the wire value of st (proto/status.h) and the detail. */
+static void cpl_fail(rp_cpl_t *c, status_t st, uint32_t detail) {
+    c->status = (uint32_t)status_wire(st);
     c->detail = detail;
 }
 
-static void cpl_store(rp_cpl_t *c, store_status_t st) {
-    if (st == STORE_OK) return;
-    int code = store_status_grpc(st);
-    if (st == STORE_NOT_HELD) code = RP_FAILED_PRECONDITION;
-    cpl_fail(c, (uint32_t)code, detail_of(st));
+static void cpl_store(rp_cpl_t *c, status_t st) {
+    if (st != STATUS_OK) cpl_fail(c, st, detail_of(st));
 }
 
 static bool region_held(sess_mgr_t *m, sess_t *s, const store_key_t *k, const rp_req_t *q) {
@@ -194,31 +188,31 @@ static void ring_process(sess_mgr_t *m, sess_t *s, const rp_req_t *q, rp_cpl_t *
     memset(c, 0, sizeof *c);
     c->req_id = q->req_id;
     c->op = q->op;
-    if (q->op == 0 || q->op >= RP_OP_MAX_) { cpl_fail(c, RP_INVALID_ARGUMENT, RP_D_BAD_OP); goto out; }
-    if (q->reserved != 0) { cpl_fail(c, RP_INVALID_ARGUMENT, RP_D_BAD_PAD); goto out; }
+    if (q->op == 0 || q->op >= RP_OP_MAX_) { cpl_fail(c, STATUS_INVALID_ARGUMENT, RP_D_BAD_OP); goto out; }
+    if (q->reserved != 0) { cpl_fail(c, STATUS_INVALID_ARGUMENT, RP_D_BAD_PAD); goto out; }
     if ((q->flags & ~RP_FLAGS_KNOWN) || (q->flags && q->op != RP_OP_PUT_ALLOC)) {
-        cpl_fail(c, RP_INVALID_ARGUMENT, RP_D_BAD_FLAGS);
+        cpl_fail(c, STATUS_INVALID_ARGUMENT, RP_D_BAD_FLAGS);
         goto out;
     }
     if (q->op == RP_OP_NOP) goto out;
     if (q->kind < STORE_KIND_ACTIVATION || q->kind > STORE_KIND_OTHER) {
-        cpl_fail(c, RP_INVALID_ARGUMENT, RP_D_BAD_KIND);
+        cpl_fail(c, STATUS_INVALID_ARGUMENT, RP_D_BAD_KIND);
         goto out;
     }
     store_key_t k = { s->job_id, q->rank, q->kind, q->index, q->step };
-    store_status_t st = STORE_OK;
+    status_t st = STATUS_OK;
     switch (q->op) {
     case RP_OP_PUT_ALLOC: {
-        if (q->length == 0 || q->length > m->cfg.max_blob) { cpl_fail(c, RP_INVALID_ARGUMENT, RP_D_BAD_LENGTH); break; }
+        if (q->length == 0 || q->length > m->cfg.max_blob) { cpl_fail(c, STATUS_INVALID_ARGUMENT, RP_D_BAD_LENGTH); break; }
         pool_region_t r;
         uint32_t fl = (q->flags & RP_FLAG_PERSISTENT) ? STORE_F_PERSISTENT : 0;
         st = store_put_alloc(m->store, s->sid, &k, q->length, fl, &r, err, sizeof err);
-        if (st == STORE_OK) { c->seg = r.seg; c->offset = r.off; c->length = q->length; }
-        else if (st == STORE_QUOTA) atomic_fetch_add(&m->quota_refusals, 1);
+        if (st == STATUS_OK) { c->seg = r.seg; c->offset = r.off; c->length = q->length; }
+        else if (st == STATUS_QUOTA_EXCEEDED) atomic_fetch_add(&m->quota_refusals, 1);
         break;
     }
     case RP_OP_PUT_COMMIT: {
-        if (!region_held(m, s, &k, q)) { cpl_fail(c, RP_INVALID_ARGUMENT, RP_D_BAD_REGION); break; }
+        if (!region_held(m, s, &k, q)) { cpl_fail(c, STATUS_INVALID_ARGUMENT, RP_D_BAD_REGION); break; }
         store_crc_t crc = { 0, false };
         st = store_put_commit(m->store, s->sid, &k, &crc, err, sizeof err);
         c->crc32c = crc.value;
@@ -229,7 +223,7 @@ static void ring_process(sess_mgr_t *m, sess_t *s, const rp_req_t *q, rp_cpl_t *
         pool_region_t r;
         store_blob_info_t info;
         st = store_get(m->store, s->sid, &k, &r, &info, err, sizeof err);
-        if (st == STORE_OK) {
+        if (st == STATUS_OK) {
             c->seg = r.seg; c->offset = r.off; c->length = info.length; c->crc32c = info.crc32c;
             c->blob_flags = ((info.flags & STORE_F_PERSISTENT) ? RP_CPL_PERSISTENT : 0) |
                             (info.crc_known ? RP_CPL_CRC_KNOWN : 0);
@@ -237,24 +231,24 @@ static void ring_process(sess_mgr_t *m, sess_t *s, const rp_req_t *q, rp_cpl_t *
         break;
     }
     case RP_OP_GET_DONE:
-        if (!region_held(m, s, &k, q)) { cpl_fail(c, RP_INVALID_ARGUMENT, RP_D_BAD_REGION); break; }
+        if (!region_held(m, s, &k, q)) { cpl_fail(c, STATUS_INVALID_ARGUMENT, RP_D_BAD_REGION); break; }
         st = store_get_done(m->store, s->sid, &k);
         break;
     case RP_OP_PREFETCH: st = store_prefetch(m->store, &k); break;
     case RP_OP_FREE: st = store_free(m->store, s->sid, &k); break;
     case RP_OP_PIN: st = store_pin(m->store, s->sid, &k, err, sizeof err); break;
     case RP_OP_UNPIN: st = store_unpin(m->store, s->sid, &k); break;
-    default: cpl_fail(c, RP_INVALID_ARGUMENT, RP_D_BAD_OP); break;
+    default: cpl_fail(c, STATUS_INVALID_ARGUMENT, RP_D_BAD_OP); break;
     }
     cpl_store(c, st);
 out:
     atomic_fetch_add_explicit(&s->ops, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&m->ring_ops, 1, memory_order_relaxed);
-    if (c->status != RP_OK) {
+    if (c->status != STATUS_OK) {
         atomic_fetch_add_explicit(&s->errors, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&m->ring_errors, 1, memory_order_relaxed);
         /* client mistakes are normal traffic (e.g. NOT_FOUND); log a few at debug */
-        if (s->logged < MAX_LOGGED_ERRORS && c->status != RP_NOT_FOUND) {
+        if (s->logged < MAX_LOGGED_ERRORS && c->status != STATUS_NOT_FOUND) {
             s->logged++;
             log_debug("session %016llx: %s req %llu failed: status %u (%s)%s%s",
                       (unsigned long long)s->sid, rp_op_name(q->op), (unsigned long long)q->req_id,
@@ -263,7 +257,7 @@ out:
     }
     if (q->op != RP_OP_NOP) {
         store_session_stats_t ss;
-        if (store_session_stats(m->store, s->sid, &ss) == STORE_OK) c->used_bytes = ss.used_bytes;
+        if (store_session_stats(m->store, s->sid, &ss) == STATUS_OK) c->used_bytes = ss.used_bytes;
     }
 }
 
@@ -326,10 +320,10 @@ done:
 
 /* ---- fd socket: attaching a session ---- */
 
-static int send_reply(int fd, uint32_t status, uint32_t nsegs, const char *msg) {
+static int send_reply(int fd, status_t st, uint32_t nsegs, const char *msg) {
     rp_attach_reply_t rep;
     memset(&rep, 0, sizeof rep);
-    rep.status = status;
+    rep.status = (uint32_t)status_wire(st);
     rep.nsegs = nsegs;
     snprintf(rep.msg, sizeof rep.msg, "%s", msg ? msg : "");
     char err[SHM_ERR_LEN];
@@ -367,22 +361,22 @@ static void handle_attach(sess_mgr_t *m, int fd, const shm_peer_t *peer) {
     if (len != sizeof att || att.magic != RP_ATTACH_MAGIC || att.version != RING_PROTO_VERSION ||
         att.reserved) {
         log_warn("fd socket: pid %d sent a malformed attach message (%zu bytes)", (int)peer->pid, len);
-        send_reply(fd, RP_INVALID_ARGUMENT, 0, "malformed attach message or ring protocol version "
+        send_reply(fd, STATUS_INVALID_ARGUMENT, 0, "malformed attach message or ring protocol version "
                    "mismatch: use a client library that matches this ballastd");
         return;
     }
     pthread_mutex_lock(&m->mu);
     sess_t *s = find_locked(m, att.session_id);
     const char *why = NULL;
-    uint32_t code = RP_OK;
-    if (!s || s->detached) { why = "unknown session id (expired or closed): open a new session"; code = RP_NOT_FOUND; }
-    else if (s->nonce != att.nonce) { why = "attach nonce does not match the session"; code = RP_PERMISSION_DENIED; }
-    else if (!s->shared) { why = "session was opened in remote mode (shared_memory=false)"; code = RP_FAILED_PRECONDITION; }
-    else if (s->attached || s->attaching) { why = "session is already attached"; code = RP_FAILED_PRECONDITION; }
-    else if (atomic_load(&m->stopping)) { why = "service is shutting down"; code = RP_UNAVAILABLE; }
-    if (code == RP_OK) { s->attaching = true; s->pid = peer->pid; touch(s); }
+    status_t code = STATUS_OK;
+    if (!s || s->detached) { why = "unknown session id (expired or closed): open a new session"; code = STATUS_NOT_FOUND; }
+    else if (s->nonce != att.nonce) { why = "attach nonce does not match the session"; code = STATUS_PERMISSION_DENIED; }
+    else if (!s->shared) { why = "session was opened in remote mode (shared_memory=false)"; code = STATUS_FAILED_PRECONDITION; }
+    else if (s->attached || s->attaching) { why = "session is already attached"; code = STATUS_FAILED_PRECONDITION; }
+    else if (atomic_load(&m->stopping)) { why = "service is shutting down"; code = STATUS_UNAVAILABLE; }
+    if (code == STATUS_OK) { s->attaching = true; s->pid = peer->pid; touch(s); }
     pthread_mutex_unlock(&m->mu);
-    if (code != RP_OK) {
+    if (code != STATUS_OK) {
         log_warn("fd socket: pid %d uid %d: attach refused: %s", (int)peer->pid, (int)peer->uid, why);
         send_reply(fd, code, 0, why);
         return;
@@ -391,12 +385,12 @@ static void handle_attach(sess_mgr_t *m, int fd, const shm_peer_t *peer) {
     bool ok = false;
     if ((rc = ring_create(m, s, err, sizeof err))) {
         log_error("session %016llx: cannot create its ring: %s", (unsigned long long)s->sid, err);
-        send_reply(fd, RP_RESOURCE_EXHAUSTED, 0, err);
+        send_reply(fd, STATUS_RESOURCE_EXHAUSTED, 0, err);
         goto done;
     }
     pool_t *pool = store_pool(m->store);
     uint32_t nsegs = pool_nsegs(pool);
-    if (send_reply(fd, RP_OK, nsegs, NULL)) goto done;
+    if (send_reply(fd, STATUS_OK, nsegs, NULL)) goto done;
     for (uint32_t first = 0; first < nsegs; first += SHM_MAX_FDS) {
         int fds[SHM_MAX_FDS];
         uint32_t cnt = nsegs - first < SHM_MAX_FDS ? nsegs - first : SHM_MAX_FDS;
@@ -467,7 +461,7 @@ static void *reaper_main(void *arg) {
             bool expire = false;
             if (s->detached) {
                 store_session_stats_t ss;
-                expire = store_session_stats(m->store, s->sid, &ss) != STORE_OK || ss.blobs == 0;
+                expire = store_session_stats(m->store, s->sid, &ss) != STATUS_OK || ss.blobs == 0;
             } else {
                 expire = now - atomic_load_explicit(&s->last_ns, memory_order_relaxed) > lease_ns;
             }
@@ -579,22 +573,21 @@ double sess_lease(const sess_mgr_t *m) { return m->cfg.lease_s; }
 
 /* ---- the calls behind the RPCs ---- */
 
-int sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
-              const char *token, bool shared, const char *client_name,
-              sess_open_info_t *info, char *err, size_t errlen) {
+status_t sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
+                   const char *token, bool shared, const char *client_name,
+                   sess_open_info_t *info, char *err, size_t errlen) {
     memset(info, 0, sizeof *info);
     if (!sess_token_ok(m, token)) {
         errbuf_set(err, errlen, "token missing or wrong: pass the contents of ballastd's --token-file");
-        return 16; /* UNAUTHENTICATED */
+        return STATUS_UNAUTHENTICATED;
     }
-    if (!sess_name_ok(job, false)) {
-        errbuf_set(err, errlen, "job name '%.80s' is invalid: use 1..%d characters of [A-Za-z0-9._-]",
-               job ? job : "", SESS_NAME_MAX);
-        return RP_INVALID_ARGUMENT;
+    if (!job_name_ok(job)) {
+        errbuf_set(err, errlen, "job name '%.80s' is invalid: use " JOB_NAME_RULE, job ? job : "");
+        return STATUS_INVALID_ARGUMENT;
     }
-    if (client_name && client_name[0] && !sess_name_ok(client_name, true)) {
+    if (client_name && client_name[0] && !sess_client_name_ok(client_name)) {
         errbuf_set(err, errlen, "client name must be 1..%d printable ASCII characters", SESS_NAME_MAX);
-        return RP_INVALID_ARGUMENT;
+        return STATUS_INVALID_ARGUMENT;
     }
     if (m->cfg.max_quota && quota > m->cfg.max_quota) {
         char a[32], b[32];
@@ -603,22 +596,22 @@ int sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
         errbuf_set(err, errlen, "requested quota %s bytes exceeds the service's --session-quota of %s bytes: "
                "ask for less (0 takes the default)", a, b);
         atomic_fetch_add(&m->quota_refusals, 1);
-        return RP_RESOURCE_EXHAUSTED;
+        return STATUS_RESOURCE_EXHAUSTED;
     }
     if (quota == 0) quota = m->cfg.default_quota;
     if (atomic_load(&m->draining) || atomic_load(&m->stopping)) {
         errbuf_set(err, errlen, "ballastd is draining and accepts no new sessions: retry on the new instance");
-        return RP_UNAVAILABLE;
+        return STATUS_UNAVAILABLE;
     }
     uint64_t job_id;
     char serr[STORE_ERR_LEN] = "";
-    store_status_t st = store_job_id(m->store, job, &job_id, serr, sizeof serr);
-    if (st != STORE_OK) {
-        errbuf_set(err, errlen, "job '%s': %s", job, serr[0] ? serr : store_status_name(st));
-        return store_status_grpc(st);
+    status_t st = store_job_id(m->store, job, &job_id, serr, sizeof serr);
+    if (st != STATUS_OK) {
+        errbuf_set(err, errlen, "job '%s': %s", job, serr[0] ? serr : status_word(st));
+        return st;
     }
     sess_t *s = calloc(1, sizeof *s);
-    if (!s) { errbuf_set(err, errlen, "out of memory"); return RP_RESOURCE_EXHAUSTED; }
+    if (!s) { errbuf_set(err, errlen, "out of memory"); return STATUS_RESOURCE_EXHAUSTED; }
     s->nonce = rand64();
     s->job_id = job_id;
     snprintf(s->job, sizeof s->job, "%s", job);
@@ -635,15 +628,15 @@ int sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
         free(s);
         errbuf_set(err, errlen, "too many sessions (%u, --max-sessions): close idle ones or raise the limit",
                m->cfg.max_sessions);
-        return RP_RESOURCE_EXHAUSTED;
+        return STATUS_RESOURCE_EXHAUSTED;
     }
     do { s->sid = rand64(); } while (find_locked(m, s->sid));
     st = store_session_open(m->store, s->sid, quota);
-    if (st != STORE_OK) {
+    if (st != STATUS_OK) {
         pthread_mutex_unlock(&m->mu);
         free(s);
-        errbuf_set(err, errlen, "cannot open a store session: %s", store_status_name(st));
-        return store_status_grpc(st);
+        errbuf_set(err, errlen, "cannot open a store session: %s", status_word(st));
+        return st;
     }
     s->next = m->list;
     m->list = s;
@@ -667,11 +660,11 @@ int sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
     log_info("session %016llx opened: job %s rank %u%s%s, quota %llu bytes, %s mode",
              (unsigned long long)sid, job, rank, client[0] ? " client " : "", client,
              (unsigned long long)quota, shared ? "shared-memory" : "remote");
-    return RP_OK;
+    return STATUS_OK;
 }
 
-int sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_bytes,
-               char *err, size_t errlen) {
+status_t sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_bytes,
+                    char *err, size_t errlen) {
     if (freed_bytes) *freed_bytes = 0;
     pthread_mutex_lock(&m->mu);
     sess_t *s;
@@ -680,7 +673,7 @@ int sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_byt
         if (!s || s->detached) {
             pthread_mutex_unlock(&m->mu);
             errbuf_set(err, errlen, "no session %016llx (closed or its lease expired)", (unsigned long long)sid);
-            return RP_NOT_FOUND;
+            return STATUS_NOT_FOUND;
         }
         if (!s->attaching) break;
         pthread_cond_wait(&m->cv, &m->mu);
@@ -706,18 +699,18 @@ int sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_byt
     }
     atomic_fetch_add(&m->closed, 1);
     log_info("session %016llx closed%s", (unsigned long long)sid, keep_blobs ? " (blobs kept)" : "");
-    return RP_OK;
+    return STATUS_OK;
 }
 
-int sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *used,
-                   uint64_t *quota, char *err, size_t errlen) {
+status_t sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *used,
+                        uint64_t *quota, char *err, size_t errlen) {
     pthread_mutex_lock(&m->mu);
     sess_t *s = find_locked(m, sid);
     if (!s || s->detached) {
         pthread_mutex_unlock(&m->mu);
         errbuf_set(err, errlen, "no session %016llx (closed or its lease expired): open a new session",
                (unsigned long long)sid);
-        return RP_NOT_FOUND;
+        return STATUS_NOT_FOUND;
     }
     touch(s);
     if (quota) *quota = s->quota;
@@ -728,22 +721,22 @@ int sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *used,
         store_session_stats(m->store, sid, &ss);
         *used = ss.used_bytes;
     }
-    return RP_OK;
+    return STATUS_OK;
 }
 
-int sess_use(sess_mgr_t *m, uint64_t sid, uint64_t *job_id, char *err, size_t errlen) {
+status_t sess_use(sess_mgr_t *m, uint64_t sid, uint64_t *job_id, char *err, size_t errlen) {
     pthread_mutex_lock(&m->mu);
     sess_t *s = find_locked(m, sid);
     if (!s || s->detached) {
         pthread_mutex_unlock(&m->mu);
         errbuf_set(err, errlen, "no session %016llx (closed or its lease expired): open a new session",
                (unsigned long long)sid);
-        return RP_NOT_FOUND;
+        return STATUS_NOT_FOUND;
     }
     touch(s);
     *job_id = s->job_id;
     pthread_mutex_unlock(&m->mu);
-    return RP_OK;
+    return STATUS_OK;
 }
 
 void sess_count(sess_mgr_t *m, uint64_t sid, bool failed, bool quota) {
@@ -757,12 +750,12 @@ void sess_count(sess_mgr_t *m, uint64_t sid, bool failed, bool quota) {
     pthread_mutex_unlock(&m->mu);
 }
 
-int sess_release_job(sess_mgr_t *m, uint64_t job_id, uint64_t *blobs, uint64_t *bytes) {
+status_t sess_release_job(sess_mgr_t *m, uint64_t job_id, uint64_t *blobs, uint64_t *bytes) {
     store_filter_t f = { job_id, -1, 0, false };
     store_blob_info_t *list = NULL;
     size_t n = 0;
     uint64_t sum = 0;
-    if (store_list(m->store, &f, &list, &n) == STORE_OK) {
+    if (store_list(m->store, &f, &list, &n) == STATUS_OK) {
         for (size_t i = 0; i < n; i++) sum += list[i].length;
         free(list);
     }
@@ -782,16 +775,16 @@ int sess_release_job(sess_mgr_t *m, uint64_t job_id, uint64_t *blobs, uint64_t *
     }
     pthread_mutex_unlock(&m->mu);
     while (dead) { sess_t *s = dead; dead = s->next; sess_destroy(m, s, false); }
-    return RP_OK;
+    return STATUS_OK;
 }
 
-int sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n) {
+status_t sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n) {
     *rows = NULL;
     *n = 0;
     pthread_mutex_lock(&m->mu);
     size_t cnt = m->nsess;
     sess_row_t *r = calloc(cnt ? cnt : 1, sizeof *r);
-    if (!r) { pthread_mutex_unlock(&m->mu); return RP_RESOURCE_EXHAUSTED; }
+    if (!r) { pthread_mutex_unlock(&m->mu); return STATUS_RESOURCE_EXHAUSTED; }
     int64_t now = clock_now_ns();
     size_t i = 0;
     for (sess_t *s = m->list; s && i < cnt; s = s->next, i++) {
@@ -811,11 +804,11 @@ int sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n) {
     pthread_mutex_unlock(&m->mu);
     for (size_t j = 0; j < i; j++) {
         store_session_stats_t ss = { 0 };
-        if (store_session_stats(m->store, r[j].sid, &ss) == STORE_OK) r[j].used = ss.used_bytes;
+        if (store_session_stats(m->store, r[j].sid, &ss) == STATUS_OK) r[j].used = ss.used_bytes;
     }
     *rows = r;
     *n = i;
-    return RP_OK;
+    return STATUS_OK;
 }
 
 void sess_counters(sess_mgr_t *m, sess_counters_t *out) {

@@ -14,8 +14,10 @@
  *     non-persistent blobs are freed, their ring torn down).
  * Heartbeat, remote Put/Get and every ring entry renew the lease.
  *
- * Functions that a handler calls return a gRPC status code (0 = OK) and
- * write a message into err on failure. Thread-safe throughout. */
+ * Functions that a handler calls return a status_t (proto/status.h,
+ * STATUS_OK = 0; the handler turns it into a gRPC code with
+ * status_to_grpc()) and write a message into err on failure. Thread-safe
+ * throughout. */
 #ifndef BALLAST_SESSION_H
 #define BALLAST_SESSION_H
 
@@ -24,10 +26,11 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "job_name.h"
 #include "services/offload/store.h"
 
 #define SESS_ERR_LEN     256
-#define SESS_NAME_MAX    63     /* job and client names, chars */
+#define SESS_NAME_MAX    63     /* client names, chars (job names: JOB_NAME_MAX) */
 #define SESS_TOKEN_MAX   256    /* bytes of a token */
 
 typedef struct sess_mgr sess_mgr_t;
@@ -59,7 +62,7 @@ typedef struct {
 /* One row of Stats. */
 typedef struct {
     uint64_t sid;
-    char job[SESS_NAME_MAX + 1];
+    char job[JOB_NAME_MAX + 1];
     char client[SESS_NAME_MAX + 1];
     uint32_t rank;
     pid_t pid;                   /* fd-socket peer, 0 when not attached */
@@ -92,33 +95,34 @@ void sess_mgr_close(sess_mgr_t *m);
 void sess_mgr_set_draining(sess_mgr_t *m);
 bool sess_mgr_draining(const sess_mgr_t *m);
 
-/* ---- the calls behind the RPCs (return a gRPC status code) ---- */
+/* ---- the calls behind the RPCs (return a status_t) ---- */
 
-int sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
-              const char *token, bool shared, const char *client_name,
-              sess_open_info_t *info, char *err, size_t errlen);
-int sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_bytes,
-               char *err, size_t errlen);
+status_t sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
+                   const char *token, bool shared, const char *client_name,
+                   sess_open_info_t *info, char *err, size_t errlen);
+status_t sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_bytes,
+                    char *err, size_t errlen);
 /* Renew the lease; *lease_s, *used, *quota (may be NULL) describe the session. */
-int sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *used,
-                   uint64_t *quota, char *err, size_t errlen);
+status_t sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *used,
+                        uint64_t *quota, char *err, size_t errlen);
 /* Look up a live session for a remote call and renew its lease; *job_id
  * gets its job. Counts the op (and the error when ok is false, see
  * sess_count). */
-int sess_use(sess_mgr_t *m, uint64_t sid, uint64_t *job_id, char *err, size_t errlen);
+status_t sess_use(sess_mgr_t *m, uint64_t sid, uint64_t *job_id, char *err, size_t errlen);
 void sess_count(sess_mgr_t *m, uint64_t sid, bool failed, bool quota);
 /* Whether token matches (constant time); true when no token is set. */
 bool sess_token_ok(const sess_mgr_t *m, const char *token);
 /* Release(job): free the job's blobs (persistent ones too) and forget the
  * job's detached sessions. */
-int sess_release_job(sess_mgr_t *m, uint64_t job_id, uint64_t *blobs, uint64_t *bytes);
+status_t sess_release_job(sess_mgr_t *m, uint64_t job_id, uint64_t *blobs, uint64_t *bytes);
 
 /* Rows for every session: *rows malloc()ed (free() it). */
-int sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n);
+status_t sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n);
 void sess_counters(sess_mgr_t *m, sess_counters_t *out);
 double sess_lease(const sess_mgr_t *m);
 
-/* Job name rule shared with the client: 1..63 of [A-Za-z0-9._-]. */
-bool sess_name_ok(const char *s, bool allow_printable);
+/* Client names (shown in `ballast status`): 1..SESS_NAME_MAX printable
+ * ASCII characters. Job names follow job_name_ok() (common/job_name.h). */
+bool sess_client_name_ok(const char *s);
 
 #endif

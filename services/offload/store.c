@@ -90,7 +90,7 @@ typedef struct {
 
 typedef struct {
     uint64_t id;
-    char name[STORE_JOB_NAME_MAX + 1];
+    char name[JOB_NAME_MAX + 1];
 } job_t;
 
 struct store {
@@ -134,44 +134,6 @@ struct store {
     uint64_t gets, get_bytes;  /* gets that handed a blob's region to a client, and its bytes */
     uint64_t evictions, prefetches, crc_errors, persistent_live;
 };
-
-/* ---- status names ---- */
-
-const char *store_status_name(store_status_t st) {
-    switch (st) {
-    case STORE_OK: return "ok";
-    case STORE_NOT_FOUND: return "not_found";
-    case STORE_EXISTS: return "exists";
-    case STORE_INVALID: return "invalid";
-    case STORE_QUOTA: return "quota_exceeded";
-    case STORE_NO_SPACE: return "no_space";
-    case STORE_BUSY: return "busy";
-    case STORE_DATA_LOSS: return "data_loss";
-    case STORE_IO_ERROR: return "io_error";
-    case STORE_UNAVAILABLE: return "unavailable";
-    case STORE_NO_SESSION: return "no_session";
-    case STORE_NOT_HELD: return "not_held";
-    }
-    return "unknown";
-}
-
-int store_status_grpc(store_status_t st) {
-    switch (st) {
-    case STORE_OK: return 0;                /* OK */
-    case STORE_NOT_FOUND: return 5;         /* NOT_FOUND */
-    case STORE_EXISTS: return 6;            /* ALREADY_EXISTS */
-    case STORE_INVALID: return 3;           /* INVALID_ARGUMENT */
-    case STORE_QUOTA: return 8;             /* RESOURCE_EXHAUSTED */
-    case STORE_NO_SPACE: return 8;          /* RESOURCE_EXHAUSTED */
-    case STORE_BUSY: return 9;              /* FAILED_PRECONDITION */
-    case STORE_DATA_LOSS: return 15;        /* DATA_LOSS */
-    case STORE_IO_ERROR: return 13;         /* INTERNAL */
-    case STORE_UNAVAILABLE: return 14;      /* UNAVAILABLE */
-    case STORE_NO_SESSION: return 9;        /* FAILED_PRECONDITION */
-    case STORE_NOT_HELD: return 9;          /* FAILED_PRECONDITION */
-    }
-    return 2; /* UNKNOWN */
-}
 
 /* ---- keys and the index ---- */
 
@@ -311,18 +273,6 @@ static job_t *job_by_name(store_t *s, const char *name) {
     for (size_t i = 0; i < s->njobs; i++)
         if (strcmp(s->jobs[i].name, name) == 0) return &s->jobs[i];
     return NULL;
-}
-
-static bool job_name_ok(const char *n) {
-    size_t len = strlen(n);
-    if (len == 0 || len > STORE_JOB_NAME_MAX) return false;
-    for (size_t i = 0; i < len; i++) {
-        char c = n[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-'))
-            return false;
-    }
-    return true;
 }
 
 static uint64_t fnv1a(const char *p, uint64_t salt) {
@@ -628,17 +578,17 @@ static int evict_some(store_t *s, uint64_t need) {
 /* Allocate alen bytes of pool, evicting as needed and waiting (bounded) for
  * evictions by others or pins to drop. With mu held (dropped while waiting
  * or writing). allow_evict false: no eviction, no wait. */
-static store_status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, bool allow_evict,
-                                  char *err, size_t errlen) {
+static status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, bool allow_evict,
+                            char *err, size_t errlen) {
     uint64_t deadline = clock_now_ms() + s->cfg.evict_wait_ms;
     for (;;) {
-        if (pool_alloc(s->pool, alen, r) == 0) return STORE_OK;
-        if (!allow_evict) return STORE_NO_SPACE;
+        if (pool_alloc(s->pool, alen, r) == 0) return STATUS_OK;
+        if (!allow_evict) return STATUS_NO_SPACE;
         int e = evict_some(s, alen);
         if (e > 0) continue;
         if (e < 0) {
             errbuf_set(err, errlen, "pool full and spilling to %s failed (I/O error; see the log)", s->spill_dir);
-            return STORE_IO_ERROR;
+            return STATUS_IO_ERROR;
         }
         uint64_t now = clock_now_ms();
         if (now >= deadline) break;
@@ -658,18 +608,18 @@ static store_status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, b
            (unsigned long long)ps.used_bytes, (unsigned long long)ps.total_bytes,
            (unsigned long long)ps.largest_free,
            s->tier ? " and the NVMe tier full" : " and no --spill-dir to spill to");
-    return STORE_NO_SPACE;
+    return STATUS_NO_SPACE;
 }
 
 /* Bring b (READY, NVMe only) into the pool and check its crc32c. With mu
  * held and b->refs taken by the caller; drops mu during the read. On
- * STORE_OK b is READY in the pool (not on the LRU while refs are held). */
-static store_status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *err, size_t errlen) {
+ * STATUS_OK b is READY in the pool (not on the LRU while refs are held). */
+static status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *err, size_t errlen) {
     b->state = STORE_LOADING;
     s->busy_ops++;
     pool_region_t r;
-    store_status_t st = alloc_space(s, b->alen, &r, allow_evict, err, errlen);
-    if (st != STORE_OK) {
+    status_t st = alloc_space(s, b->alen, &r, allow_evict, err, errlen);
+    if (st != STATUS_OK) {
         b->state = STORE_READY;
         s->busy_ops--;
         pthread_cond_broadcast(&s->cv);
@@ -688,7 +638,7 @@ static store_status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *e
         pool_free(s->pool, &r);
         errbuf_set(err, errlen, "reading a blob of %llu bytes back from %s failed: %s",
                (unsigned long long)b->length, s->spill_dir, n < 0 ? strerror((int)-n) : "short read");
-        return STORE_IO_ERROR;
+        return STATUS_IO_ERROR;
     }
     s->spill_reads++;
     s->spill_rbytes += b->alen;
@@ -703,11 +653,11 @@ static store_status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *e
                   (unsigned long long)b->length, path, (unsigned long long)fo, b->crc, crc);
         errbuf_set(err, errlen, "data loss: the blob's copy on NVMe (%s, offset %llu) fails its crc32c "
                "check (expected %08x, got %08x)", path, (unsigned long long)fo, b->crc, crc);
-        return STORE_DATA_LOSS;
+        return STATUS_DATA_LOSS;
     }
     b->region = r;
     b->in_pool = true;
-    return STORE_OK;
+    return STATUS_OK;
 }
 
 /* ---- prefetch worker ---- */
@@ -725,9 +675,9 @@ static void *prefetch_main(void *arg) {
         if (!b || b->state != STORE_READY || b->in_pool || !b->on_nvme) continue;
         b->refs++;
         char err[STORE_ERR_LEN];
-        store_status_t st = load_blob(s, b, true, err, sizeof err);
+        status_t st = load_blob(s, b, true, err, sizeof err);
         b->refs--;
-        if (st == STORE_OK) s->prefetches++;
+        if (st == STATUS_OK) s->prefetches++;
         if (b->linked) lru_update(s, b);
         blob_maybe_destroy(s, b);
     }
@@ -988,21 +938,21 @@ pool_t *store_pool(store_t *s) { return s->pool; }
 
 /* ---- jobs ---- */
 
-store_status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char *err, size_t errlen) {
-    if (!name || !job_name_ok(name)) {
+status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char *err, size_t errlen) {
+    if (!job_name_ok(name)) {
         errbuf_set(err, errlen, "bad job name \"%.80s\": use 1..%d characters of A-Z a-z 0-9 . _ -",
-               name ? name : "(null)", STORE_JOB_NAME_MAX);
-        return STORE_INVALID;
+               name ? name : "(null)", JOB_NAME_MAX);
+        return STATUS_INVALID_ARGUMENT;
     }
     pthread_mutex_lock(&s->mu);
     job_t *j = job_by_name(s, name);
-    if (j) { *job_id = j->id; pthread_mutex_unlock(&s->mu); return STORE_OK; }
+    if (j) { *job_id = j->id; pthread_mutex_unlock(&s->mu); return STATUS_OK; }
     uint64_t id = fnv1a(name, 0);
     for (uint64_t salt = 1; job_by_id(s, id); salt++) id = fnv1a(name, salt);
     if (job_add(s, id, name) != 0) {
         pthread_mutex_unlock(&s->mu);
         errbuf_set(err, errlen, "too many jobs (%d); Release finished jobs", MAX_JOBS);
-        return STORE_NO_SPACE;
+        return STATUS_NO_SPACE;
     }
     if (s->man) {
         manifest_rec_t r = { .type = MREC_JOB, .job_id = id };
@@ -1015,12 +965,12 @@ store_status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char
             s->njobs--;
             pthread_mutex_unlock(&s->mu);
             errbuf_set(err, errlen, "recording job %s in the manifest: %s", name, strerror(-rc));
-            return STORE_IO_ERROR;
+            return STATUS_IO_ERROR;
         }
     }
     *job_id = id;
     pthread_mutex_unlock(&s->mu);
-    return STORE_OK;
+    return STATUS_OK;
 }
 
 bool store_job_name(store_t *s, uint64_t job_id, char *name) {
@@ -1033,20 +983,20 @@ bool store_job_name(store_t *s, uint64_t job_id, char *name) {
 
 /* ---- sessions ---- */
 
-store_status_t store_session_open(store_t *s, uint64_t sid, uint64_t quota_bytes) {
-    if (sid == 0) return STORE_INVALID;
+status_t store_session_open(store_t *s, uint64_t sid, uint64_t quota_bytes) {
+    if (sid == 0) return STATUS_INVALID_ARGUMENT;
     pthread_mutex_lock(&s->mu);
-    store_status_t st = STORE_OK;
-    if (s->draining) st = STORE_UNAVAILABLE;
-    else if (session_find(s, sid)) st = STORE_EXISTS;
+    status_t st = STATUS_OK;
+    if (s->draining) st = STATUS_UNAVAILABLE;
+    else if (session_find(s, sid)) st = STATUS_ALREADY_EXISTS;
     else {
         if (s->nsessions == s->cap_sessions) {
             size_t nc = s->cap_sessions ? s->cap_sessions * 2 : 16;
             session_t *ns = realloc(s->sessions, nc * sizeof *ns);
-            if (!ns) st = STORE_NO_SPACE;
+            if (!ns) st = STATUS_NO_SPACE;
             else { s->sessions = ns; s->cap_sessions = nc; }
         }
-        if (st == STORE_OK) s->sessions[s->nsessions++] = (session_t){ .sid = sid, .quota = quota_bytes };
+        if (st == STATUS_OK) s->sessions[s->nsessions++] = (session_t){ .sid = sid, .quota = quota_bytes };
     }
     pthread_mutex_unlock(&s->mu);
     return st;
@@ -1100,10 +1050,10 @@ int store_drop_session(store_t *s, uint64_t sid) {
     return freed;
 }
 
-store_status_t store_session_stats(store_t *s, uint64_t sid, store_session_stats_t *out) {
+status_t store_session_stats(store_t *s, uint64_t sid, store_session_stats_t *out) {
     pthread_mutex_lock(&s->mu);
     session_t *se = session_find(s, sid);
-    if (!se) { pthread_mutex_unlock(&s->mu); return STORE_NO_SESSION; }
+    if (!se) { pthread_mutex_unlock(&s->mu); return STATUS_NO_SESSION; }
     memset(out, 0, sizeof *out);
     out->sid = sid;
     out->quota_bytes = se->quota;
@@ -1117,16 +1067,16 @@ store_status_t store_session_stats(store_t *s, uint64_t sid, store_session_stats
                 else out->nvme_bytes += b->alen;
             }
     pthread_mutex_unlock(&s->mu);
-    return STORE_OK;
+    return STATUS_OK;
 }
 
-store_status_t store_sessions(store_t *s, store_session_stats_t **out, size_t *n) {
+status_t store_sessions(store_t *s, store_session_stats_t **out, size_t *n) {
     pthread_mutex_lock(&s->mu);
     *n = s->nsessions;
     *out = NULL;
     if (s->nsessions) {
         *out = calloc(s->nsessions, sizeof **out);
-        if (!*out) { *n = 0; pthread_mutex_unlock(&s->mu); return STORE_NO_SPACE; }
+        if (!*out) { *n = 0; pthread_mutex_unlock(&s->mu); return STATUS_NO_SPACE; }
     }
     for (size_t i = 0; i < s->nsessions; i++) {
         (*out)[i] = (store_session_stats_t){ .sid = s->sessions[i].sid, .quota_bytes = s->sessions[i].quota,
@@ -1141,7 +1091,7 @@ store_status_t store_sessions(store_t *s, store_session_stats_t **out, size_t *n
                     else (*out)[j].nvme_bytes += b->alen;
                 }
     pthread_mutex_unlock(&s->mu);
-    return STORE_OK;
+    return STATUS_OK;
 }
 
 /* ---- put ---- */
@@ -1161,65 +1111,65 @@ static bool writer_release(store_t *s, uint64_t sid, const store_key_t *key) {
 
 static void free_blobs(store_t *s, blob_t **v, size_t n, bool release_job, uint64_t job_id);
 
-store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint64_t len,
-                               uint32_t flags, pool_region_t *region, char *err, size_t errlen) {
+status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint64_t len,
+                         uint32_t flags, pool_region_t *region, char *err, size_t errlen) {
     if (len == 0 || len > pool_max_alloc(s->pool)) {
         errbuf_set(err, errlen, "blob length %llu out of range: 1..%llu bytes (one pool segment; raise "
                "--segment-bytes for larger blobs)", (unsigned long long)len,
                (unsigned long long)pool_max_alloc(s->pool));
-        return STORE_INVALID;
+        return STATUS_INVALID_ARGUMENT;
     }
     if (key->kind < STORE_KIND_ACTIVATION || key->kind > STORE_KIND_OTHER) {
         errbuf_set(err, errlen, "unknown blob kind %u: use 1 (activation), 2 (optimizer state), 3 (param) "
                "or 4 (other)", key->kind);
-        return STORE_INVALID;
+        return STATUS_INVALID_ARGUMENT;
     }
     if (flags & ~(uint32_t)(STORE_F_PERSISTENT | STORE_F_REPLACE)) {
         errbuf_set(err, errlen, "unknown put flags 0x%x", flags);
-        return STORE_INVALID;
+        return STATUS_INVALID_ARGUMENT;
     }
     if ((flags & STORE_F_PERSISTENT) && !s->tier) {
         errbuf_set(err, errlen, "persistent blob refused: this ballastd has no NVMe tier (start it with "
                "--spill-dir)");
-        return STORE_INVALID;
+        return STATUS_INVALID_ARGUMENT;
     }
     uint64_t alen = (len + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
     pthread_mutex_lock(&s->mu);
-    store_status_t st = STORE_OK;
+    status_t st = STATUS_OK;
     session_t *se = session_find(s, sid);
     if (s->draining) {
         errbuf_set(err, errlen, "ballastd is draining: no new puts");
-        st = STORE_UNAVAILABLE;
+        st = STATUS_UNAVAILABLE;
     } else if (!se) {
         errbuf_set(err, errlen, "unknown session %llu (expired lease? open a new session)", (unsigned long long)sid);
-        st = STORE_NO_SESSION;
+        st = STATUS_NO_SESSION;
     }
-    blob_t *old = st == STORE_OK ? lookup(s, key) : NULL;
+    blob_t *old = st == STATUS_OK ? lookup(s, key) : NULL;
     if (old) {
         if (old->state == STORE_ALLOCATED || old->committing) {
             errbuf_set(err, errlen, "key is being written by a put that has not committed");
-            st = STORE_BUSY;
+            st = STATUS_BUSY;
         } else if (!(flags & STORE_F_REPLACE)) {
             errbuf_set(err, errlen, "key exists (free it first or put with the replace flag)");
-            st = STORE_EXISTS;
+            st = STATUS_ALREADY_EXISTS;
         } else if (old->pins) {
             errbuf_set(err, errlen, "key exists and is pinned by %u get(s); cannot replace it now", old->pins);
-            st = STORE_BUSY;
+            st = STATUS_BUSY;
         }
     }
-    if (st == STORE_OK && se->quota && se->used + alen > se->quota) {
+    if (st == STATUS_OK && se->quota && se->used + alen > se->quota) {
         errbuf_set(err, errlen, "session quota exceeded: %llu of %llu bytes used, this put needs %llu "
                "(free blobs or open the session with a larger quota)", (unsigned long long)se->used,
                (unsigned long long)se->quota, (unsigned long long)alen);
-        st = STORE_QUOTA;
+        st = STATUS_QUOTA_EXCEEDED;
     }
-    if (st != STORE_OK) { pthread_mutex_unlock(&s->mu); return st; }
+    if (st != STATUS_OK) { pthread_mutex_unlock(&s->mu); return st; }
     if (old) free_blobs(s, &old, 1, false, 0);
     /* Charge first so that concurrent puts of the session see the quota taken. */
     se->used += alen;
     se->blobs++;
     blob_t *b = calloc(1, sizeof *b);
-    if (!b) { st = STORE_NO_SPACE; errbuf_set(err, errlen, "out of memory"); }
+    if (!b) { st = STATUS_NO_SPACE; errbuf_set(err, errlen, "out of memory"); }
     else {
         b->key = *key;
         b->length = len;
@@ -1231,17 +1181,17 @@ store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key,
         index_add(s, b);
         st = alloc_space(s, alen, &b->region, true, err, errlen);
         b->refs--;
-        if (st == STORE_OK && b->linked) {
+        if (st == STATUS_OK && b->linked) {
             b->in_pool = true;
             b->writer = sid;
             *region = b->region;
         } else {
-            if (st == STORE_OK) { pool_free(s->pool, &b->region); st = STORE_NOT_FOUND; errbuf_set(err, errlen, "freed while allocating"); }
+            if (st == STATUS_OK) { pool_free(s->pool, &b->region); st = STATUS_NOT_FOUND; errbuf_set(err, errlen, "freed while allocating"); }
             if (b->linked) blob_unlink(s, b);
             else blob_maybe_destroy(s, b);
         }
     }
-    if (st != STORE_OK && !b) {
+    if (st != STATUS_OK && !b) {
         se = session_find(s, sid);
         if (se) { se->used -= alen; se->blobs--; }
     }
@@ -1249,23 +1199,23 @@ store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key,
     return st;
 }
 
-store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key, store_crc_t *crc,
-                                char *err, size_t errlen) {
+status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key, store_crc_t *crc,
+                          char *err, size_t errlen) {
     pthread_mutex_lock(&s->mu);
     blob_t *b = lookup(s, key);
-    store_status_t st = STORE_OK;
+    status_t st = STATUS_OK;
     if (!b || b->writer != sid) {
         /* Freed (free, release) while sid was writing it: let the region go now. */
         if (writer_release(s, sid, key)) {
             pthread_mutex_unlock(&s->mu);
             errbuf_set(err, errlen, "the key was freed (free or release) before this put committed");
-            return STORE_NOT_FOUND;
+            return STATUS_NOT_FOUND;
         }
     }
-    if (!b) { st = STORE_NOT_FOUND; errbuf_set(err, errlen, "no put in progress for this key"); }
-    else if (b->state != STORE_ALLOCATED || b->committing) { st = STORE_BUSY; errbuf_set(err, errlen, "key is not waiting for a commit"); }
-    else if (b->owner != sid) { st = STORE_NOT_HELD; errbuf_set(err, errlen, "this put belongs to another session"); }
-    if (st != STORE_OK) { pthread_mutex_unlock(&s->mu); return st; }
+    if (!b) { st = STATUS_NOT_FOUND; errbuf_set(err, errlen, "no put in progress for this key"); }
+    else if (b->state != STORE_ALLOCATED || b->committing) { st = STATUS_BUSY; errbuf_set(err, errlen, "key is not waiting for a commit"); }
+    else if (b->owner != sid) { st = STATUS_NOT_HELD; errbuf_set(err, errlen, "this put belongs to another session"); }
+    if (st != STATUS_OK) { pthread_mutex_unlock(&s->mu); return st; }
     b->committing = true;
     s->busy_ops++;
     void *p = pool_ptr(s->pool, &b->region);
@@ -1333,12 +1283,12 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
         blob_maybe_destroy(s, b);
         pthread_mutex_unlock(&s->mu);
         errbuf_set(err, errlen, "the key was freed before its commit finished");
-        return STORE_NOT_FOUND;
+        return STATUS_NOT_FOUND;
     }
     if (rc) {
         blob_unlink(s, b);
         pthread_mutex_unlock(&s->mu);
-        return rc == -ENOSPC ? STORE_NO_SPACE : STORE_IO_ERROR;
+        return rc == -ENOSPC ? STATUS_NO_SPACE : STATUS_IO_ERROR;
     }
     b->state = STORE_READY;
     s->puts++;
@@ -1356,27 +1306,27 @@ store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     if (crc) *crc = (store_crc_t){ .value = c, .known = persistent };
-    return STORE_OK;
+    return STATUS_OK;
 }
 
-store_status_t store_put_abort(store_t *s, uint64_t sid, const store_key_t *key) {
+status_t store_put_abort(store_t *s, uint64_t sid, const store_key_t *key) {
     pthread_mutex_lock(&s->mu);
     blob_t *b = lookup(s, key);
-    store_status_t st = STORE_OK;
-    if ((!b || b->writer != sid) && writer_release(s, sid, key)) st = STORE_OK;
-    else if (!b) st = STORE_NOT_FOUND;
-    else if (b->state != STORE_ALLOCATED || b->committing) st = STORE_BUSY;
-    else if (b->writer != sid) st = STORE_NOT_HELD;
+    status_t st = STATUS_OK;
+    if ((!b || b->writer != sid) && writer_release(s, sid, key)) st = STATUS_OK;
+    else if (!b) st = STATUS_NOT_FOUND;
+    else if (b->state != STORE_ALLOCATED || b->committing) st = STATUS_BUSY;
+    else if (b->writer != sid) st = STATUS_NOT_HELD;
     else { b->writer = 0; blob_unlink(s, b); }
     pthread_mutex_unlock(&s->mu);
     return st;
 }
 
-store_status_t store_put_copy(store_t *s, uint64_t sid, const store_key_t *key, const void *data,
-                              uint64_t len, uint32_t flags, store_crc_t *crc, char *err, size_t errlen) {
+status_t store_put_copy(store_t *s, uint64_t sid, const store_key_t *key, const void *data,
+                        uint64_t len, uint32_t flags, store_crc_t *crc, char *err, size_t errlen) {
     pool_region_t r;
-    store_status_t st = store_put_alloc(s, sid, key, len, flags, &r, err, errlen);
-    if (st != STORE_OK) return st;
+    status_t st = store_put_alloc(s, sid, key, len, flags, &r, err, errlen);
+    if (st != STATUS_OK) return st;
     memcpy(pool_ptr(s->pool, &r), data, len);
     return store_put_commit(s, sid, key, crc, err, errlen);
 }
@@ -1401,18 +1351,18 @@ static void fill_info(store_t *s, const blob_t *b, store_blob_info_t *o) {
 }
 
 /* Make the blob resident and pin it for sid. With mu held. */
-static store_status_t get_locked(store_t *s, uint64_t sid, const store_key_t *key, pool_region_t *region,
-                                 store_blob_info_t *info, char *err, size_t errlen) {
+static status_t get_locked(store_t *s, uint64_t sid, const store_key_t *key, pool_region_t *region,
+                           store_blob_info_t *info, char *err, size_t errlen) {
     if (!session_find(s, sid)) {
         errbuf_set(err, errlen, "unknown session %llu (expired lease? open a new session)", (unsigned long long)sid);
-        return STORE_NO_SESSION;
+        return STATUS_NO_SESSION;
     }
     for (;;) {
         blob_t *b = lookup(s, key);
-        if (!b) { errbuf_set(err, errlen, "no blob with this key"); return STORE_NOT_FOUND; }
+        if (!b) { errbuf_set(err, errlen, "no blob with this key"); return STATUS_NOT_FOUND; }
         if (b->state == STORE_ALLOCATED || b->committing) {
             errbuf_set(err, errlen, "blob not committed yet");
-            return STORE_BUSY;
+            return STATUS_BUSY;
         }
         if (b->state == STORE_SPILLING || b->state == STORE_LOADING) {
             b->refs++;
@@ -1424,20 +1374,20 @@ static store_status_t get_locked(store_t *s, uint64_t sid, const store_key_t *ke
         }
         if (!b->in_pool) {
             b->refs++;
-            store_status_t st = load_blob(s, b, true, err, errlen);
+            status_t st = load_blob(s, b, true, err, errlen);
             b->refs--;
             if (!b->linked) {
-                if (st == STORE_OK) { pool_free(s->pool, &b->region); b->in_pool = false; }
+                if (st == STATUS_OK) { pool_free(s->pool, &b->region); b->in_pool = false; }
                 blob_maybe_destroy(s, b);
                 errbuf_set(err, errlen, "blob freed while it was being read back");
-                return STORE_NOT_FOUND;
+                return STATUS_NOT_FOUND;
             }
-            if (st != STORE_OK) { lru_update(s, b); return st; }
+            if (st != STATUS_OK) { lru_update(s, b); return st; }
         }
         if (pin_add(s, b, sid) != 0) {
             lru_update(s, b);
             errbuf_set(err, errlen, "out of memory");
-            return STORE_NO_SPACE;
+            return STATUS_NO_SPACE;
         }
         if (region) { /* a get (store_pin asks for no region and moves no bytes) */
             *region = b->region;
@@ -1445,61 +1395,61 @@ static store_status_t get_locked(store_t *s, uint64_t sid, const store_key_t *ke
             s->get_bytes += b->length;
         }
         if (info) fill_info(s, b, info);
-        return STORE_OK;
+        return STATUS_OK;
     }
 }
 
-store_status_t store_get(store_t *s, uint64_t sid, const store_key_t *key, pool_region_t *region,
-                         store_blob_info_t *info, char *err, size_t errlen) {
+status_t store_get(store_t *s, uint64_t sid, const store_key_t *key, pool_region_t *region,
+                   store_blob_info_t *info, char *err, size_t errlen) {
     pthread_mutex_lock(&s->mu);
-    store_status_t st = get_locked(s, sid, key, region, info, err, errlen);
+    status_t st = get_locked(s, sid, key, region, info, err, errlen);
     pthread_mutex_unlock(&s->mu);
     return st;
 }
 
-store_status_t store_get_done(store_t *s, uint64_t sid, const store_key_t *key) {
+status_t store_get_done(store_t *s, uint64_t sid, const store_key_t *key) {
     pthread_mutex_lock(&s->mu);
-    store_status_t st = STORE_NOT_HELD;
+    status_t st = STATUS_NOT_HELD;
     blob_t *b = lookup(s, key);
-    if (b && holder_of(b, sid)) { pin_drop(s, b, sid, 1); st = STORE_OK; }
+    if (b && holder_of(b, sid)) { pin_drop(s, b, sid, 1); st = STATUS_OK; }
     else {
         for (b = s->zombies; b; b = b->lnext) {
-            if (key_eq(&b->key, key) && holder_of(b, sid)) { pin_drop(s, b, sid, 1); st = STORE_OK; break; }
+            if (key_eq(&b->key, key) && holder_of(b, sid)) { pin_drop(s, b, sid, 1); st = STATUS_OK; break; }
         }
     }
     pthread_mutex_unlock(&s->mu);
     return st;
 }
 
-store_status_t store_get_copy(store_t *s, uint64_t sid, const store_key_t *key, void **data,
-                              uint64_t *len, char *err, size_t errlen) {
+status_t store_get_copy(store_t *s, uint64_t sid, const store_key_t *key, void **data,
+                        uint64_t *len, char *err, size_t errlen) {
     pool_region_t r;
     store_blob_info_t info;
     *data = NULL;
     *len = 0;
-    store_status_t st = store_get(s, sid, key, &r, &info, err, errlen);
-    if (st != STORE_OK) return st;
+    status_t st = store_get(s, sid, key, &r, &info, err, errlen);
+    if (st != STATUS_OK) return st;
     void *buf = malloc(info.length ? info.length : 1);
     if (buf) memcpy(buf, pool_ptr(s->pool, &r), info.length);
     store_get_done(s, sid, key);
-    if (!buf) { errbuf_set(err, errlen, "out of memory copying %llu bytes", (unsigned long long)info.length); return STORE_NO_SPACE; }
+    if (!buf) { errbuf_set(err, errlen, "out of memory copying %llu bytes", (unsigned long long)info.length); return STATUS_NO_SPACE; }
     *data = buf;
     *len = info.length;
-    return STORE_OK;
+    return STATUS_OK;
 }
 
-store_status_t store_pin(store_t *s, uint64_t sid, const store_key_t *key, char *err, size_t errlen) {
+status_t store_pin(store_t *s, uint64_t sid, const store_key_t *key, char *err, size_t errlen) {
     return store_get(s, sid, key, NULL, NULL, err, errlen);
 }
 
-store_status_t store_unpin(store_t *s, uint64_t sid, const store_key_t *key) {
+status_t store_unpin(store_t *s, uint64_t sid, const store_key_t *key) {
     return store_get_done(s, sid, key);
 }
 
-store_status_t store_prefetch(store_t *s, const store_key_t *key) {
+status_t store_prefetch(store_t *s, const store_key_t *key) {
     pthread_mutex_lock(&s->mu);
     blob_t *b = lookup(s, key);
-    store_status_t st = b ? STORE_OK : STORE_NOT_FOUND;
+    status_t st = b ? STATUS_OK : STATUS_NOT_FOUND;
     if (b && s->tier && b->state == STORE_READY && !b->in_pool && b->on_nvme && s->pf_n < PREFETCH_QUEUE) {
         s->pf_q[(s->pf_head + s->pf_n) % PREFETCH_QUEUE] = *key;
         s->pf_n++;
@@ -1532,12 +1482,12 @@ bool store_session_holds(store_t *s, uint64_t sid, const store_key_t *key, uint3
     return ok;
 }
 
-store_status_t store_info(store_t *s, const store_key_t *key, store_blob_info_t *out) {
+status_t store_info(store_t *s, const store_key_t *key, store_blob_info_t *out) {
     pthread_mutex_lock(&s->mu);
     blob_t *b = lookup(s, key);
     if (b) fill_info(s, b, out);
     pthread_mutex_unlock(&s->mu);
-    return b ? STORE_OK : STORE_NOT_FOUND;
+    return b ? STATUS_OK : STATUS_NOT_FOUND;
 }
 
 /* ---- free, release ---- */
@@ -1580,19 +1530,19 @@ static void free_blobs(store_t *s, blob_t **v, size_t n, bool release_job, uint6
     if (any_durable) maybe_compact(s);
 }
 
-store_status_t store_free(store_t *s, uint64_t sid, const store_key_t *key) {
+status_t store_free(store_t *s, uint64_t sid, const store_key_t *key) {
     pthread_mutex_lock(&s->mu);
     blob_t *b = lookup(s, key);
-    if (!b) { pthread_mutex_unlock(&s->mu); return STORE_NOT_FOUND; }
+    if (!b) { pthread_mutex_unlock(&s->mu); return STATUS_NOT_FOUND; }
     if (b->state == STORE_ALLOCATED && !b->committing && b->writer != sid) {
         /* Its writer may still be writing into the region. */
         pthread_mutex_unlock(&s->mu);
-        return STORE_BUSY;
+        return STATUS_BUSY;
     }
     if (b->writer == sid) b->writer = 0; /* the writer frees its own put: an abort */
     free_blobs(s, &b, 1, false, 0);
     pthread_mutex_unlock(&s->mu);
-    return STORE_OK;
+    return STATUS_OK;
 }
 
 int store_release_job(store_t *s, uint64_t job_id) {
@@ -1623,7 +1573,7 @@ static int info_cmp(const void *a, const void *b) {
     return key_cmp(&((const store_blob_info_t *)a)->key, &((const store_blob_info_t *)b)->key);
 }
 
-store_status_t store_list(store_t *s, const store_filter_t *f, store_blob_info_t **out, size_t *n) {
+status_t store_list(store_t *s, const store_filter_t *f, store_blob_info_t **out, size_t *n) {
     pthread_mutex_lock(&s->mu);
     *out = NULL;
     *n = 0;
@@ -1639,7 +1589,7 @@ store_status_t store_list(store_t *s, const store_filter_t *f, store_blob_info_t
             if (*n == cap) {
                 size_t nc = cap ? cap * 2 : 64;
                 store_blob_info_t *no = realloc(*out, nc * sizeof *no);
-                if (!no) { free(*out); *out = NULL; *n = 0; pthread_mutex_unlock(&s->mu); return STORE_INVALID; }
+                if (!no) { free(*out); *out = NULL; *n = 0; pthread_mutex_unlock(&s->mu); return STATUS_INVALID_ARGUMENT; }
                 *out = no;
                 cap = nc;
             }
@@ -1648,7 +1598,7 @@ store_status_t store_list(store_t *s, const store_filter_t *f, store_blob_info_t
     }
     pthread_mutex_unlock(&s->mu);
     if (*n) qsort(*out, *n, sizeof **out, info_cmp);
-    return STORE_OK;
+    return STATUS_OK;
 }
 
 int store_drain(store_t *s, char *err, size_t errlen) {

@@ -42,10 +42,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "job_name.h"
 #include "pool.h"
+#include "proto/status.h"
 
 #define STORE_ERR_LEN   256   /* a comfortable size for err buffers */
-#define STORE_JOB_NAME_MAX 63 /* job name length, chars, [A-Za-z0-9._-] */
 
 /* ---- keys ---- */
 
@@ -67,26 +68,15 @@ typedef struct {
 
 /* ---- status ---- */
 
-typedef enum {
-    STORE_OK = 0,
-    STORE_NOT_FOUND,     /* no such key (or its commit was never acknowledged) */
-    STORE_EXISTS,        /* put of a key that exists (use STORE_F_REPLACE) */
-    STORE_INVALID,       /* bad argument: length 0 or too large, bad kind, bad region... */
-    STORE_QUOTA,         /* the session's quota would be exceeded (gRPC RESOURCE_EXHAUSTED) */
-    STORE_NO_SPACE,      /* pool full and nothing evictable / NVMe tier full (RESOURCE_EXHAUSTED) */
-    STORE_BUSY,          /* wrong state: commit of a blob not ALLOCATED, replace of a pinned blob,
-                            put of a key another session is writing (FAILED_PRECONDITION) */
-    STORE_DATA_LOSS,     /* crc32c mismatch on read-back from NVMe; no bytes are returned */
-    STORE_IO_ERROR,      /* the NVMe tier failed (INTERNAL) */
-    STORE_UNAVAILABLE,   /* store draining or closed (UNAVAILABLE) */
-    STORE_NO_SESSION,    /* unknown session id (UNAUTHENTICATED / FAILED_PRECONDITION) */
-    STORE_NOT_HELD,      /* get_done / unpin / commit by a session that does not hold it */
-} store_status_t;
-
-/* Short name ("ok", "not_found", "data_loss", ...). Static string. */
-const char *store_status_name(store_status_t st);
-/* The grpc_status_code (numeric value) that best matches st. */
-int store_status_grpc(store_status_t st);
+/* Every call returns a status_t (proto/status.h). Besides the gRPC values it
+ * uses the refinements STATUS_QUOTA_EXCEEDED (the session's quota),
+ * STATUS_NO_SPACE (pool full and nothing evictable, NVMe tier full, out of
+ * memory), STATUS_BUSY (wrong state: commit of a blob not ALLOCATED,
+ * replace of a pinned blob, put of a key another session is writing),
+ * STATUS_IO_ERROR (the NVMe tier failed), STATUS_NO_SESSION (unknown
+ * session id) and STATUS_NOT_HELD (get_done / unpin / commit by a session
+ * that does not hold the blob); status_to_grpc() gives the code a client
+ * sees. */
 
 /* ---- blob description ---- */
 
@@ -123,7 +113,7 @@ typedef struct {
     uint64_t nvme_off;     /* offset in the NVMe tier, bytes; valid when tier has NVME */
     uint64_t owner;        /* session id charged for it; 0 = nobody (persistent, after restart) */
     uint32_t pins;         /* pin count over all sessions */
-    char job[STORE_JOB_NAME_MAX + 1]; /* job name, "" when unknown */
+    char job[JOB_NAME_MAX + 1]; /* job name, "" when unknown */
 } store_blob_info_t;
 
 /* ---- configuration and lifetime ---- */
@@ -137,7 +127,7 @@ typedef enum {
 typedef struct {
     pool_config_t pool;          /* the pool (see pool.h) */
     const char *spill_dir;       /* NVMe tier directory; NULL or "" = no tier (no eviction,
-                                    no persistence: PERSISTENT puts fail with STORE_INVALID) */
+                                    no persistence: PERSISTENT puts fail with STATUS_INVALID_ARGUMENT) */
     uint64_t spill_bytes;        /* capacity of the tier, bytes (> 0 with spill_dir) */
     uint64_t spill_file_bytes;   /* size of one spill file, bytes; 0 = 1 GiB (capped by spill_bytes) */
     store_io_backend_t io_backend;
@@ -172,22 +162,22 @@ pool_t *store_pool(store_t *s);
 
 /* ---- jobs ---- */
 
-/* Map a job name (1..63 chars of [A-Za-z0-9._-]) to its stable 64-bit id,
- * registering it (and recording it in the manifest when there is a spill
- * dir) the first time. The same name always gives the same id, across
- * restarts. STORE_INVALID with a message for a bad name. */
-store_status_t store_job_id(store_t *s, const char *name, uint64_t *job_id,
-                            char *err, size_t errlen);
+/* Map a job name (job_name_ok(), common/job_name.h) to its stable 64-bit
+ * id, registering it (and recording it in the manifest when there is a
+ * spill dir) the first time. The same name always gives the same id, across
+ * restarts. STATUS_INVALID_ARGUMENT with a message for a bad name. */
+status_t store_job_id(store_t *s, const char *name, uint64_t *job_id,
+                      char *err, size_t errlen);
 
-/* The name of a known job id into name[STORE_JOB_NAME_MAX+1]; false if unknown. */
+/* The name of a known job id into name[JOB_NAME_MAX+1]; false if unknown. */
 bool store_job_name(store_t *s, uint64_t job_id, char *name);
 
 /* ---- sessions ---- */
 
 /* Register session sid (> 0, chosen by the caller, unique) with a quota in
- * bytes (0 = unlimited). STORE_EXISTS if sid is taken, STORE_UNAVAILABLE
+ * bytes (0 = unlimited). STATUS_ALREADY_EXISTS if sid is taken, STATUS_UNAVAILABLE
  * while draining. */
-store_status_t store_session_open(store_t *s, uint64_t sid, uint64_t quota_bytes);
+status_t store_session_open(store_t *s, uint64_t sid, uint64_t quota_bytes);
 
 /* Lease expiry or CloseSession: free every non-persistent blob charged to
  * sid (those pinned by others are unlinked now and freed when their pins
@@ -206,21 +196,21 @@ typedef struct {
     uint64_t pins;         /* pins it holds */
 } store_session_stats_t;
 
-/* Usage of one session; STORE_NO_SESSION if unknown. */
-store_status_t store_session_stats(store_t *s, uint64_t sid, store_session_stats_t *out);
+/* Usage of one session; STATUS_NO_SESSION if unknown. */
+status_t store_session_stats(store_t *s, uint64_t sid, store_session_stats_t *out);
 
 /* ---- blob operations (sid: the calling session) ---- */
 
 /* Start a put: reserve a pool region of len bytes (1 .. pool_max_alloc)
  * for key, charged to sid. Evicts LRU unpinned READY blobs to NVMe when the
- * pool is full, waiting up to evict_wait_ms. On STORE_OK *region is where the
+ * pool is full, waiting up to evict_wait_ms. On STATUS_OK *region is where the
  * writer puts the bytes (only the first len are covered by the crc).
- * STORE_EXISTS when the key exists (unless STORE_F_REPLACE), STORE_BUSY when
- * it is being written or (with REPLACE) pinned, STORE_QUOTA, STORE_NO_SPACE,
- * STORE_INVALID (len, kind, PERSISTENT without a spill dir). */
-store_status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key,
-                               uint64_t len, uint32_t flags, pool_region_t *region,
-                               char *err, size_t errlen);
+ * STATUS_ALREADY_EXISTS when the key exists (unless STORE_F_REPLACE), STATUS_BUSY when
+ * it is being written or (with REPLACE) pinned, STATUS_QUOTA_EXCEEDED, STATUS_NO_SPACE,
+ * STATUS_INVALID_ARGUMENT (len, kind, PERSISTENT without a spill dir). */
+status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key,
+                         uint64_t len, uint32_t flags, pool_region_t *region,
+                         char *err, size_t errlen);
 
 /* A blob's checksum as reported by commit: known is false when it has not
  * been computed yet (value is then 0). */
@@ -231,61 +221,61 @@ typedef struct {
 
 /* Finish a put started by sid and make the blob READY. A PERSISTENT blob
  * gets its crc32c, is written to the NVMe tier, fdatasynced, then recorded
- * in the manifest (fdatasynced) before this returns STORE_OK; on an I/O error
- * the blob is dropped and STORE_IO_ERROR returned. Other blobs are published
+ * in the manifest (fdatasynced) before this returns STATUS_OK; on an I/O error
+ * the blob is dropped and STATUS_IO_ERROR returned. Other blobs are published
  * without reading their bytes: their crc32c is computed when eviction first
  * writes them to NVMe. *crc (may be NULL) gets the checksum with known set
- * for PERSISTENT blobs, {0, false} otherwise. STORE_NOT_FOUND,
- * STORE_NOT_HELD (another session's put), STORE_BUSY (not ALLOCATED). */
-store_status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key,
-                                store_crc_t *crc, char *err, size_t errlen);
+ * for PERSISTENT blobs, {0, false} otherwise. STATUS_NOT_FOUND,
+ * STATUS_NOT_HELD (another session's put), STATUS_BUSY (not ALLOCATED). */
+status_t store_put_commit(store_t *s, uint64_t sid, const store_key_t *key,
+                          store_crc_t *crc, char *err, size_t errlen);
 
 /* Abandon a put started by sid: the region is freed, the key forgotten
  * (also when the key was already freed by a release meanwhile). */
-store_status_t store_put_abort(store_t *s, uint64_t sid, const store_key_t *key);
+status_t store_put_abort(store_t *s, uint64_t sid, const store_key_t *key);
 
 /* Remote mode: put_alloc + copy data[0..len) + put_commit in one call. */
-store_status_t store_put_copy(store_t *s, uint64_t sid, const store_key_t *key,
-                              const void *data, uint64_t len, uint32_t flags,
-                              store_crc_t *crc, char *err, size_t errlen);
+status_t store_put_copy(store_t *s, uint64_t sid, const store_key_t *key,
+                        const void *data, uint64_t len, uint32_t flags,
+                        store_crc_t *crc, char *err, size_t errlen);
 
 /* Make the blob resident (reading it back from NVMe if needed, checking its
- * crc32c: STORE_DATA_LOSS on mismatch, nothing returned), pin it for sid and
- * return its region and description (info may be NULL). Every STORE_OK must
+ * crc32c: STATUS_DATA_LOSS on mismatch, nothing returned), pin it for sid and
+ * return its region and description (info may be NULL). Every STATUS_OK must
  * be matched by store_get_done. Waits for a concurrent spill/load of the
- * same blob. STORE_NOT_FOUND, STORE_BUSY (not committed yet), STORE_NO_SPACE
- * (no room to load it), STORE_IO_ERROR. */
-store_status_t store_get(store_t *s, uint64_t sid, const store_key_t *key,
-                         pool_region_t *region, store_blob_info_t *info,
-                         char *err, size_t errlen);
+ * same blob. STATUS_NOT_FOUND, STATUS_BUSY (not committed yet), STATUS_NO_SPACE
+ * (no room to load it), STATUS_IO_ERROR. */
+status_t store_get(store_t *s, uint64_t sid, const store_key_t *key,
+                   pool_region_t *region, store_blob_info_t *info,
+                   char *err, size_t errlen);
 
 /* Drop one pin sid took with store_get (or store_pin). The blob becomes
- * evictable again when no pins remain. STORE_NOT_HELD if sid holds none. */
-store_status_t store_get_done(store_t *s, uint64_t sid, const store_key_t *key);
+ * evictable again when no pins remain. STATUS_NOT_HELD if sid holds none. */
+status_t store_get_done(store_t *s, uint64_t sid, const store_key_t *key);
 
 /* Remote mode: get + copy out + get_done. *data is malloc()ed (free() it),
  * *len its length. */
-store_status_t store_get_copy(store_t *s, uint64_t sid, const store_key_t *key,
-                              void **data, uint64_t *len, char *err, size_t errlen);
+status_t store_get_copy(store_t *s, uint64_t sid, const store_key_t *key,
+                        void **data, uint64_t *len, char *err, size_t errlen);
 
 /* Hint: the blob will be read soon. Starts an asynchronous read-back when it
  * is only on NVMe (if the pool has room without evicting pinned data) and
- * returns at once. STORE_OK also when it is already resident or being
- * loaded; STORE_NOT_FOUND. A crc mismatch found by a prefetch is reported
+ * returns at once. STATUS_OK also when it is already resident or being
+ * loaded; STATUS_NOT_FOUND. A crc mismatch found by a prefetch is reported
  * by the next get. */
-store_status_t store_prefetch(store_t *s, const store_key_t *key);
+status_t store_prefetch(store_t *s, const store_key_t *key);
 
 /* Remove the key (any session of the job may). Its space is returned now,
- * or when the last pin drops. STORE_NOT_FOUND; STORE_BUSY when another
+ * or when the last pin drops. STATUS_NOT_FOUND; STATUS_BUSY when another
  * session's put of it has not committed. A persistent blob's manifest
  * record is deleted too (durably, before its NVMe space is reused). */
-store_status_t store_free(store_t *s, uint64_t sid, const store_key_t *key);
+status_t store_free(store_t *s, uint64_t sid, const store_key_t *key);
 
 /* Keep the blob in RAM: like store_get without returning the region; undo
  * with store_unpin. */
-store_status_t store_pin(store_t *s, uint64_t sid, const store_key_t *key,
-                         char *err, size_t errlen);
-store_status_t store_unpin(store_t *s, uint64_t sid, const store_key_t *key);
+status_t store_pin(store_t *s, uint64_t sid, const store_key_t *key,
+                   char *err, size_t errlen);
+status_t store_unpin(store_t *s, uint64_t sid, const store_key_t *key);
 
 /* Whether [off, off+len) of segment seg lies inside the pool region of key
  * and sid may touch it: sid's own uncommitted put (write) or a pin sid holds
@@ -293,8 +283,8 @@ store_status_t store_unpin(store_t *s, uint64_t sid, const store_key_t *key);
 bool store_session_holds(store_t *s, uint64_t sid, const store_key_t *key,
                          uint32_t seg, uint64_t off, uint64_t len);
 
-/* Description of one blob (no pin taken); STORE_NOT_FOUND. */
-store_status_t store_info(store_t *s, const store_key_t *key, store_blob_info_t *out);
+/* Description of one blob (no pin taken); STATUS_NOT_FOUND. */
+status_t store_info(store_t *s, const store_key_t *key, store_blob_info_t *out);
 
 /* ---- listing and bulk operations ---- */
 
@@ -306,17 +296,17 @@ typedef struct {
 } store_filter_t;
 
 /* Blobs matching f (NULL = all), sorted by key. *out is malloc()ed (free()
- * it; NULL when *n is 0). Returns STORE_OK or STORE_INVALID (no memory). */
-store_status_t store_list(store_t *s, const store_filter_t *f,
-                          store_blob_info_t **out, size_t *n);
+ * it; NULL when *n is 0). Returns STATUS_OK or STATUS_INVALID_ARGUMENT (no memory). */
+status_t store_list(store_t *s, const store_filter_t *f,
+                    store_blob_info_t **out, size_t *n);
 
 /* Release(job): free every blob of job_id, persistent ones included (their
  * manifest records are deleted, durably). A put of the job still being
  * written loses its key now; its region stays reserved for the writer until
- * it commits (STORE_NOT_FOUND) or aborts. Returns the number of blobs freed. */
+ * it commits (STATUS_NOT_FOUND) or aborts. Returns the number of blobs freed. */
 int store_release_job(store_t *s, uint64_t job_id);
 
-/* Drain: refuse new puts and sessions from now on (STORE_UNAVAILABLE), wait
+/* Drain: refuse new puts and sessions from now on (STATUS_UNAVAILABLE), wait
  * for in-flight I/O and puts being committed, fdatasync the tier and the
  * manifest. Gets, frees and drop_session keep working. Returns 0 or -errno
  * with a message. */
@@ -353,6 +343,6 @@ typedef struct {
 void store_stats(store_t *s, store_stats_t *out);
 
 /* Per-session usage of every open session: *out malloc()ed (free() it). */
-store_status_t store_sessions(store_t *s, store_session_stats_t **out, size_t *n);
+status_t store_sessions(store_t *s, store_session_stats_t **out, size_t *n);
 
 #endif

@@ -1,8 +1,7 @@
-/* tier_nvme.h: the NVMe tier (spill files) and the I/O engine under it.
+/* tier_nvme.h: the NVMe tier (spill files) and the choice of the I/O
+ * engine's backend under it.
  *
- * I/O engine: asynchronous reads and writes of (fd, buffer, length, offset)
- * with a completion callback, behind a small function table with two
- * backends:
+ * I/O engine (tier_io.h): two backends implement its table:
  *   io_uring  (tier_uring.c): one ring, queue depth >= 32, buffers inside
  *             registered regions (the pool segments) go as READ_FIXED /
  *             WRITE_FIXED, a dedicated thread reaps completions, short
@@ -11,8 +10,7 @@
  *             fallback when io_uring is refused (EPERM from seccomp or
  *             kernel.io_uring_disabled, ENOSYS); chosen with a warning logged
  *             once per process and shown in the stats.
- * Both complete a request only when all of it is done, at EOF (reads; the
- * callback sees the shorter count) or on error (-errno).
+ * io_engine_open() (here, the one place that knows both) picks one.
  *
  * Tier: spill files "<dir>/spill-NNNN.dat" of file_bytes each, preallocated
  * with fallocate and opened with O_DIRECT (when the filesystem refuses
@@ -32,42 +30,11 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#define TIER_ALIGN 4096u   /* offset, length and buffer alignment, bytes */
+#include "tier_io.h"
 
-/* ---- I/O engine ---- */
+#define TIER_ALIGN IO_ALIGN /* offset, length and buffer alignment, bytes */
 
-typedef enum {
-    IO_BACKEND_AUTO = 0, /* io_uring, else threads (logged once) */
-    IO_BACKEND_URING,    /* io_uring or fail */
-    IO_BACKEND_THREADS,  /* pread/pwrite thread pool */
-} io_backend_t;
-
-typedef enum { IO_READ = 0, IO_WRITE = 1 } io_op_t;
-
-/* res: bytes transferred (== len, or less for a read that hit EOF), or -errno. */
-typedef void (*io_cb_t)(void *arg, int64_t res);
-
-typedef struct {
-    io_backend_t backend;
-    uint32_t queue_depth;  /* most requests in flight; io_uring SQ size; 0 = 64, min 32 */
-    uint32_t threads;      /* threads backend: workers; 0 = 4 */
-} io_config_t;
-
-typedef struct {
-    uint64_t submitted;    /* requests accepted */
-    uint64_t completed;    /* callbacks run */
-    uint64_t errors;       /* completions with res < 0 */
-    uint64_t bytes_read;   /* bytes */
-    uint64_t bytes_written;/* bytes */
-    uint64_t short_resubmits; /* short transfers continued with a new request */
-    uint64_t eagain_retries;  /* -EAGAIN completions retried */
-    uint64_t fixed_ops;    /* requests sent as READ_FIXED / WRITE_FIXED */
-    uint32_t inflight;     /* requests in flight now */
-    uint32_t queue_depth;  /* the limit */
-    bool registered;       /* buffers registered with io_uring */
-} io_stats_t;
-
-typedef struct io_engine io_engine_t;
+/* ---- I/O engine: the backend choice (the rest is in tier_io.h) ---- */
 
 /* Start an engine. With IO_BACKEND_AUTO, an io_uring that cannot be set up
  * (EPERM, ENOSYS, or any other error) gives the threads backend; the reason
@@ -75,31 +42,6 @@ typedef struct io_engine io_engine_t;
  * IO_BACKEND_URING that is an error (-errno and a message naming the cause
  * and the fix). */
 int io_engine_open(io_engine_t **out, const io_config_t *cfg, char *err, size_t errlen);
-
-/* Wait for every request in flight, stop the threads, free. NULL: no-op. */
-void io_engine_close(io_engine_t *e);
-
-/* Register buffer regions (e.g. the pool segments) so that requests inside
- * them avoid per-I/O page pinning. Call before submitting anything. Returns
- * 0, or -errno when the kernel refuses (I/O still works, unregistered); a
- * no-op returning 0 for the threads backend. */
-int io_engine_register(io_engine_t *e, const struct iovec *iov, unsigned n);
-
-/* Queue one request; blocks while queue_depth requests are in flight. cb is
- * called exactly once when it completes. 0, or -EINVAL (len 0) / -errno
- * without calling cb. */
-int io_engine_submit(io_engine_t *e, io_op_t op, int fd, void *buf, uint64_t len,
-                     uint64_t off, io_cb_t cb, void *arg);
-
-/* Synchronous form: submit and wait. Returns bytes transferred or -errno. */
-int64_t io_engine_rw(io_engine_t *e, io_op_t op, int fd, void *buf, uint64_t len, uint64_t off);
-
-/* Wait until nothing is in flight. */
-void io_engine_drain(io_engine_t *e);
-
-const char *io_engine_name(const io_engine_t *e);     /* "io_uring" or "threads" */
-const char *io_engine_fallback(const io_engine_t *e); /* why not io_uring; "" when not a fallback */
-void io_engine_stats(io_engine_t *e, io_stats_t *out);
 
 /* ---- tier ---- */
 

@@ -1,8 +1,8 @@
 /* tier_threads.c: the thread-pool backend of the I/O engine, for hosts
  * where io_uring is refused. A FIFO of requests under a mutex; each worker
- * takes one and loops pread/pwrite until it is complete (io_progress()
- * decides about short transfers, EOF, EINTR and EAGAIN exactly as for
- * io_uring). */
+ * takes one and loops pread/pwrite until it is complete (io_progress(), in
+ * tier_io.c, decides about short transfers, EOF, EINTR and EAGAIN exactly
+ * as for io_uring). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

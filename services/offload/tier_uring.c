@@ -7,7 +7,7 @@
  * let other threads run while a thread blocks inside io_uring_enter), then
  * reaps every CQE there is, feeds each result to io_progress() and, for a
  * short transfer or -EAGAIN, starts the rest again. Without an eventfd it
- * waits in io_uring_wait_cqe instead. The in-flight limit (tier_nvme.c) keeps
+ * waits in io_uring_wait_cqe instead. The in-flight limit (tier_io.c) keeps
  * the number of requests at or below the SQ size, and the CQ is twice that,
  * so the completion queue never overflows.
  *

@@ -39,7 +39,7 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-#define CHECK_OC(call) do { oc_status_t st_ = (call); if (st_) die("%s: %s", #call, oc_last_error()); } while (0)
+#define CHECK_OC(call) do { status_t st_ = (call); if (st_) die("%s: %s", #call, oc_last_error()); } while (0)
 
 int main(int argc, char **argv) {
     log_init("bench_offload", -1);

@@ -138,7 +138,7 @@ static int pool_open(pool_t *p, uint64_t pool, uint64_t seg, uint64_t bytes, cha
     char addr[160];
     snprintf(addr, sizeof addr, "unix:%s", sock);
     oc_options_t oo = { .addr = addr, .job = "gpu-pool-check", .rank = 0, .timeout_s = 30 };
-    if (oc_open(&oo, &p->oc) != OC_OK) { snprintf(err, errlen, "oc_open: %s", oc_last_error()); return -1; }
+    if (oc_open(&oo, &p->oc) != STATUS_OK) { snprintf(err, errlen, "oc_open: %s", oc_last_error()); return -1; }
     const oc_segment_t *s = oc_segments(p->oc, &p->nsegs);
     if (!s || p->nsegs == 0 || p->nsegs > 8) {
         snprintf(err, errlen, "oc_segments: %u segments (shared-memory mode expected, 1..8)", p->nsegs);
@@ -148,7 +148,7 @@ static int pool_open(pool_t *p, uint64_t pool, uint64_t seg, uint64_t bytes, cha
     p->bytes = bytes;
     for (int i = 0; i < 2; i++) {
         p->k[i] = (oc_key_t){ .rank = 0, .kind = OC_KIND_OTHER, .index = (uint64_t)i, .step = 1 };
-        if (oc_put_alloc(p->oc, &p->k[i], bytes, false, &p->b[i]) != OC_OK) {
+        if (oc_put_alloc(p->oc, &p->k[i], bytes, false, &p->b[i]) != STATUS_OK) {
             snprintf(err, errlen, "oc_put_alloc(%llu bytes): %s", (unsigned long long)bytes, oc_last_error());
             return -1;
         }

@@ -117,9 +117,9 @@ static oc_client_t *open_client(uint32_t rank, uint64_t quota) {
 }
 
 /* Put len bytes of pattern seed under k, writing straight into the region. */
-static oc_status_t put_pattern(oc_client_t *c, const oc_key_t *k, uint64_t len, uint64_t seed, bool persistent) {
+static status_t put_pattern(oc_client_t *c, const oc_key_t *k, uint64_t len, uint64_t seed, bool persistent) {
     oc_buf_t b;
-    oc_status_t st = oc_put_alloc(c, k, len, persistent, &b);
+    status_t st = oc_put_alloc(c, k, len, persistent, &b);
     if (st) return st;
     fill(b.ptr, len, seed);
     return oc_put_commit(c, k, &b);
@@ -128,7 +128,7 @@ static oc_status_t put_pattern(oc_client_t *c, const oc_key_t *k, uint64_t len, 
 /* Get k and compare with the pattern; 0 ok, 1 mismatch, or -status. */
 static int get_check(oc_client_t *c, const oc_key_t *k, uint64_t len, uint64_t seed) {
     oc_buf_t b;
-    oc_status_t st = oc_get(c, k, &b);
+    status_t st = oc_get(c, k, &b);
     if (st) return -(int)st;
     int bad = 0;
     if (b.len != len) {
@@ -172,7 +172,7 @@ static int stress_client(int id) {
             if (len == 0) break;
             oc_key_t k = { (uint32_t)id, 1 + (uint32_t)(rnd() % 4), next_index++, rnd() % 1000 };
             uint64_t seed = rnd();
-            oc_status_t st = put_pattern(c, &k, len, seed, false);
+            status_t st = put_pattern(c, &k, len, seed, false);
             if (st) { fprintf(stderr, "client %d: put: %s\n", id, oc_last_error()); fails++; break; }
             if (n == cap) { cap *= 2; live = realloc(live, cap * sizeof *live); }
             live[n++] = (live_t){ k, len, seed, false };
@@ -213,10 +213,10 @@ static int stress_client(int id) {
             if (oc_free(c, &live[i].k)) { fprintf(stderr, "client %d: free: %s\n", id, oc_last_error()); fails++; }
             /* a freed key must be gone */
             oc_buf_t b;
-            oc_status_t st = oc_get(c, &live[i].k, &b);
-            if (st != OC_NOT_FOUND) {
-                fprintf(stderr, "client %d: get after free gave %s, expected NOT_FOUND\n", id, oc_status_name(st));
-                if (st == OC_OK) oc_get_done(c, &live[i].k, &b);
+            status_t st = oc_get(c, &live[i].k, &b);
+            if (st != STATUS_NOT_FOUND) {
+                fprintf(stderr, "client %d: get after free gave %s, expected NOT_FOUND\n", id, status_name(st));
+                if (st == STATUS_OK) oc_get_done(c, &live[i].k, &b);
                 fails++;
             }
             live_bytes -= live[i].len;
@@ -275,13 +275,13 @@ static int cmd_stress(void) {
 static int expect_raw(oc_client_t *c, const char *what, rp_req_t *q, uint32_t want_status, uint32_t want_detail) {
     rp_cpl_t p;
     memset(&p, 0, sizeof p);
-    oc_status_t st = oc_raw_call(c, q, &p, 10);
+    status_t st = oc_raw_call(c, q, &p, 10);
     if ((uint32_t)st != want_status || p.status != want_status || (want_detail && p.detail != want_detail)) {
         fprintf(stderr, "badring %s: got status %u detail %u (%s), want %u detail %u\n", what, p.status, p.detail,
                 rp_detail_text(p.detail), want_status, want_detail);
         return 1;
     }
-    printf("ok: %s -> %s (%s)\n", what, oc_status_name((oc_status_t)p.status), rp_detail_text(p.detail));
+    printf("ok: %s -> %s (%s)\n", what, status_name((status_t)p.status), rp_detail_text(p.detail));
     return 0;
 }
 
@@ -317,39 +317,39 @@ static int cmd_badring(void) {
 
     rp_req_t q;
 #define Q(op_) (void)req_reset(&q, (op_))
-    bad += expect_raw(c, "op 0", req_reset(&q, 0), RP_INVALID_ARGUMENT, RP_D_BAD_OP);
-    bad += expect_raw(c, "op 77", req_reset(&q, 77), RP_INVALID_ARGUMENT, RP_D_BAD_OP);
+    bad += expect_raw(c, "op 0", req_reset(&q, 0), STATUS_INVALID_ARGUMENT, RP_D_BAD_OP);
+    bad += expect_raw(c, "op 77", req_reset(&q, 77), STATUS_INVALID_ARGUMENT, RP_D_BAD_OP);
     Q(RP_OP_GET); q.kind = 9;
-    bad += expect_raw(c, "kind 9", &q, RP_INVALID_ARGUMENT, RP_D_BAD_KIND);
+    bad += expect_raw(c, "kind 9", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_KIND);
     Q(RP_OP_GET); q.kind = 0;
-    bad += expect_raw(c, "kind 0", &q, RP_INVALID_ARGUMENT, RP_D_BAD_KIND);
+    bad += expect_raw(c, "kind 0", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_KIND);
     Q(RP_OP_GET); q.flags = 0x80;
-    bad += expect_raw(c, "unknown flag", &q, RP_INVALID_ARGUMENT, RP_D_BAD_FLAGS);
+    bad += expect_raw(c, "unknown flag", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_FLAGS);
     Q(RP_OP_GET); q.reserved = 5;
-    bad += expect_raw(c, "reserved bytes", &q, RP_INVALID_ARGUMENT, RP_D_BAD_PAD);
+    bad += expect_raw(c, "reserved bytes", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_PAD);
     Q(RP_OP_PUT_ALLOC); q.index = 1000; q.length = 0;
-    bad += expect_raw(c, "put length 0", &q, RP_INVALID_ARGUMENT, RP_D_BAD_LENGTH);
+    bad += expect_raw(c, "put length 0", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_LENGTH);
     Q(RP_OP_PUT_ALLOC); q.index = 1000; q.length = 1ull << 62;
-    bad += expect_raw(c, "put length 2^62", &q, RP_INVALID_ARGUMENT, RP_D_BAD_LENGTH);
+    bad += expect_raw(c, "put length 2^62", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_LENGTH);
     Q(RP_OP_PUT_ALLOC); q.length = 4096;
-    bad += expect_raw(c, "put of an existing key", &q, RP_ALREADY_EXISTS, RP_D_EXISTS);
+    bad += expect_raw(c, "put of an existing key", &q, STATUS_ALREADY_EXISTS, RP_D_EXISTS);
     /* commit with a region outside the pool / not held / of another session */
     Q(RP_OP_PUT_COMMIT); q.kind = OC_KIND_OTHER; q.index = 99; q.step = 0; q.seg = 999; q.offset = pend._off; q.length = 8192;
-    bad += expect_raw(c, "commit: segment 999", &q, RP_INVALID_ARGUMENT, RP_D_BAD_REGION);
+    bad += expect_raw(c, "commit: segment 999", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_REGION);
     Q(RP_OP_PUT_COMMIT); q.kind = OC_KIND_OTHER; q.index = 99; q.step = 0; q.seg = pend._seg; q.offset = ~0ull - 100; q.length = 8192;
-    bad += expect_raw(c, "commit: offset wraps", &q, RP_INVALID_ARGUMENT, RP_D_BAD_REGION);
+    bad += expect_raw(c, "commit: offset wraps", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_REGION);
     Q(RP_OP_PUT_COMMIT); q.kind = OC_KIND_OTHER; q.index = 99; q.step = 0; q.seg = pend._seg; q.offset = pend._off + 4096; q.length = 1 << 20;
-    bad += expect_raw(c, "commit: length past the region", &q, RP_INVALID_ARGUMENT, RP_D_BAD_REGION);
+    bad += expect_raw(c, "commit: length past the region", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_REGION);
     Q(RP_OP_PUT_COMMIT); q.rank = 1; q.kind = OC_KIND_OTHER; q.index = 55; q.step = 0; q.seg = opend._seg; q.offset = opend._off; q.length = 8192;
-    bad += expect_raw(c, "commit: another session's region", &q, RP_INVALID_ARGUMENT, RP_D_BAD_REGION);
+    bad += expect_raw(c, "commit: another session's region", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_REGION);
     Q(RP_OP_GET_DONE); q.seg = pend._seg; q.offset = pend._off; q.length = 8192;
-    bad += expect_raw(c, "get_done without a get", &q, RP_INVALID_ARGUMENT, RP_D_BAD_REGION);
+    bad += expect_raw(c, "get_done without a get", &q, STATUS_INVALID_ARGUMENT, RP_D_BAD_REGION);
     Q(RP_OP_GET); q.index = 424242;
-    bad += expect_raw(c, "get of a missing key", &q, RP_NOT_FOUND, RP_D_NO_KEY);
+    bad += expect_raw(c, "get of a missing key", &q, STATUS_NOT_FOUND, RP_D_NO_KEY);
     Q(RP_OP_FREE); q.index = 424242;
-    bad += expect_raw(c, "free of a missing key", &q, RP_NOT_FOUND, RP_D_NO_KEY);
+    bad += expect_raw(c, "free of a missing key", &q, STATUS_NOT_FOUND, RP_D_NO_KEY);
     Q(RP_OP_UNPIN);
-    bad += expect_raw(c, "unpin without pin", &q, RP_FAILED_PRECONDITION, 0);
+    bad += expect_raw(c, "unpin without pin", &q, STATUS_FAILED_PRECONDITION, 0);
     /* a burst of garbage entries: each answered, none kills the session */
     for (int i = 0; i < 200; i++) {
         uint8_t raw[64];
@@ -358,8 +358,8 @@ static int cmd_badring(void) {
         if (g->op > 0 && g->op < RP_OP_MAX_ && g->op != RP_OP_NOP) g->op += 100; /* keep it invalid */
         if (g->op == RP_OP_NOP) g->op = 0;
         rp_cpl_t p;
-        oc_status_t st = oc_raw_call(c, raw, &p, 10);
-        if (st != OC_INVALID_ARGUMENT) { fprintf(stderr, "garbage entry %d: status %d\n", i, st); bad++; break; }
+        status_t st = oc_raw_call(c, raw, &p, 10);
+        if (st != STATUS_INVALID_ARGUMENT) { fprintf(stderr, "garbage entry %d: status %d\n", i, st); bad++; break; }
     }
     printf("ok: 200 random garbage entries each failed with INVALID_ARGUMENT\n");
     /* the session and the other session still work, data intact */
@@ -387,8 +387,8 @@ static int cmd_quota(void) {
     int bad = 0;
     oc_key_t k1 = { 0, OC_KIND_ACTIVATION, 1, 0 }, k2 = { 0, OC_KIND_ACTIVATION, 2, 0 };
     if (put_pattern(small, &k1, q / 2, 5, false)) { fprintf(stderr, "first put within quota: %s\n", oc_last_error()); bad++; }
-    oc_status_t st = put_pattern(small, &k2, q, 6, false);
-    if (st != OC_RESOURCE_EXHAUSTED) { fprintf(stderr, "over-quota put gave %s, want RESOURCE_EXHAUSTED\n", oc_status_name(st)); bad++; }
+    status_t st = put_pattern(small, &k2, q, 6, false);
+    if (st != STATUS_RESOURCE_EXHAUSTED) { fprintf(stderr, "over-quota put gave %s, want RESOURCE_EXHAUSTED\n", status_name(st)); bad++; }
     else printf("ok: over quota -> RESOURCE_EXHAUSTED: %s\n", oc_last_error());
     /* the other session is not limited by it */
     oc_key_t k3 = { 1, OC_KIND_ACTIVATION, 3, 0 };
@@ -419,7 +419,7 @@ static int cmd_persist_writer(void) {
         /* announce first (so the checker knows the next index), ack after */
         int n = snprintf(line, sizeof line, "try %d %" PRIu64 " %" PRIu64 "\n", i, len, seed);
         if (write(fd, line, (size_t)n) != n || fdatasync(fd)) { perror("log"); return 1; }
-        oc_status_t st = put_pattern(c, &k, len, seed, true);
+        status_t st = put_pattern(c, &k, len, seed, true);
         if (st) { fprintf(stderr, "persistent put %d: %s\n", i, oc_last_error()); return 1; }
         n = snprintf(line, sizeof line, "ack %d %" PRIu64 " %" PRIu64 "\n", i, len, seed);
         if (write(fd, line, (size_t)n) != n || fdatasync(fd)) { perror("log"); return 1; }
@@ -453,14 +453,14 @@ static int cmd_persist_check(void) {
         /* the put in flight at the kill: missing, or (if its ack was on the way) exact; never corrupt */
         oc_key_t k = { 0, OC_KIND_OPTIMIZER_STATE, (uint64_t)last_try, 7 };
         int rc = get_check(c, &k, try_len, try_seed);
-        if (rc == -(int)OC_NOT_FOUND) unacked_missing++;
+        if (rc == -(int)STATUS_NOT_FOUND) unacked_missing++;
         else if (rc == 0) unacked_exact++;
         else { fprintf(stderr, "unacknowledged blob %d came back wrong (%d): %s\n", last_try, rc, oc_last_error()); bad++; }
         /* and the next index was never written */
         oc_key_t k2 = { 0, OC_KIND_OPTIMIZER_STATE, (uint64_t)last_try + 1, 7 };
         oc_buf_t b;
-        oc_status_t st = oc_get(c, &k2, &b);
-        if (st != OC_NOT_FOUND) { fprintf(stderr, "never-written blob %d: %s\n", last_try + 1, oc_status_name(st)); bad++; }
+        status_t st = oc_get(c, &k2, &b);
+        if (st != STATUS_NOT_FOUND) { fprintf(stderr, "never-written blob %d: %s\n", last_try + 1, status_name(st)); bad++; }
     }
     printf("persist-check: %d acknowledged blobs byte-exact, %d failed; in-flight blob: %d missing, %d exact\n",
            acked, bad, unacked_missing, unacked_exact);
@@ -500,7 +500,7 @@ static int cmd_lat(void) {
         for (int i = 0; i < 50; i++) { if (pass ? oc_heartbeat(c) : oc_nop(c)) { fprintf(stderr, "%s\n", oc_last_error()); return 1; } }
         for (int i = 0; i < g_iters; i++) {
             double t0 = clock_now_s();
-            oc_status_t st = pass ? oc_heartbeat(c) : oc_nop(c);
+            status_t st = pass ? oc_heartbeat(c) : oc_nop(c);
             t[i] = (clock_now_s() - t0) * 1e6;
             if (st) { fprintf(stderr, "%s\n", oc_last_error()); return 1; }
         }

@@ -74,7 +74,7 @@ static oc_client_t *client(svc_t *t, const char *job, uint32_t rank, uint64_t qu
     o.flags = flags;
     o.timeout_s = 10;
     oc_client_t *c = NULL;
-    cr_assert_eq(oc_open(&o, &c), OC_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_open(&o, &c), STATUS_OK, "%s", oc_last_error());
     return c;
 }
 
@@ -84,18 +84,23 @@ static void fill(uint8_t *p, size_t n, uint64_t seed) {
 }
 
 Test(session, names) {
-    cr_assert(sess_name_ok("llama-7b_run.3", false));
-    cr_assert(!sess_name_ok("", false));
-    cr_assert(!sess_name_ok("a b", false));
-    cr_assert(!sess_name_ok("a/b", false));
+    /* job names: the one rule of common/job_name.h (tested in full in test_job_name.c) */
+    cr_assert(job_name_ok("llama-7b_run.3"));
+    cr_assert(!job_name_ok(""));
+    cr_assert(!job_name_ok("a b"));
+    cr_assert(!job_name_ok("a/b"));
     char n64[65];
     memset(n64, 'x', 64); n64[64] = 0;
-    cr_assert(!sess_name_ok(n64, false));
+    cr_assert(!job_name_ok(n64));
+    cr_assert(!sess_client_name_ok(n64));
     n64[63] = 0;
-    cr_assert(sess_name_ok(n64, false));
-    cr_assert(sess_name_ok("ballast store", true));
-    cr_assert(!sess_name_ok("tab\there", true));
-    cr_assert(oc_job_name_ok("job.1") && !oc_job_name_ok("job 1") && !oc_job_name_ok(NULL));
+    cr_assert(job_name_ok(n64));
+    cr_assert(sess_client_name_ok(n64));
+    /* client names: printable ASCII */
+    cr_assert(sess_client_name_ok("ballast store"));
+    cr_assert(!sess_client_name_ok("tab\there"));
+    cr_assert(!sess_client_name_ok(""));
+    cr_assert(job_name_ok("job.1") && !job_name_ok("job 1") && !job_name_ok(NULL));
 }
 
 Test(session, ring_layout) {
@@ -120,27 +125,27 @@ Test(session, round_trip_both_modes) {
             uint8_t *src = malloc(n), *dst = malloc(n);
             fill(src, n, (uint64_t)i + 1);
             oc_key_t k = { 3, 1 + (uint32_t)(i % 4), (uint64_t)i, 7 };
-            cr_assert_eq(oc_put_copy(c, &k, src, n, false), OC_OK, "%s", oc_last_error());
+            cr_assert_eq(oc_put_copy(c, &k, src, n, false), STATUS_OK, "%s", oc_last_error());
             uint64_t len = 0;
-            cr_assert_eq(oc_get_copy(c, &k, dst, n, &len), OC_OK, "%s", oc_last_error());
+            cr_assert_eq(oc_get_copy(c, &k, dst, n, &len), STATUS_OK, "%s", oc_last_error());
             cr_assert_eq(len, n);
             cr_assert_eq(memcmp(src, dst, n), 0, "blob %d (%zu bytes) differs", i, n);
             /* No spill tier here: a non-persistent blob never reaches NVMe, so
              * its crc32c is never computed and must be reported unknown (ring
              * completion flag / GetResponse field), not as a magic value. */
             oc_buf_t gb;
-            cr_assert_eq(oc_get(c, &k, &gb), OC_OK, "%s", oc_last_error());
+            cr_assert_eq(oc_get(c, &k, &gb), STATUS_OK, "%s", oc_last_error());
             cr_assert(!gb.crc_known && gb.crc32c == 0, "blob %d: crc reported as known (%08x)", i, gb.crc32c);
             cr_assert(!gb.persistent);
-            cr_assert_eq(oc_get_done(c, &k, &gb), OC_OK, "%s", oc_last_error());
-            cr_assert_eq(oc_put_copy(c, &k, src, n, false), OC_ALREADY_EXISTS);
-            cr_assert_eq(oc_free(c, &k), OC_OK, "%s", oc_last_error());
-            cr_assert_eq(oc_get_copy(c, &k, dst, n, &len), OC_NOT_FOUND);
+            cr_assert_eq(oc_get_done(c, &k, &gb), STATUS_OK, "%s", oc_last_error());
+            cr_assert_eq(oc_put_copy(c, &k, src, n, false), STATUS_ALREADY_EXISTS);
+            cr_assert_eq(oc_free(c, &k), STATUS_OK, "%s", oc_last_error());
+            cr_assert_eq(oc_get_copy(c, &k, dst, n, &len), STATUS_NOT_FOUND);
             free(src); free(dst);
         }
         oc_key_t bad = { 0, 9, 0, 0 };
-        cr_assert_eq(oc_put_copy(c, &bad, "x", 1, false), OC_INVALID_ARGUMENT);
-        cr_assert_eq(oc_close(c, false), OC_OK, "%s", oc_last_error());
+        cr_assert_eq(oc_put_copy(c, &bad, "x", 1, false), STATUS_INVALID_ARGUMENT);
+        cr_assert_eq(oc_close(c, false), STATUS_OK, "%s", oc_last_error());
     }
     store_stats_t st;
     store_stats(t.store, &st);
@@ -159,21 +164,56 @@ Test(session, async_handles) {
         k[i] = (oc_key_t){ 0, OC_KIND_PARAM, (uint64_t)i, 0 };
         uint8_t buf[5000];
         fill(buf, sizeof buf, (uint64_t)i + 100);
-        cr_assert_eq(oc_put_copy(c, &k[i], buf, sizeof buf - (size_t)i, false), OC_OK, "%s", oc_last_error());
+        cr_assert_eq(oc_put_copy(c, &k[i], buf, sizeof buf - (size_t)i, false), STATUS_OK, "%s", oc_last_error());
     }
     oc_handle_t h[N];
-    for (int i = 0; i < N; i++) cr_assert_eq(oc_get_async(c, &k[i], &h[i]), OC_OK, "%s", oc_last_error());
+    for (int i = 0; i < N; i++) cr_assert_eq(oc_get_async(c, &k[i], &h[i]), STATUS_OK, "%s", oc_last_error());
     for (int i = N - 1; i >= 0; i--) { /* wait out of order */
         oc_buf_t b;
-        cr_assert_eq(oc_wait(c, h[i], &b, 10), OC_OK, "%s", oc_last_error());
+        cr_assert_eq(oc_wait(c, h[i], &b, 10), STATUS_OK, "%s", oc_last_error());
         uint8_t want[5000];
         fill(want, sizeof want, (uint64_t)i + 100);
         cr_assert_eq(b.len, 5000u - (unsigned)i);
         cr_assert_eq(memcmp(b.ptr, want, b.len), 0);
-        cr_assert_eq(oc_get_done(c, &k[i], &b), OC_OK, "%s", oc_last_error());
+        cr_assert_eq(oc_get_done(c, &k[i], &b), STATUS_OK, "%s", oc_last_error());
     }
     oc_buf_t b;
-    cr_assert_eq(oc_wait(c, h[0], &b, 1), OC_INVALID_ARGUMENT, "a handle completes once");
+    cr_assert_eq(oc_wait(c, h[0], &b, 1), STATUS_INVALID_ARGUMENT, "a handle completes once");
+    oc_close(c, false);
+    svc_stop(&t);
+}
+
+/* Remote mode runs an async op at submit time and parks its result: a
+ * failure's message travels with the handle, so oc_wait() on any thread, in
+ * any order, reports that op's own message. */
+typedef struct { oc_client_t *c; oc_handle_t h; status_t st; char msg[1024]; } waiter_t;
+
+static void *wait_elsewhere(void *arg) {
+    waiter_t *w = arg;
+    oc_buf_t b;
+    w->st = oc_wait(w->c, w->h, &b, 10);
+    snprintf(w->msg, sizeof w->msg, "%s", oc_last_error());
+    return NULL;
+}
+
+Test(session, remote_async_failure_message_follows_the_handle) {
+    svc_t t;
+    svc_start(&t, 30, 16, 0);
+    oc_client_t *c = client(&t, "unit", 0, 0, OC_REMOTE);
+    oc_key_t k1 = { 0, OC_KIND_PARAM, 41, 0 }, k2 = { 0, OC_KIND_PARAM, 42, 0 };
+    oc_handle_t h1, h2;
+    cr_assert_eq(oc_get_async(c, &k1, &h1), STATUS_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_get_async(c, &k2, &h2), STATUS_OK, "%s", oc_last_error());
+    waiter_t w = { c, h1, STATUS_OK, "" };
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, wait_elsewhere, &w), 0);
+    pthread_join(th, NULL);
+    cr_assert_eq(w.st, STATUS_NOT_FOUND, "%s", w.msg);
+    cr_assert(strstr(w.msg, "index 41") && strstr(w.msg, "not_found"), "the waiting thread sees h1's message: %s",
+              w.msg);
+    oc_buf_t b;
+    cr_assert_eq(oc_wait(c, h2, &b, 10), STATUS_NOT_FOUND);
+    cr_assert(strstr(oc_last_error(), "index 42"), "h2's own message, not h1's: %s", oc_last_error());
     oc_close(c, false);
     svc_stop(&t);
 }
@@ -187,28 +227,28 @@ Test(session, wait_timeout_zero_polls) {
     oc_key_t k = { 0, OC_KIND_ACTIVATION, 7, 1 };
     uint8_t buf[3000], want[3000];
     fill(want, sizeof want, 77);
-    cr_assert_eq(oc_put_copy(c, &k, want, sizeof want, false), OC_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_put_copy(c, &k, want, sizeof want, false), STATUS_OK, "%s", oc_last_error());
     oc_handle_t h;
-    cr_assert_eq(oc_get_async(c, &k, &h), OC_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_get_async(c, &k, &h), STATUS_OK, "%s", oc_last_error());
     oc_buf_t b;
-    oc_status_t st = OC_DEADLINE_EXCEEDED;
+    status_t st = STATUS_DEADLINE_EXCEEDED;
     int polls = 0;
     struct timespec nap = { 0, 1000000 };
     double t0 = clock_now_s();
-    for (; polls < 2000 && st == OC_DEADLINE_EXCEEDED; polls++) {
+    for (; polls < 2000 && st == STATUS_DEADLINE_EXCEEDED; polls++) {
         double a = clock_now_s();
         st = oc_wait(c, h, &b, 0);
         double took = clock_now_s() - a;
         cr_assert_lt(took, 0.05, "a poll blocked %.3f s", took);
-        if (st == OC_DEADLINE_EXCEEDED) nanosleep(&nap, NULL);
+        if (st == STATUS_DEADLINE_EXCEEDED) nanosleep(&nap, NULL);
     }
-    cr_assert_eq(st, OC_OK, "no completion seen by %d polls over %.1f s: %s", polls, clock_now_s() - t0,
+    cr_assert_eq(st, STATUS_OK, "no completion seen by %d polls over %.1f s: %s", polls, clock_now_s() - t0,
                  oc_last_error());
     cr_assert_eq(b.len, sizeof want);
     memcpy(buf, b.ptr, sizeof buf);
     cr_assert_eq(memcmp(buf, want, sizeof want), 0);
-    cr_assert_eq(oc_get_done(c, &k, &b), OC_OK, "%s", oc_last_error());
-    cr_assert_eq(oc_wait(c, h, &b, 0), OC_INVALID_ARGUMENT, "a polled handle completes once");
+    cr_assert_eq(oc_get_done(c, &k, &b), STATUS_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_wait(c, h, &b, 0), STATUS_INVALID_ARGUMENT, "a polled handle completes once");
     oc_close(c, false);
     svc_stop(&t);
 }
@@ -223,8 +263,8 @@ Test(session, lease_expiry_frees_memory) {
     uint8_t buf[100000];
     fill(buf, sizeof buf, 5);
     oc_key_t k1 = { 0, 1, 1, 0 }, k2 = { 1, 1, 2, 0 };
-    cr_assert_eq(oc_put_copy(dead, &k1, buf, sizeof buf, false), OC_OK, "%s", oc_last_error());
-    cr_assert_eq(oc_put_copy(alive, &k2, buf, sizeof buf, false), OC_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_put_copy(dead, &k1, buf, sizeof buf, false), STATUS_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_put_copy(alive, &k2, buf, sizeof buf, false), STATUS_OK, "%s", oc_last_error());
     store_stats_t st;
     store_stats(t.store, &st);
     cr_assert_eq(st.pool.used_bytes, 2 * 102400);
@@ -239,7 +279,7 @@ Test(session, lease_expiry_frees_memory) {
     cr_assert_eq(sc.expired, 1);
     uint64_t len;
     uint8_t out[100000];
-    cr_assert_eq(oc_get_copy(alive, &k2, out, sizeof out, &len), OC_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_get_copy(alive, &k2, out, sizeof out, &len), STATUS_OK, "%s", oc_last_error());
     cr_assert_eq(memcmp(out, buf, sizeof buf), 0);
     oc_close(alive, false);
     svc_stop(&t);
@@ -253,8 +293,8 @@ Test(session, attach_refusals) {
     sess_open_info_t info;
     cr_assert_eq(sess_open(t.sm, "unit", 0, 0, NULL, true, "t", &info, err, sizeof err), 0, "%s", err);
     struct { uint64_t sid, nonce; uint32_t want; } cases[] = {
-        { info.sid, info.nonce ^ 1, RP_PERMISSION_DENIED },
-        { info.sid ^ 1, info.nonce, RP_NOT_FOUND },
+        { info.sid, info.nonce ^ 1, STATUS_PERMISSION_DENIED },
+        { info.sid ^ 1, info.nonce, STATUS_NOT_FOUND },
     };
     for (size_t i = 0; i < 2; i++) {
         int fd;
@@ -275,12 +315,12 @@ Test(session, attach_refusals) {
     rp_attach_reply_t r;
     size_t len;
     cr_assert_eq(shm_recv_fds(fd, &r, sizeof r, &len, NULL, 0, 5000, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(r.status, RP_INVALID_ARGUMENT);
+    cr_assert_eq(r.status, STATUS_INVALID_ARGUMENT);
     close(fd);
     /* the session can still attach normally through the library */
     oc_client_t *c = client(&t, "unit", 0, 0, 0);
     cr_assert(oc_is_shared(c));
-    cr_assert_eq(oc_nop(c), OC_OK, "%s", oc_last_error());
+    cr_assert_eq(oc_nop(c), STATUS_OK, "%s", oc_last_error());
     oc_close(c, false);
     uint64_t freed;
     cr_assert_eq(sess_close(t.sm, info.sid, false, &freed, err, sizeof err), 0, "%s", err);
@@ -296,17 +336,17 @@ Test(session, limits) {
     cr_assert_eq(sess_open(t.sm, "unit", 0, 0, NULL, false, NULL, &a, err, sizeof err), 0, "%s", err);
     cr_assert_eq(a.quota, 0u, "no --default-quota: 0 (the ceiling applies to requests)");
     cr_assert_eq(sess_open(t.sm, "unit", 0, (1 << 20) + 1, NULL, false, NULL, &b, err, sizeof err),
-                 RP_RESOURCE_EXHAUSTED);
+                 STATUS_RESOURCE_EXHAUSTED);
     cr_assert(strstr(err, "quota") != NULL, "%s", err);
     cr_assert_eq(sess_open(t.sm, "unit", 1, 1 << 20, NULL, false, NULL, &b, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(sess_open(t.sm, "unit", 2, 0, NULL, false, NULL, &c, err, sizeof err), RP_RESOURCE_EXHAUSTED);
+    cr_assert_eq(sess_open(t.sm, "unit", 2, 0, NULL, false, NULL, &c, err, sizeof err), STATUS_RESOURCE_EXHAUSTED);
     cr_assert(strstr(err, "too many sessions") != NULL, "%s", err);
-    cr_assert_eq(sess_open(t.sm, "bad name", 2, 0, NULL, false, NULL, &c, err, sizeof err), RP_INVALID_ARGUMENT);
+    cr_assert_eq(sess_open(t.sm, "bad name", 2, 0, NULL, false, NULL, &c, err, sizeof err), STATUS_INVALID_ARGUMENT);
     cr_assert(sess_token_ok(t.sm, "anything"), "no token configured");
     double lease;
     cr_assert_eq(sess_heartbeat(t.sm, a.sid, &lease, NULL, NULL, err, sizeof err), 0, "%s", err);
     cr_assert_float_eq(lease, 30.0, 1e-9);
-    cr_assert_eq(sess_heartbeat(t.sm, 12345, NULL, NULL, NULL, err, sizeof err), RP_NOT_FOUND);
+    cr_assert_eq(sess_heartbeat(t.sm, 12345, NULL, NULL, NULL, err, sizeof err), STATUS_NOT_FOUND);
     svc_stop(&t);
 }
 
@@ -317,8 +357,8 @@ Test(session, service_gone) {
     o.job = "unit";
     o.timeout_s = 2;
     oc_client_t *c = NULL;
-    oc_status_t st = oc_open(&o, &c);
-    cr_assert_eq(st, OC_UNAVAILABLE, "%s", oc_last_error());
+    status_t st = oc_open(&o, &c);
+    cr_assert_eq(st, STATUS_UNAVAILABLE, "%s", oc_last_error());
     cr_assert(strstr(oc_last_error(), "/tmp/ballast-no-such-dir/none.sock") != NULL, "%s", oc_last_error());
     cr_assert(strstr(oc_last_error(), "start it") != NULL, "%s", oc_last_error());
 }

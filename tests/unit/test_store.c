@@ -96,17 +96,17 @@ static store_key_t key_of(uint64_t job, uint32_t rank, uint64_t index) {
     return (store_key_t){ .job_id = job, .rank = rank, .kind = STORE_KIND_ACTIVATION, .index = index, .step = 7 };
 }
 
-static store_status_t put_gen(store_t *s, uint64_t sid, const store_key_t *k, uint64_t seed, uint64_t len,
-                              uint32_t flags) {
+static status_t put_gen(store_t *s, uint64_t sid, const store_key_t *k, uint64_t seed, uint64_t len,
+                        uint32_t flags) {
     pool_region_t r;
     char err[STORE_ERR_LEN];
-    store_status_t st = store_put_alloc(s, sid, k, len, flags, &r, err, sizeof err);
-    if (st != STORE_OK) return st;
+    status_t st = store_put_alloc(s, sid, k, len, flags, &r, err, sizeof err);
+    if (st != STATUS_OK) return st;
     cr_assert(store_session_holds(s, sid, k, r.seg, r.off, len), "writer does not hold its region");
     gen(seed, pool_ptr(store_pool(s), &r), len);
     store_crc_t crc = { 0xdeadbeef, true };
     st = store_put_commit(s, sid, k, &crc, err, sizeof err);
-    cr_assert_eq(st, STORE_OK, "commit: %.200s", err);
+    cr_assert_eq(st, STATUS_OK, "commit: %.200s", err);
     /* Persistent blobs have their crc at commit; others get it when first spilled. */
     if (flags & STORE_F_PERSISTENT) {
         cr_assert(crc.known, "persistent commit reported no crc");
@@ -119,13 +119,13 @@ static store_status_t put_gen(store_t *s, uint64_t sid, const store_key_t *k, ui
 }
 
 /* get + verify every byte + get_done. */
-static store_status_t get_check(store_t *s, uint64_t sid, const store_key_t *k, uint64_t seed, uint64_t len,
-                                bool check_crc) {
+static status_t get_check(store_t *s, uint64_t sid, const store_key_t *k, uint64_t seed, uint64_t len,
+                          bool check_crc) {
     pool_region_t r;
     store_blob_info_t info;
     char err[STORE_ERR_LEN];
-    store_status_t st = store_get(s, sid, k, &r, &info, err, sizeof err);
-    if (st != STORE_OK) return st;
+    status_t st = store_get(s, sid, k, &r, &info, err, sizeof err);
+    if (st != STATUS_OK) return st;
     cr_assert_eq(info.length, len);
     cr_assert(info.tier & STORE_TIER_POOL);
     const uint8_t *p = pool_ptr(store_pool(s), &r);
@@ -137,7 +137,7 @@ static store_status_t get_check(store_t *s, uint64_t sid, const store_key_t *k, 
     if (info.crc_known) cr_assert_eq(info.crc32c, ref_crc32c(p, len));
     else cr_assert_eq(info.crc32c, 0);
     cr_assert(store_session_holds(s, sid, k, r.seg, r.off, len));
-    cr_assert_eq(store_get_done(s, sid, k), STORE_OK);
+    cr_assert_eq(store_get_done(s, sid, k), STATUS_OK);
     return st;
 }
 
@@ -172,15 +172,15 @@ static void *worker_main(void *arg) {
             live_t l = { .k = key_of(w->job, w->rank, next_index++), .seed = xs(&rs), .len = len };
             l.k.kind = (uint32_t)(1 + xs(&rs) % 4);
             pool_region_t r;
-            store_status_t st = store_put_alloc(w->s, w->sid, &l.k, len, 0, &r, err, sizeof err);
-            if (st != STORE_OK) {
-                snprintf(w->msg, sizeof w->msg, "put_alloc: %s: %.200s", store_status_name(st), err);
+            status_t st = store_put_alloc(w->s, w->sid, &l.k, len, 0, &r, err, sizeof err);
+            if (st != STATUS_OK) {
+                snprintf(w->msg, sizeof w->msg, "put_alloc: %s: %.200s", status_word(st), err);
                 w->failures++;
                 break;
             }
             gen(l.seed, pool_ptr(store_pool(w->s), &r), len);
             st = store_put_commit(w->s, w->sid, &l.k, NULL, err, sizeof err);
-            if (st != STORE_OK) { snprintf(w->msg, sizeof w->msg, "commit: %.200s", err); w->failures++; break; }
+            if (st != STATUS_OK) { snprintf(w->msg, sizeof w->msg, "commit: %.200s", err); w->failures++; break; }
             live[n++] = l;
             put_bytes += len;
             w->put_b += len;
@@ -189,8 +189,8 @@ static void *worker_main(void *arg) {
             live_t *l = &live[xs(&rs) % (uint64_t)n];
             pool_region_t r;
             store_blob_info_t info;
-            store_status_t st = store_get(w->s, w->sid, &l->k, &r, &info, err, sizeof err);
-            if (st != STORE_OK) { snprintf(w->msg, sizeof w->msg, "get: %s: %.200s", store_status_name(st), err); w->failures++; break; }
+            status_t st = store_get(w->s, w->sid, &l->k, &r, &info, err, sizeof err);
+            if (st != STATUS_OK) { snprintf(w->msg, sizeof w->msg, "get: %s: %.200s", status_word(st), err); w->failures++; break; }
             const uint8_t *p = pool_ptr(store_pool(w->s), &r);
             if (info.length != l->len || !check_bytes(l->seed, p, l->len)) {
                 snprintf(w->msg, sizeof w->msg, "blob %llu: wrong bytes on get", (unsigned long long)l->k.index);
@@ -217,11 +217,11 @@ static void *worker_main(void *arg) {
             w->verified++;
         } else if (dice < 85) {
             live_t *l = &live[xs(&rs) % (uint64_t)n];
-            if (store_prefetch(w->s, &l->k) != STORE_OK) { snprintf(w->msg, sizeof w->msg, "prefetch failed"); w->failures++; break; }
+            if (store_prefetch(w->s, &l->k) != STATUS_OK) { snprintf(w->msg, sizeof w->msg, "prefetch failed"); w->failures++; break; }
             w->prefetches++;
         } else {
             int i = (int)(xs(&rs) % (uint64_t)n);
-            if (store_free(w->s, w->sid, &live[i].k) != STORE_OK) { snprintf(w->msg, sizeof w->msg, "free failed"); w->failures++; break; }
+            if (store_free(w->s, w->sid, &live[i].k) != STATUS_OK) { snprintf(w->msg, sizeof w->msg, "free failed"); w->failures++; break; }
             live[i] = live[--n];
             w->frees++;
         }
@@ -230,10 +230,10 @@ static void *worker_main(void *arg) {
     for (int i = 0; i < n && !w->failures; i++) {
         void *data;
         uint64_t len;
-        store_status_t st = store_get_copy(w->s, w->sid, &live[i].k, &data, &len, err, sizeof err);
-        if (st != STORE_OK || len != live[i].len || !check_bytes(live[i].seed, data, len)) {
+        status_t st = store_get_copy(w->s, w->sid, &live[i].k, &data, &len, err, sizeof err);
+        if (st != STATUS_OK || len != live[i].len || !check_bytes(live[i].seed, data, len)) {
             snprintf(w->msg, sizeof w->msg, "final check of blob %llu: %s %.200s", (unsigned long long)live[i].k.index,
-                     store_status_name(st), err);
+                     status_word(st), err);
             w->failures++;
         } else {
             w->verified++;
@@ -252,14 +252,14 @@ Test(store, concurrent_random_traffic_through_a_small_pool, .timeout = 60) {
     store_t *s = open_store(&c);
     uint64_t job;
     char err[STORE_ERR_LEN];
-    cr_assert_eq(store_job_id(s, "concurrent-test", &job, err, sizeof err), STORE_OK, "%s", err);
+    cr_assert_eq(store_job_id(s, "concurrent-test", &job, err, sizeof err), STATUS_OK, "%s", err);
     enum { T = 4 };
     worker_t w[T];
     pthread_t th[T];
     for (int i = 0; i < T; i++) {
         w[i] = (worker_t){ .s = s, .sid = 100 + (uint64_t)i, .job = job, .rank = (uint32_t)i,
                            .seed = 0xabc0001ull * (uint64_t)(i + 3), .budget = 16u << 20 };
-        cr_assert_eq(store_session_open(s, w[i].sid, 0), STORE_OK);
+        cr_assert_eq(store_session_open(s, w[i].sid, 0), STATUS_OK);
     }
     for (int i = 0; i < T; i++) pthread_create(&th[i], NULL, worker_main, &w[i]);
     for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
@@ -291,7 +291,7 @@ Test(store, concurrent_random_traffic_through_a_small_pool, .timeout = 60) {
     /* Per-session accounting adds up to the index. */
     store_session_stats_t *ss;
     size_t ns;
-    cr_assert_eq(store_sessions(s, &ss, &ns), STORE_OK);
+    cr_assert_eq(store_sessions(s, &ss, &ns), STATUS_OK);
     cr_assert_eq(ns, T);
     uint64_t blobs = 0;
     for (size_t i = 0; i < ns; i++) {
@@ -318,28 +318,28 @@ Test(store, quota_is_per_session) {
     make_dir();
     store_config_t c = small_cfg(8u << 20, true);
     store_t *s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 1, 1u << 20), STORE_OK);
-    cr_assert_eq(store_session_open(s, 2, 0), STORE_OK);
-    cr_assert_eq(store_session_open(s, 2, 0), STORE_EXISTS);
+    cr_assert_eq(store_session_open(s, 1, 1u << 20), STATUS_OK);
+    cr_assert_eq(store_session_open(s, 2, 0), STATUS_OK);
+    cr_assert_eq(store_session_open(s, 2, 0), STATUS_ALREADY_EXISTS);
     store_key_t a = key_of(5, 0, 1), b = key_of(5, 0, 2), c2 = key_of(5, 1, 3);
-    cr_assert_eq(put_gen(s, 1, &a, 11, 600000, 0), STORE_OK);
+    cr_assert_eq(put_gen(s, 1, &a, 11, 600000, 0), STATUS_OK);
     store_session_stats_t ss;
-    cr_assert_eq(store_session_stats(s, 1, &ss), STORE_OK);
+    cr_assert_eq(store_session_stats(s, 1, &ss), STATUS_OK);
     cr_assert_eq(ss.used_bytes, 602112, "charge is the 4 KiB-rounded length"); /* 147 pages */
     pool_region_t r;
     char err[STORE_ERR_LEN];
-    cr_assert_eq(store_put_alloc(s, 1, &b, 600000, 0, &r, err, sizeof err), STORE_QUOTA);
+    cr_assert_eq(store_put_alloc(s, 1, &b, 600000, 0, &r, err, sizeof err), STATUS_QUOTA_EXCEEDED);
     cr_assert(strstr(err, "quota") != NULL, "%s", err);
-    cr_assert_eq(store_info(s, &b, &(store_blob_info_t){ 0 }), STORE_NOT_FOUND, "a refused put left a key");
+    cr_assert_eq(store_info(s, &b, &(store_blob_info_t){ 0 }), STATUS_NOT_FOUND, "a refused put left a key");
     /* The other session is not affected. */
-    cr_assert_eq(put_gen(s, 2, &c2, 12, 3u << 20, 0), STORE_OK);
+    cr_assert_eq(put_gen(s, 2, &c2, 12, 3u << 20, 0), STATUS_OK);
     /* Freeing makes room again. */
-    cr_assert_eq(store_free(s, 1, &a), STORE_OK);
-    cr_assert_eq(store_session_stats(s, 1, &ss), STORE_OK);
+    cr_assert_eq(store_free(s, 1, &a), STATUS_OK);
+    cr_assert_eq(store_session_stats(s, 1, &ss), STATUS_OK);
     cr_assert_eq(ss.used_bytes, 0);
-    cr_assert_eq(put_gen(s, 1, &b, 13, 600000, 0), STORE_OK);
-    cr_assert_eq(get_check(s, 2, &b, 13, 600000, false), STORE_OK); /* never spilled: crc unknown */
-    cr_assert_eq(store_status_grpc(STORE_QUOTA), 8, "quota must map to RESOURCE_EXHAUSTED");
+    cr_assert_eq(put_gen(s, 1, &b, 13, 600000, 0), STATUS_OK);
+    cr_assert_eq(get_check(s, 2, &b, 13, 600000, false), STATUS_OK); /* never spilled: crc unknown */
+    cr_assert_eq(status_to_grpc(STATUS_QUOTA_EXCEEDED), 8, "quota must map to RESOURCE_EXHAUSTED");
     store_close(s);
     remove_dir();
 }
@@ -350,18 +350,18 @@ Test(store, pinned_blobs_are_never_evicted) {
     make_dir();
     store_config_t c = small_cfg(4u << 20, true);
     store_t *s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 1, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     store_key_t a = key_of(9, 0, 1000);
-    cr_assert_eq(put_gen(s, 1, &a, 77, 1u << 20, 0), STORE_OK);
+    cr_assert_eq(put_gen(s, 1, &a, 77, 1u << 20, 0), STATUS_OK);
     pool_region_t ra;
     char err[STORE_ERR_LEN];
-    cr_assert_eq(store_get(s, 1, &a, &ra, NULL, err, sizeof err), STORE_OK, "%s", err);
+    cr_assert_eq(store_get(s, 1, &a, &ra, NULL, err, sizeof err), STATUS_OK, "%s", err);
     /* 24 MiB more through a 4 MiB pool. */
     for (int i = 0; i < 48; i++) {
         store_key_t k = key_of(9, 0, (uint64_t)i);
-        cr_assert_eq(put_gen(s, 1, &k, 1000 + (uint64_t)i, 512u << 10, 0), STORE_OK);
+        cr_assert_eq(put_gen(s, 1, &k, 1000 + (uint64_t)i, 512u << 10, 0), STATUS_OK);
         store_blob_info_t info;
-        cr_assert_eq(store_info(s, &a, &info), STORE_OK);
+        cr_assert_eq(store_info(s, &a, &info), STATUS_OK);
         cr_assert(info.tier & STORE_TIER_POOL, "pinned blob left the pool at put %d", i);
         cr_assert_eq(info.region.off, ra.off);
     }
@@ -374,27 +374,27 @@ Test(store, pinned_blobs_are_never_evicted) {
     int pinned = 0;
     for (int i = 0; i < 48; i++) {
         store_key_t k = key_of(9, 0, (uint64_t)i);
-        if (store_pin(s, 1, &k, err, sizeof err) == STORE_OK) pinned++;
+        if (store_pin(s, 1, &k, err, sizeof err) == STATUS_OK) pinned++;
         else break;
     }
     cr_assert_geq(pinned, 5);
     store_key_t x = key_of(9, 0, 5000);
     pool_region_t rx;
-    store_status_t stx = store_put_alloc(s, 1, &x, 1u << 20, 0, &rx, err, sizeof err);
-    cr_assert_eq(stx, STORE_NO_SPACE, "got %s", store_status_name(stx));
+    status_t stx = store_put_alloc(s, 1, &x, 1u << 20, 0, &rx, err, sizeof err);
+    cr_assert_eq(stx, STATUS_NO_SPACE, "got %s", status_word(stx));
     cr_assert(strstr(err, "pinned") != NULL, "%s", err);
     for (int i = 0; i < pinned; i++) {
         store_key_t k = key_of(9, 0, (uint64_t)i);
-        cr_assert_eq(store_unpin(s, 1, &k), STORE_OK);
+        cr_assert_eq(store_unpin(s, 1, &k), STATUS_OK);
     }
-    cr_assert_eq(store_unpin(s, 1, &x), STORE_NOT_HELD);
-    cr_assert_eq(put_gen(s, 1, &x, 5, 1u << 20, 0), STORE_OK);
-    cr_assert_eq(store_get_done(s, 1, &a), STORE_OK);
-    cr_assert_eq(store_get_done(s, 1, &a), STORE_NOT_HELD, "a pin was dropped twice");
+    cr_assert_eq(store_unpin(s, 1, &x), STATUS_NOT_HELD);
+    cr_assert_eq(put_gen(s, 1, &x, 5, 1u << 20, 0), STATUS_OK);
+    cr_assert_eq(store_get_done(s, 1, &a), STATUS_OK);
+    cr_assert_eq(store_get_done(s, 1, &a), STATUS_NOT_HELD, "a pin was dropped twice");
     /* Every blob still reads back. */
     for (int i = 0; i < 48; i++) {
         store_key_t k = key_of(9, 0, (uint64_t)i);
-        cr_assert_eq(get_check(s, 1, &k, 1000 + (uint64_t)i, 512u << 10, i % 8 == 0), STORE_OK);
+        cr_assert_eq(get_check(s, 1, &k, 1000 + (uint64_t)i, 512u << 10, i % 8 == 0), STATUS_OK);
     }
     store_close(s);
     remove_dir();
@@ -423,34 +423,34 @@ Test(store, crc_known_at_commit_for_persistent_at_first_spill_otherwise) {
     make_dir();
     store_config_t c = small_cfg(2u << 20, true);
     store_t *s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 1, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     const uint64_t vlen = 300001, plen = 123457;
     uint8_t *want = malloc(vlen);
     cr_assert_not_null(want);
     store_key_t v = key_of(4, 0, 500), pk = key_of(4, 0, 501);
-    cr_assert_eq(put_gen(s, 1, &v, 777, vlen, 0), STORE_OK);
-    cr_assert_eq(put_gen(s, 1, &pk, 778, plen, STORE_F_PERSISTENT), STORE_OK);
+    cr_assert_eq(put_gen(s, 1, &v, 777, vlen, 0), STATUS_OK);
+    cr_assert_eq(put_gen(s, 1, &pk, 778, plen, STORE_F_PERSISTENT), STATUS_OK);
     store_blob_info_t info;
-    cr_assert_eq(store_info(s, &v, &info), STORE_OK);
+    cr_assert_eq(store_info(s, &v, &info), STATUS_OK);
     cr_assert(info.tier == STORE_TIER_POOL && !info.crc_known && info.crc32c == 0,
               "fresh non-persistent blob: tier %d, crc_known %d, crc %08x", info.tier, info.crc_known, info.crc32c);
     gen(778, want, plen);
-    cr_assert_eq(store_info(s, &pk, &info), STORE_OK);
+    cr_assert_eq(store_info(s, &pk, &info), STATUS_OK);
     cr_assert(info.crc_known, "persistent blob without a crc after commit");
     cr_assert_eq(info.crc32c, ref_crc32c(want, plen));
     /* Push v out of the 2 MiB pool. */
     for (int i = 0; i < 12; i++) {
         store_key_t k = key_of(4, 0, (uint64_t)i);
-        cr_assert_eq(put_gen(s, 1, &k, 900 + (uint64_t)i, 256u << 10, 0), STORE_OK);
+        cr_assert_eq(put_gen(s, 1, &k, 900 + (uint64_t)i, 256u << 10, 0), STATUS_OK);
     }
     gen(777, want, vlen);
-    cr_assert_eq(store_info(s, &v, &info), STORE_OK);
+    cr_assert_eq(store_info(s, &v, &info), STATUS_OK);
     cr_assert_eq(info.tier, STORE_TIER_NVME, "blob not spilled (tier %d)", info.tier);
     cr_assert(info.crc_known, "spilled blob without a crc");
     cr_assert_eq(info.crc32c, ref_crc32c(want, vlen));
     /* Read back (checked against that crc), still known and right. */
-    cr_assert_eq(get_check(s, 1, &v, 777, vlen, true), STORE_OK);
-    cr_assert_eq(store_info(s, &v, &info), STORE_OK);
+    cr_assert_eq(get_check(s, 1, &v, 777, vlen, true), STATUS_OK);
+    cr_assert_eq(store_info(s, &v, &info), STATUS_OK);
     cr_assert(info.crc_known && (info.tier & STORE_TIER_POOL));
     cr_assert_eq(info.crc32c, ref_crc32c(want, vlen));
     /* The listing (ListKeys) reports the same: v and pk known, a blob still
@@ -458,7 +458,7 @@ Test(store, crc_known_at_commit_for_persistent_at_first_spill_otherwise) {
     store_blob_info_t *list = NULL;
     size_t n = 0;
     store_filter_t f = { .job_id = 4, .rank = -1 };
-    cr_assert_eq(store_list(s, &f, &list, &n), STORE_OK);
+    cr_assert_eq(store_list(s, &f, &list, &n), STATUS_OK);
     int seen = 0, unknown = 0;
     for (size_t i = 0; i < n; i++) {
         if (list[i].key.index == 500 || list[i].key.index == 501) {
@@ -483,36 +483,36 @@ Test(store, corrupt_spill_file_gives_data_loss_not_data) {
     make_dir();
     store_config_t c = small_cfg(2u << 20, true);
     store_t *s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 1, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     store_key_t v = key_of(3, 0, 999);
-    cr_assert_eq(put_gen(s, 1, &v, 4242, 300000, 0), STORE_OK);
+    cr_assert_eq(put_gen(s, 1, &v, 4242, 300000, 0), STATUS_OK);
     for (int i = 0; i < 12; i++) {
         store_key_t k = key_of(3, 0, (uint64_t)i);
-        cr_assert_eq(put_gen(s, 1, &k, (uint64_t)i + 1, 256u << 10, 0), STORE_OK);
+        cr_assert_eq(put_gen(s, 1, &k, (uint64_t)i + 1, 256u << 10, 0), STATUS_OK);
     }
     store_blob_info_t info;
-    cr_assert_eq(store_info(s, &v, &info), STORE_OK);
+    cr_assert_eq(store_info(s, &v, &info), STATUS_OK);
     cr_assert_eq(info.tier, STORE_TIER_NVME, "victim not spilled (tier %d)", info.tier);
     cr_assert(info.crc_known, "spilled blob without a crc");
     corrupt_at(info.nvme_off, c.spill_file_bytes, 123457);
     pool_region_t r = { .seg = 77, .off = 77, .len = 77 };
     char err[STORE_ERR_LEN] = "";
-    cr_assert_eq(store_get(s, 1, &v, &r, NULL, err, sizeof err), STORE_DATA_LOSS);
+    cr_assert_eq(store_get(s, 1, &v, &r, NULL, err, sizeof err), STATUS_DATA_LOSS);
     cr_assert_eq(r.seg, 77, "a region was handed out for corrupt data");
     cr_assert(strstr(err, "crc32c") != NULL, "%s", err);
     void *data = (void *)1;
     uint64_t len = 1;
-    cr_assert_eq(store_get_copy(s, 1, &v, &data, &len, err, sizeof err), STORE_DATA_LOSS);
+    cr_assert_eq(store_get_copy(s, 1, &v, &data, &len, err, sizeof err), STATUS_DATA_LOSS);
     cr_assert_null(data);
     cr_assert_eq(len, 0);
     store_stats_t st;
     store_stats(s, &st);
     cr_assert_eq(st.crc_errors, 2);
-    cr_assert_eq(store_status_grpc(STORE_DATA_LOSS), 15);
+    cr_assert_eq(status_to_grpc(STATUS_DATA_LOSS), 15);
     /* The other blobs are fine. */
     for (int i = 0; i < 12; i++) {
         store_key_t k = key_of(3, 0, (uint64_t)i);
-        cr_assert_eq(get_check(s, 1, &k, (uint64_t)i + 1, 256u << 10, false), STORE_OK);
+        cr_assert_eq(get_check(s, 1, &k, (uint64_t)i + 1, 256u << 10, false), STATUS_OK);
     }
     store_close(s);
     remove_dir();
@@ -526,12 +526,12 @@ Test(store, reopen_serves_persistent_blobs_only) {
     store_t *s = open_store(&c);
     char err[STORE_ERR_LEN];
     uint64_t job, job2;
-    cr_assert_eq(store_job_id(s, "llama-7b.run_3", &job, err, sizeof err), STORE_OK);
-    cr_assert_eq(store_job_id(s, "bad name!", &job2, err, sizeof err), STORE_INVALID);
+    cr_assert_eq(store_job_id(s, "llama-7b.run_3", &job, err, sizeof err), STATUS_OK);
+    cr_assert_eq(store_job_id(s, "bad name!", &job2, err, sizeof err), STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(err, "job name") != NULL, "%s", err);
-    cr_assert_eq(store_job_id(s, "other-job", &job2, err, sizeof err), STORE_OK);
+    cr_assert_eq(store_job_id(s, "other-job", &job2, err, sizeof err), STATUS_OK);
     cr_assert_neq(job, job2);
-    cr_assert_eq(store_session_open(s, 1, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     uint64_t seed = 0x5151;
     enum { N = 12 };
     uint64_t len[N];
@@ -539,17 +539,17 @@ Test(store, reopen_serves_persistent_blobs_only) {
         len[i] = 1 + xs(&seed) % (700u << 10);
         store_key_t k = key_of(i < 9 ? job : job2, (uint32_t)i % 3, (uint64_t)i);
         k.kind = STORE_KIND_OPTIMIZER_STATE;
-        cr_assert_eq(put_gen(s, 1, &k, 900 + (uint64_t)i, len[i], i % 2 ? 0 : STORE_F_PERSISTENT), STORE_OK);
+        cr_assert_eq(put_gen(s, 1, &k, 900 + (uint64_t)i, len[i], i % 2 ? 0 : STORE_F_PERSISTENT), STATUS_OK);
     }
     /* One persistent blob freed and one replaced before the restart. */
     store_key_t k0 = key_of(job, 0, 0);
     k0.kind = STORE_KIND_OPTIMIZER_STATE;
-    cr_assert_eq(store_free(s, 1, &k0), STORE_OK);
+    cr_assert_eq(store_free(s, 1, &k0), STATUS_OK);
     store_key_t k2 = key_of(job, 2, 2);
     k2.kind = STORE_KIND_OPTIMIZER_STATE;
-    cr_assert_eq(put_gen(s, 1, &k2, 900 + 2, len[2], STORE_F_PERSISTENT), STORE_EXISTS);
+    cr_assert_eq(put_gen(s, 1, &k2, 900 + 2, len[2], STORE_F_PERSISTENT), STATUS_ALREADY_EXISTS);
     len[2] = 5000;
-    cr_assert_eq(put_gen(s, 1, &k2, 12345, len[2], STORE_F_PERSISTENT | STORE_F_REPLACE), STORE_OK);
+    cr_assert_eq(put_gen(s, 1, &k2, 12345, len[2], STORE_F_PERSISTENT | STORE_F_REPLACE), STATUS_OK);
     store_stats_t st;
     store_stats(s, &st);
     cr_assert_eq(st.persistent_blobs, N / 2 - 1);
@@ -560,29 +560,29 @@ Test(store, reopen_serves_persistent_blobs_only) {
     cr_assert_eq(store_drain(s, err, sizeof err), 0, "%s", err);
     pool_region_t rr;
     store_key_t late = key_of(job, 0, 77);
-    cr_assert_eq(store_put_alloc(s, 1, &late, 100, 0, &rr, err, sizeof err), STORE_UNAVAILABLE);
+    cr_assert_eq(store_put_alloc(s, 1, &late, 100, 0, &rr, err, sizeof err), STATUS_UNAVAILABLE);
     store_close(s);
 
     s = open_store(&c);
     uint64_t again;
-    cr_assert_eq(store_job_id(s, "llama-7b.run_3", &again, err, sizeof err), STORE_OK);
+    cr_assert_eq(store_job_id(s, "llama-7b.run_3", &again, err, sizeof err), STATUS_OK);
     cr_assert_eq(again, job, "job id changed across a restart");
-    char name[STORE_JOB_NAME_MAX + 1];
+    char name[JOB_NAME_MAX + 1];
     cr_assert(store_job_name(s, job2, name));
     cr_assert_str_eq(name, "other-job");
-    cr_assert_eq(store_session_open(s, 2, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 2, 0), STATUS_OK);
     for (int i = 0; i < N; i++) {
         store_key_t k = key_of(i < 9 ? job : job2, (uint32_t)i % 3, (uint64_t)i);
         k.kind = STORE_KIND_OPTIMIZER_STATE;
         uint64_t sd = i == 2 ? 12345 : 900 + (uint64_t)i;
-        store_status_t got = get_check(s, 2, &k, sd, len[i], true);
-        if (i % 2 == 1 || i == 0) cr_assert_eq(got, STORE_NOT_FOUND, "blob %d: got %s", i, store_status_name(got));
-        else cr_assert_eq(got, STORE_OK, "persistent blob %d: %s", i, store_status_name(got));
+        status_t got = get_check(s, 2, &k, sd, len[i], true);
+        if (i % 2 == 1 || i == 0) cr_assert_eq(got, STATUS_NOT_FOUND, "blob %d: got %s", i, status_word(got));
+        else cr_assert_eq(got, STATUS_OK, "persistent blob %d: %s", i, status_word(got));
     }
     store_blob_info_t *list;
     size_t n;
     store_filter_t f = { .job_id = job, .rank = -1 };
-    cr_assert_eq(store_list(s, &f, &list, &n), STORE_OK);
+    cr_assert_eq(store_list(s, &f, &list, &n), STATUS_OK);
     cr_assert_eq(n, 4); /* persistent: indexes 0,2,4,6,8 of job 1, 0 freed */
     for (size_t i = 1; i < n; i++) cr_assert_lt(list[i - 1].key.rank * 100 + list[i - 1].key.index,
                                                 list[i].key.rank * 100 + list[i].key.index, "not sorted");
@@ -592,7 +592,7 @@ Test(store, reopen_serves_persistent_blobs_only) {
     }
     free(list);
     f.rank = 2;
-    cr_assert_eq(store_list(s, &f, &list, &n), STORE_OK);
+    cr_assert_eq(store_list(s, &f, &list, &n), STATUS_OK);
     cr_assert_eq(n, 2); /* indexes 2 and 8 */
     free(list);
 
@@ -601,18 +601,18 @@ Test(store, reopen_serves_persistent_blobs_only) {
     store_key_t k4 = key_of(job, 1, 4);
     k4.kind = STORE_KIND_OPTIMIZER_STATE;
     store_blob_info_t info;
-    cr_assert_eq(store_info(s, &k4, &info), STORE_OK);
+    cr_assert_eq(store_info(s, &k4, &info), STATUS_OK);
     uint64_t off4 = info.nvme_off;
     cr_assert_eq(store_release_job(s, job2), 1);
     store_close(s);
     corrupt_at(off4, c.spill_file_bytes, len[4] / 2);
     s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 3, 0), STORE_OK);
-    cr_assert_eq(get_check(s, 3, &k4, 904, len[4], false), STORE_DATA_LOSS);
-    cr_assert_eq(get_check(s, 3, &k2, 12345, len[2], true), STORE_OK);
+    cr_assert_eq(store_session_open(s, 3, 0), STATUS_OK);
+    cr_assert_eq(get_check(s, 3, &k4, 904, len[4], false), STATUS_DATA_LOSS);
+    cr_assert_eq(get_check(s, 3, &k2, 12345, len[2], true), STATUS_OK);
     store_key_t k10 = key_of(job2, 1, 10);
     k10.kind = STORE_KIND_OPTIMIZER_STATE;
-    cr_assert_eq(get_check(s, 3, &k10, 910, len[10], false), STORE_NOT_FOUND, "released blob came back");
+    cr_assert_eq(get_check(s, 3, &k10, 910, len[10], false), STATUS_NOT_FOUND, "released blob came back");
     store_stats(s, &st);
     cr_assert_eq(st.persistent_blobs, 4);
     store_close(s);
@@ -625,30 +625,30 @@ Test(store, drop_session_frees_its_blobs_and_pins) {
     make_dir();
     store_config_t c = small_cfg(4u << 20, true);
     store_t *s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 1, 0), STORE_OK);
-    cr_assert_eq(store_session_open(s, 2, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
+    cr_assert_eq(store_session_open(s, 2, 0), STATUS_OK);
     store_key_t a = key_of(1, 0, 1), b = key_of(1, 0, 2), p = key_of(1, 0, 3), d = key_of(1, 1, 4);
-    cr_assert_eq(put_gen(s, 1, &a, 1, 100000, 0), STORE_OK);
-    cr_assert_eq(put_gen(s, 1, &b, 2, 200000, 0), STORE_OK);
-    cr_assert_eq(put_gen(s, 1, &p, 3, 300000, STORE_F_PERSISTENT), STORE_OK);
-    cr_assert_eq(put_gen(s, 2, &d, 4, 400000, 0), STORE_OK);
+    cr_assert_eq(put_gen(s, 1, &a, 1, 100000, 0), STATUS_OK);
+    cr_assert_eq(put_gen(s, 1, &b, 2, 200000, 0), STATUS_OK);
+    cr_assert_eq(put_gen(s, 1, &p, 3, 300000, STORE_F_PERSISTENT), STATUS_OK);
+    cr_assert_eq(put_gen(s, 2, &d, 4, 400000, 0), STATUS_OK);
     /* Session 1 holds a pin on session 2's blob and has a put in flight;
      * session 2 holds a pin on session 1's blob a. */
     char err[STORE_ERR_LEN];
     pool_region_t r, ra;
-    cr_assert_eq(store_get(s, 1, &d, &r, NULL, err, sizeof err), STORE_OK);
+    cr_assert_eq(store_get(s, 1, &d, &r, NULL, err, sizeof err), STATUS_OK);
     store_key_t half = key_of(1, 0, 9);
-    cr_assert_eq(store_put_alloc(s, 1, &half, 50000, 0, &r, err, sizeof err), STORE_OK);
-    cr_assert_eq(store_free(s, 2, &half), STORE_BUSY, "another session freed an uncommitted put");
-    cr_assert_eq(store_get(s, 2, &a, &ra, NULL, err, sizeof err), STORE_OK);
+    cr_assert_eq(store_put_alloc(s, 1, &half, 50000, 0, &r, err, sizeof err), STATUS_OK);
+    cr_assert_eq(store_free(s, 2, &half), STATUS_BUSY, "another session freed an uncommitted put");
+    cr_assert_eq(store_get(s, 2, &a, &ra, NULL, err, sizeof err), STATUS_OK);
     cr_assert_eq(store_drop_session(s, 1), 3); /* a, b and the half-done put */
     cr_assert_eq(store_drop_session(s, 1), -1);
     store_blob_info_t info;
-    cr_assert_eq(store_info(s, &a, &info), STORE_NOT_FOUND);
-    cr_assert_eq(store_info(s, &half, &info), STORE_NOT_FOUND);
-    cr_assert_eq(store_info(s, &p, &info), STORE_OK);
+    cr_assert_eq(store_info(s, &a, &info), STATUS_NOT_FOUND);
+    cr_assert_eq(store_info(s, &half, &info), STATUS_NOT_FOUND);
+    cr_assert_eq(store_info(s, &p, &info), STATUS_OK);
     cr_assert_eq(info.owner, 0, "persistent blob still charged to a dead session");
-    cr_assert_eq(store_info(s, &d, &info), STORE_OK);
+    cr_assert_eq(store_info(s, &d, &info), STATUS_OK);
     cr_assert_eq(info.pins, 0, "the dead session's pin survived");
     /* a is gone from the index but session 2 still reads it until get_done. */
     cr_assert(check_bytes(1, pool_ptr(store_pool(s), &ra), 100000));
@@ -657,12 +657,12 @@ Test(store, drop_session_frees_its_blobs_and_pins) {
     store_stats_t st;
     store_stats(s, &st);
     uint64_t used_before = st.pool.used_bytes;
-    cr_assert_eq(store_get_done(s, 2, &a), STORE_OK);
+    cr_assert_eq(store_get_done(s, 2, &a), STATUS_OK);
     store_stats(s, &st);
     cr_assert_eq(used_before - st.pool.used_bytes, 102400, "a's region not returned after its last pin");
-    cr_assert_eq(get_check(s, 2, &p, 3, 300000, true), STORE_OK);
-    cr_assert_eq(get_check(s, 2, &d, 4, 400000, false), STORE_OK); /* in pool only: crc unknown */
-    cr_assert_eq(store_get(s, 1, &d, &r, NULL, err, sizeof err), STORE_NO_SESSION);
+    cr_assert_eq(get_check(s, 2, &p, 3, 300000, true), STATUS_OK);
+    cr_assert_eq(get_check(s, 2, &d, 4, 400000, false), STATUS_OK); /* in pool only: crc unknown */
+    cr_assert_eq(store_get(s, 1, &d, &r, NULL, err, sizeof err), STATUS_NO_SESSION);
     store_close(s);
     remove_dir();
 }
@@ -671,41 +671,41 @@ Test(store, bad_requests_are_refused_with_reasons) {
     store_config_t c = small_cfg(2u << 20, false);
     c.evict_wait_ms = 50;
     store_t *s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 1, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     char err[STORE_ERR_LEN];
     pool_region_t r;
     store_key_t k = key_of(1, 0, 1);
-    cr_assert_eq(store_put_alloc(s, 1, &k, 0, 0, &r, err, sizeof err), STORE_INVALID);
-    cr_assert_eq(store_put_alloc(s, 1, &k, (2u << 20) + 1, 0, &r, err, sizeof err), STORE_INVALID);
+    cr_assert_eq(store_put_alloc(s, 1, &k, 0, 0, &r, err, sizeof err), STATUS_INVALID_ARGUMENT);
+    cr_assert_eq(store_put_alloc(s, 1, &k, (2u << 20) + 1, 0, &r, err, sizeof err), STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(err, "out of range") != NULL, "%s", err);
-    cr_assert_eq(store_put_alloc(s, 1, &k, 10, STORE_F_PERSISTENT, &r, err, sizeof err), STORE_INVALID);
+    cr_assert_eq(store_put_alloc(s, 1, &k, 10, STORE_F_PERSISTENT, &r, err, sizeof err), STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(err, "--spill-dir") != NULL, "%s", err);
     store_key_t bad = k;
     bad.kind = 9;
-    cr_assert_eq(store_put_alloc(s, 1, &bad, 10, 0, &r, err, sizeof err), STORE_INVALID);
+    cr_assert_eq(store_put_alloc(s, 1, &bad, 10, 0, &r, err, sizeof err), STATUS_INVALID_ARGUMENT);
     cr_assert(strstr(err, "kind") != NULL, "%s", err);
-    cr_assert_eq(store_put_alloc(s, 42, &k, 10, 0, &r, err, sizeof err), STORE_NO_SESSION);
-    cr_assert_eq(store_put_alloc(s, 1, &k, 10, 0, &r, err, sizeof err), STORE_OK);
-    cr_assert_eq(store_put_alloc(s, 1, &k, 10, 0, &r, err, sizeof err), STORE_BUSY);
-    cr_assert_eq(store_get(s, 1, &k, &r, NULL, err, sizeof err), STORE_BUSY, "uncommitted blob readable");
+    cr_assert_eq(store_put_alloc(s, 42, &k, 10, 0, &r, err, sizeof err), STATUS_NO_SESSION);
+    cr_assert_eq(store_put_alloc(s, 1, &k, 10, 0, &r, err, sizeof err), STATUS_OK);
+    cr_assert_eq(store_put_alloc(s, 1, &k, 10, 0, &r, err, sizeof err), STATUS_BUSY);
+    cr_assert_eq(store_get(s, 1, &k, &r, NULL, err, sizeof err), STATUS_BUSY, "uncommitted blob readable");
     cr_assert(!store_session_holds(s, 2, &k, r.seg, r.off, 10), "other session may write the region");
     cr_assert(!store_session_holds(s, 1, &k, r.seg, r.off, r.len + 1), "range past the region accepted");
-    cr_assert_eq(store_session_open(s, 2, 0), STORE_OK);
-    cr_assert_eq(store_put_commit(s, 2, &k, NULL, err, sizeof err), STORE_NOT_HELD);
-    cr_assert_eq(store_put_commit(s, 1, &k, NULL, err, sizeof err), STORE_OK);
-    cr_assert_eq(store_put_commit(s, 1, &k, NULL, err, sizeof err), STORE_BUSY);
+    cr_assert_eq(store_session_open(s, 2, 0), STATUS_OK);
+    cr_assert_eq(store_put_commit(s, 2, &k, NULL, err, sizeof err), STATUS_NOT_HELD);
+    cr_assert_eq(store_put_commit(s, 1, &k, NULL, err, sizeof err), STATUS_OK);
+    cr_assert_eq(store_put_commit(s, 1, &k, NULL, err, sizeof err), STATUS_BUSY);
     cr_assert(!store_session_holds(s, 1, &k, r.seg, r.off, 10), "committed blob still writable");
     /* Without a spill dir a full pool is NO_SPACE right away. */
     store_key_t big = key_of(1, 0, 2);
-    cr_assert_eq(put_gen(s, 1, &big, 5, (2u << 20) - 8192, 0), STORE_OK);
+    cr_assert_eq(put_gen(s, 1, &big, 5, (2u << 20) - 8192, 0), STATUS_OK);
     store_key_t more = key_of(1, 0, 3);
-    cr_assert_eq(store_put_alloc(s, 1, &more, 8192, 0, &r, err, sizeof err), STORE_NO_SPACE);
+    cr_assert_eq(store_put_alloc(s, 1, &more, 8192, 0, &r, err, sizeof err), STATUS_NO_SPACE);
     cr_assert(strstr(err, "--spill-dir") != NULL, "%s", err);
     store_stats_t st;
     store_stats(s, &st);
     cr_assert_str_eq(st.io_backend, "none");
-    cr_assert_eq(store_free(s, 1, &more), STORE_NOT_FOUND);
-    cr_assert_eq(store_put_abort(s, 1, &k), STORE_BUSY);
+    cr_assert_eq(store_free(s, 1, &more), STATUS_NOT_FOUND);
+    cr_assert_eq(store_put_abort(s, 1, &k), STATUS_BUSY);
     store_close(s);
 }
 
@@ -727,17 +727,17 @@ Test(store, kill9_during_persistent_puts_keeps_every_acknowledged_blob, .timeout
         close(pfd[0]);
         store_t *s;
         char err[STORE_ERR_LEN];
-        if (store_open(&s, &c, err, sizeof err) != 0 || store_session_open(s, 1, 0) != STORE_OK) _exit(3);
+        if (store_open(&s, &c, err, sizeof err) != 0 || store_session_open(s, 1, 0) != STATUS_OK) _exit(3);
         for (uint64_t i = 0;; i++) {
             store_key_t k = key_of(44, 0, i);
             pool_region_t r;
-            if (store_put_alloc(s, 1, &k, crash_len(i), STORE_F_PERSISTENT, &r, err, sizeof err) != STORE_OK) _exit(4);
+            if (store_put_alloc(s, 1, &k, crash_len(i), STORE_F_PERSISTENT, &r, err, sizeof err) != STATUS_OK) _exit(4);
             gen(1000 + i, pool_ptr(store_pool(s), &r), crash_len(i));
-            if (store_put_commit(s, 1, &k, NULL, err, sizeof err) != STORE_OK) _exit(5);
+            if (store_put_commit(s, 1, &k, NULL, err, sizeof err) != STATUS_OK) _exit(5);
             if (write(pfd[1], &i, sizeof i) != sizeof i) _exit(6);
             if (i % 3 == 2) { /* frees interleaved: their records must not resurrect or corrupt */
                 store_key_t f = key_of(44, 0, i - 1);
-                if (store_free(s, 1, &f) != STORE_OK) _exit(7);
+                if (store_free(s, 1, &f) != STATUS_OK) _exit(7);
                 uint64_t tag = i - 1 + (1ull << 63);
                 if (write(pfd[1], &tag, sizeof tag) != sizeof tag) _exit(6);
             }
@@ -761,19 +761,19 @@ Test(store, kill9_during_persistent_puts_keeps_every_acknowledged_blob, .timeout
     }
     close(pfd[0]);
     store_t *s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 2, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 2, 0), STATUS_OK);
     int back = 0;
     for (uint64_t i = 0; i <= hi + 3 && i < MAXI; i++) {
         store_key_t k = key_of(44, 0, i);
-        store_status_t st = get_check(s, 2, &k, 1000 + i, crash_len(i), false);
+        status_t st = get_check(s, 2, &k, 1000 + i, crash_len(i), false);
         if (freed[i]) {
-            cr_assert_eq(st, STORE_NOT_FOUND, "blob %llu came back after an acknowledged free", (unsigned long long)i);
+            cr_assert_eq(st, STATUS_NOT_FOUND, "blob %llu came back after an acknowledged free", (unsigned long long)i);
         } else if (acked[i]) {
-            cr_assert_eq(st, STORE_OK, "acknowledged blob %llu: %s", (unsigned long long)i, store_status_name(st));
+            cr_assert_eq(st, STATUS_OK, "acknowledged blob %llu: %s", (unsigned long long)i, status_word(st));
             back++;
         } else {
-            cr_assert(st == STORE_OK || st == STORE_NOT_FOUND, "blob %llu: %s", (unsigned long long)i,
-                      store_status_name(st));
+            cr_assert(st == STATUS_OK || st == STATUS_NOT_FOUND, "blob %llu: %s", (unsigned long long)i,
+                      status_word(st));
         }
     }
     cr_assert_gt(back, 20);
@@ -790,38 +790,38 @@ Test(store, prefetch_brings_a_spilled_blob_back_before_the_get) {
     make_dir();
     store_config_t c = small_cfg(2u << 20, true);
     store_t *s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 1, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     store_key_t v = key_of(8, 0, 100);
-    cr_assert_eq(put_gen(s, 1, &v, 31337, 200000, 0), STORE_OK);
+    cr_assert_eq(put_gen(s, 1, &v, 31337, 200000, 0), STATUS_OK);
     for (int i = 0; i < 8; i++) {
         store_key_t k = key_of(8, 0, (uint64_t)i);
-        cr_assert_eq(put_gen(s, 1, &k, (uint64_t)i, 256u << 10, 0), STORE_OK);
+        cr_assert_eq(put_gen(s, 1, &k, (uint64_t)i, 256u << 10, 0), STATUS_OK);
     }
     store_blob_info_t info;
-    cr_assert_eq(store_info(s, &v, &info), STORE_OK);
+    cr_assert_eq(store_info(s, &v, &info), STATUS_OK);
     cr_assert_eq(info.tier, STORE_TIER_NVME);
     uint64_t first_off = info.nvme_off;
     store_stats_t st0, st1;
     store_stats(s, &st0);
     store_key_t none = key_of(8, 0, 555);
-    cr_assert_eq(store_prefetch(s, &none), STORE_NOT_FOUND);
-    cr_assert_eq(store_prefetch(s, &v), STORE_OK);
+    cr_assert_eq(store_prefetch(s, &none), STATUS_NOT_FOUND);
+    cr_assert_eq(store_prefetch(s, &v), STATUS_OK);
     for (int i = 0; i < 400; i++) {
-        cr_assert_eq(store_info(s, &v, &info), STORE_OK);
+        cr_assert_eq(store_info(s, &v, &info), STATUS_OK);
         if ((info.tier & STORE_TIER_POOL) && info.state == STORE_READY) break;
         usleep(5000);
     }
     cr_assert_eq(info.tier, STORE_TIER_BOTH, "prefetch did not bring the blob back (tier %d)", info.tier);
-    cr_assert_eq(get_check(s, 1, &v, 31337, 200000, true), STORE_OK);
+    cr_assert_eq(get_check(s, 1, &v, 31337, 200000, true), STATUS_OK);
     store_stats(s, &st1);
     cr_assert_eq(st1.prefetches, st0.prefetches + 1);
     cr_assert_eq(st1.spill_reads, st0.spill_reads + 1, "the get read the blob again");
     /* Evicting it again costs no write: its NVMe copy is current. */
     for (int i = 0; i < 8; i++) {
         store_key_t k = key_of(8, 0, (uint64_t)i);
-        cr_assert_eq(get_check(s, 1, &k, (uint64_t)i, 256u << 10, false), STORE_OK);
+        cr_assert_eq(get_check(s, 1, &k, (uint64_t)i, 256u << 10, false), STATUS_OK);
     }
-    cr_assert_eq(store_info(s, &v, &info), STORE_OK);
+    cr_assert_eq(store_info(s, &v, &info), STATUS_OK);
     cr_assert_eq(info.tier, STORE_TIER_NVME);
     cr_assert_eq(info.nvme_off, first_off, "the blob was written to NVMe a second time");
     store_close(s);
@@ -835,33 +835,33 @@ Test(store, release_during_a_put_keeps_the_region_until_the_writer_is_done) {
     store_config_t c = small_cfg(2u << 20, false);
     c.evict_wait_ms = 50;
     store_t *s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 1, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     char err[STORE_ERR_LEN];
     pool_region_t rx, ry;
     store_key_t x = key_of(21, 0, 1), y = key_of(22, 0, 1), z = key_of(21, 0, 2);
-    cr_assert_eq(store_put_alloc(s, 1, &x, 1u << 20, 0, &rx, err, sizeof err), STORE_OK);
+    cr_assert_eq(store_put_alloc(s, 1, &x, 1u << 20, 0, &rx, err, sizeof err), STATUS_OK);
     cr_assert_eq(store_release_job(s, 21), 1);
     store_blob_info_t info;
-    cr_assert_eq(store_info(s, &x, &info), STORE_NOT_FOUND);
-    cr_assert_eq(store_put_alloc(s, 1, &y, (1u << 20) + 4096, 0, &ry, err, sizeof err), STORE_NO_SPACE,
+    cr_assert_eq(store_info(s, &x, &info), STATUS_NOT_FOUND);
+    cr_assert_eq(store_put_alloc(s, 1, &y, (1u << 20) + 4096, 0, &ry, err, sizeof err), STATUS_NO_SPACE,
                  "the writer's region was handed out again");
     gen(9, pool_ptr(store_pool(s), &rx), 1u << 20); /* the writer is still writing: harmless */
-    cr_assert_eq(store_put_commit(s, 1, &x, NULL, err, sizeof err), STORE_NOT_FOUND);
+    cr_assert_eq(store_put_commit(s, 1, &x, NULL, err, sizeof err), STATUS_NOT_FOUND);
     cr_assert(strstr(err, "freed") != NULL, "%s", err);
     store_stats_t st;
     store_stats(s, &st);
     cr_assert_eq(st.pool.used_bytes, 0);
-    cr_assert_eq(put_gen(s, 1, &y, 10, (1u << 20) + 4096, 0), STORE_OK);
+    cr_assert_eq(put_gen(s, 1, &y, 10, (1u << 20) + 4096, 0), STATUS_OK);
     /* Same through an abort. */
-    cr_assert_eq(store_free(s, 1, &y), STORE_OK);
-    cr_assert_eq(store_put_alloc(s, 1, &z, 8192, 0, &rx, err, sizeof err), STORE_OK);
+    cr_assert_eq(store_free(s, 1, &y), STATUS_OK);
+    cr_assert_eq(store_put_alloc(s, 1, &z, 8192, 0, &rx, err, sizeof err), STATUS_OK);
     cr_assert_eq(store_release_job(s, 21), 1);
     store_stats(s, &st);
     cr_assert_eq(st.pool.used_bytes, 8192);
-    cr_assert_eq(store_put_abort(s, 1, &z), STORE_OK);
+    cr_assert_eq(store_put_abort(s, 1, &z), STATUS_OK);
     store_stats(s, &st);
     cr_assert_eq(st.pool.used_bytes, 0);
-    cr_assert_eq(store_put_abort(s, 1, &z), STORE_NOT_FOUND);
+    cr_assert_eq(store_put_abort(s, 1, &z), STATUS_NOT_FOUND);
     store_close(s);
 }
 
@@ -871,12 +871,12 @@ Test(store, manifest_compaction_keeps_the_live_persistent_blobs, .timeout = 60) 
     make_dir();
     store_config_t c = small_cfg(4u << 20, true);
     store_t *s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 1, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     enum { N = 600 };
     for (uint64_t i = 0; i < N; i++) {
         store_key_t k = key_of(61, 0, i);
-        cr_assert_eq(put_gen(s, 1, &k, 7000 + i, 100 + i * 13, STORE_F_PERSISTENT), STORE_OK);
-        if (i % 10 != 0) cr_assert_eq(store_free(s, 1, &k), STORE_OK); /* keep every tenth */
+        cr_assert_eq(put_gen(s, 1, &k, 7000 + i, 100 + i * 13, STORE_F_PERSISTENT), STATUS_OK);
+        if (i % 10 != 0) cr_assert_eq(store_free(s, 1, &k), STATUS_OK); /* keep every tenth */
     }
     store_close(s);
     char path[400];
@@ -886,12 +886,12 @@ Test(store, manifest_compaction_keeps_the_live_persistent_blobs, .timeout = 60) 
     /* 600 PUT + 540 DEL records unless it was compacted. */
     cr_assert_lt(stb.st_size, 64 + 1000 * 160, "manifest not compacted (%lld bytes)", (long long)stb.st_size);
     s = open_store(&c);
-    cr_assert_eq(store_session_open(s, 2, 0), STORE_OK);
+    cr_assert_eq(store_session_open(s, 2, 0), STATUS_OK);
     for (uint64_t i = 0; i < N; i++) {
         store_key_t k = key_of(61, 0, i);
-        store_status_t st = get_check(s, 2, &k, 7000 + i, 100 + i * 13, false);
-        cr_assert_eq(st, i % 10 == 0 ? STORE_OK : STORE_NOT_FOUND, "blob %llu: %s", (unsigned long long)i,
-                     store_status_name(st));
+        status_t st = get_check(s, 2, &k, 7000 + i, 100 + i * 13, false);
+        cr_assert_eq(st, i % 10 == 0 ? STATUS_OK : STATUS_NOT_FOUND, "blob %llu: %s", (unsigned long long)i,
+                     status_word(st));
     }
     store_close(s);
     remove_dir();

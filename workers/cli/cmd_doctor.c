@@ -608,11 +608,11 @@ static void check_ballastd(doc_check_t *c) {
     oo.timeout_s = o_timeout;
     oo.client_name = "ballast-doctor";
     oc_client_t *cl = NULL;
-    oc_status_t s = oc_open(&oo, &cl);
-    if (s != OC_OK) {
+    status_t s = oc_open(&oo, &cl);
+    if (s != STATUS_OK) {
         c->st = DS_MISSING;
-        DETAIL(c, "%s answers health checks but OpenSession fails: %s: %s", rpc_addr, oc_status_name(s), oc_last_error());
-        if (s == OC_PERMISSION_DENIED || s == OC_UNAUTHENTICATED)
+        DETAIL(c, "%s answers health checks but OpenSession fails: %s: %s", rpc_addr, status_name(s), oc_last_error());
+        if (s == STATUS_PERMISSION_DENIED || s == STATUS_UNAUTHENTICATED)
             FIX(c, "run the worker with ballastd's uid (10001 in the images) or as root; in remote mode give the Secret's token "
                 "(--offload-token-file)");
         else

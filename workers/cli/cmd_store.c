@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "job_name.h"
 #include "log.h"
 #include "offload.pb-c.h"
 #include "options.h"
@@ -66,7 +67,7 @@ static int open_session(oc_client_t **c) {
     o.flags = o_remote ? OC_REMOTE : 0;
     o.timeout_s = o_timeout;
     o.client_name = "ballast store";
-    oc_status_t st = oc_open(&o, c);
+    status_t st = oc_open(&o, c);
     if (st) { fprintf(stderr, "ballast store: %s\n", oc_last_error()); return 1; }
     return 0;
 }
@@ -113,7 +114,7 @@ static int do_put(void) {
     oc_client_t *c;
     if (open_session(&c)) { free(data); return 1; }
     oc_key_t k = the_key();
-    oc_status_t st = oc_put_copy(c, &k, data, len, o_persistent);
+    status_t st = oc_put_copy(c, &k, data, len, o_persistent);
     free(data);
     if (st) {
         fprintf(stderr, "ballast store put: %s\n", oc_last_error());
@@ -133,7 +134,7 @@ static int do_get(void) {
     if (open_session(&c)) return 1;
     oc_key_t k = the_key();
     oc_buf_t b;
-    oc_status_t st = oc_get(c, &k, &b);
+    status_t st = oc_get(c, &k, &b);
     if (st) { fprintf(stderr, "ballast store get: %s\n", oc_last_error()); oc_close(c, false); return 1; }
     int rc = 0;
     FILE *f = stdout;
@@ -182,7 +183,7 @@ static int do_rm(void) {
     oc_client_t *c;
     if (open_session(&c)) return 1;
     oc_key_t k = the_key();
-    oc_status_t st = oc_free(c, &k);
+    status_t st = oc_free(c, &k);
     if (st) fprintf(stderr, "ballast store rm: %s\n", oc_last_error());
     oc_close(c, false);
     return st ? 1 : 0;
@@ -236,8 +237,8 @@ int cmd_store(int argc, char **argv) {
         fprintf(stderr, "ballast store: unknown command '%s': use put, get, ls or rm\n", verb);
         return 2;
     }
-    if ((!ls || (o_job && o_job[0])) && !oc_job_name_ok(o_job)) {
-        fprintf(stderr, "ballast store %s: --job '%s' is missing or invalid: use 1..63 characters of [A-Za-z0-9._-]\n",
+    if ((!ls || (o_job && o_job[0])) && !job_name_ok(o_job)) {
+        fprintf(stderr, "ballast store %s: --job '%s' is missing or invalid: use " JOB_NAME_RULE "\n",
                 verb, o_job ? o_job : "");
         return 2;
     }

@@ -187,7 +187,7 @@ static int commit_put(act_offload_t *a, int l, char *err, size_t errlen) {
     a->xh[l] = NULL;
     oc_key_t k = key_of(a, l);
     a->st[l] = AO_NONE; /* on failure the session's close frees the reservation */
-    if (oc_put_commit_async(a->link->c, &k, &a->buf[l], &a->put_h[l]) != OC_OK)
+    if (oc_put_commit_async(a->link->c, &k, &a->buf[l], &a->put_h[l]) != STATUS_OK)
         return offload_link_fail(err, errlen, "sending a block input to ballastd");
     memset(&a->buf[l], 0, sizeof a->buf[l]);
     a->st[l] = AO_PUT;
@@ -205,10 +205,10 @@ static int wait_put(act_offload_t *a, int l, char *err, size_t errlen) {
 
 /* oc_wait(*h, b, 0): 1 done (*h = 0), 0 still in flight, -1 failed (*h = 0). */
 static int poll_handle(act_offload_t *a, oc_handle_t *h, oc_buf_t *b, const char *what, char *err, size_t errlen) {
-    oc_status_t st = oc_wait(a->link->c, *h, b, 0);
-    if (st == OC_DEADLINE_EXCEEDED) return 0;
+    status_t st = oc_wait(a->link->c, *h, b, 0);
+    if (st == STATUS_DEADLINE_EXCEEDED) return 0;
     *h = 0;
-    return st == OC_OK ? 1 : offload_link_fail(err, errlen, what);
+    return st == STATUS_OK ? 1 : offload_link_fail(err, errlen, what);
 }
 
 /* Commit every put whose copy out is done; take the commits that completed. */
@@ -274,9 +274,9 @@ static int unload(act_offload_t *a, int t, char *err, size_t errlen) {
     a->loaded[t] = false;
     oc_key_t k = key_of(a, t);
     a->st[t] = AO_STORED;
-    if (oc_get_done(a->link->c, &k, &a->buf[t]) != OC_OK)
+    if (oc_get_done(a->link->c, &k, &a->buf[t]) != STATUS_OK)
         return offload_link_fail(err, errlen, "releasing a block input in ballastd");
-    if (oc_free_async(a->link->c, &k, &a->free_h[t]) != OC_OK)
+    if (oc_free_async(a->link->c, &k, &a->free_h[t]) != STATUS_OK)
         return offload_link_fail(err, errlen, "freeing a block input in ballastd");
     a->st[t] = AO_FREEING;
     return 0;
@@ -309,12 +309,12 @@ static int request(act_offload_t *a, int t, char *err, size_t errlen) {
         a->pf_h[t] = 0;
         if (offload_link_wait(a->link, h, NULL, "prefetching a block input", err, errlen)) return -1;
     }
-    if (oc_get_async(a->link->c, &k, &a->get_h[t]) != OC_OK)
+    if (oc_get_async(a->link->c, &k, &a->get_h[t]) != STATUS_OK)
         return offload_link_fail(err, errlen, "fetching a block input from ballastd");
     a->st[t] = AO_GETTING;
     if (offloaded(a, t - 1) && a->st[t - 1] == AO_STORED && !a->pf_h[t - 1]) {
         oc_key_t kp = key_of(a, t - 1);
-        if (oc_prefetch_async(a->link->c, &kp, &a->pf_h[t - 1]) != OC_OK)
+        if (oc_prefetch_async(a->link->c, &kp, &a->pf_h[t - 1]) != STATUS_OK)
             return offload_link_fail(err, errlen, "prefetching a block input");
     }
     return 0;
@@ -363,9 +363,9 @@ int act_offload_release(act_offload_t *a, int l, char *err, size_t errlen) {
     if (a->in_place) {
         oc_key_t k = key_of(a, l);
         a->st[l] = AO_STORED;
-        if (oc_get_done(a->link->c, &k, &a->buf[l]) != OC_OK)
+        if (oc_get_done(a->link->c, &k, &a->buf[l]) != STATUS_OK)
             return offload_link_fail(err, errlen, "releasing a block input in ballastd");
-        if (oc_free_async(a->link->c, &k, &a->free_h[l]) != OC_OK)
+        if (oc_free_async(a->link->c, &k, &a->free_h[l]) != STATUS_OK)
             return offload_link_fail(err, errlen, "freeing a block input in ballastd");
         a->st[l] = AO_FREEING;
         return 0;
@@ -393,9 +393,9 @@ int act_offload_backward_end(act_offload_t *a, char *err, size_t errlen) {
         }
         if (a->st[l] == AO_PUT && wait_put(a, l, e, sizeof e) && !rc) rc = errbuf_set(err, errlen, "%s", e);
         if (a->st[l] == AO_GETTING) {
-            oc_status_t st = oc_wait(a->link->c, a->get_h[l], &a->buf[l], -1);
+            status_t st = oc_wait(a->link->c, a->get_h[l], &a->buf[l], -1);
             a->get_h[l] = 0;
-            a->st[l] = st == OC_OK ? AO_HELD : AO_STORED;
+            a->st[l] = st == STATUS_OK ? AO_HELD : AO_STORED;
         }
         if (a->st[l] == AO_USED && unload(a, l, e, sizeof e) && !rc) rc = errbuf_set(err, errlen, "%s", e);
         if (a->st[l] == AO_HELD || a->st[l] == AO_USED) {

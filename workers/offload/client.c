@@ -41,6 +41,8 @@ typedef struct {
     int state;           /* SLOT_* */
     rp_cpl_t cpl;        /* when DONE */
     void *priv;          /* remote GET: unpacked response */
+    char *msg;           /* remote mode, a failed op: its message (malloc()ed), handed to
+                            whichever thread waits for the handle */
 } slot_t;
 
 struct oc_client {
@@ -72,7 +74,7 @@ struct oc_client {
     bool hb_started;
     bool hb_stop;
     pthread_cond_t hb_cv;
-    _Atomic int broken;              /* nonzero: an oc_status_t explaining why */
+    _Atomic int broken;              /* nonzero: a status_t explaining why */
     char broken_msg[1024];
 };
 
@@ -82,28 +84,13 @@ static __thread char g_err[1024];
 
 const char *oc_last_error(void) { return g_err; }
 
-static oc_status_t fail(oc_status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static oc_status_t fail(oc_status_t st, const char *fmt, ...) {
+static status_t fail(status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static status_t fail(status_t st, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(g_err, sizeof g_err, fmt, ap);
     va_end(ap);
     return st;
-}
-
-const char *oc_status_name(oc_status_t s) { return rpc_status_name((grpc_status_code)s); }
-
-bool oc_job_name_ok(const char *job) {
-    if (!job) return false;
-    size_t n = strlen(job);
-    if (n == 0 || n > 63) return false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = job[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == '-'))
-            return false;
-    }
-    return true;
 }
 
 static const char *HINT = "is ballastd running? start it with `ballastd --socket PATH` "
@@ -113,12 +100,13 @@ static const char *FULL_HINT = "ballastd is out of pool memory (or this session'
                                "tier) or a larger --session-quota";
 
 /* Message for a failed RPC; adds the start hint when the service is unreachable. */
-static oc_status_t rpc_fail(oc_client_t *c, grpc_status_code st, const char *what, const char *msg) {
-    if (st == GRPC_STATUS_UNAVAILABLE || st == GRPC_STATUS_DEADLINE_EXCEEDED)
-        return fail((oc_status_t)st, "ballastd at %s: %s failed: %s; %s", c->addr, what, msg, HINT);
-    if (st == GRPC_STATUS_RESOURCE_EXHAUSTED)
-        return fail((oc_status_t)st, "ballastd at %s: %s: %s; %s", c->addr, what, msg, FULL_HINT);
-    return fail((oc_status_t)st, "ballastd at %s: %s: %s", c->addr, what, msg);
+static status_t rpc_fail(oc_client_t *c, grpc_status_code code, const char *what, const char *msg) {
+    status_t st = status_from_grpc(code);
+    if (st == STATUS_UNAVAILABLE || st == STATUS_DEADLINE_EXCEEDED)
+        return fail(st, "ballastd at %s: %s failed: %s; %s", c->addr, what, msg, HINT);
+    if (st == STATUS_RESOURCE_EXHAUSTED)
+        return fail(st, "ballastd at %s: %s: %s; %s", c->addr, what, msg, FULL_HINT);
+    return fail(st, "ballastd at %s: %s: %s", c->addr, what, msg);
 }
 
 /* ---- rpc helpers ---- */
@@ -168,11 +156,11 @@ static void *hb_main(void *arg) {
             snprintf(c->broken_msg, sizeof c->broken_msg,
                      "ballastd at %s: session expired or was closed (lease %.3gs); its non-persistent "
                      "blobs are gone: open a new session", c->addr, c->lease_s);
-            atomic_store(&c->broken, OC_FAILED_PRECONDITION);
+            atomic_store(&c->broken, STATUS_FAILED_PRECONDITION);
             pthread_cond_broadcast(&c->cv);
         } else if (st == GRPC_STATUS_UNAVAILABLE && !atomic_load(&c->broken)) {
             snprintf(c->broken_msg, sizeof c->broken_msg, "ballastd at %s is gone (%s); %s", c->addr, msg, HINT);
-            atomic_store(&c->broken, OC_UNAVAILABLE);
+            atomic_store(&c->broken, STATUS_UNAVAILABLE);
             pthread_cond_broadcast(&c->cv);
         }
     }
@@ -180,7 +168,7 @@ static void *hb_main(void *arg) {
     return NULL;
 }
 
-oc_status_t oc_heartbeat(oc_client_t *c) {
+status_t oc_heartbeat(oc_client_t *c) {
     Ballast__Offload__V1__HeartbeatRequest req = BALLAST__OFFLOAD__V1__HEARTBEAT_REQUEST__INIT;
     req.session_id = c->sid;
     void *resp = NULL;
@@ -188,49 +176,49 @@ oc_status_t oc_heartbeat(oc_client_t *c) {
     grpc_status_code st = call(c, "Heartbeat", &req, &ballast__offload__v1__heartbeat_response__descriptor,
                                &resp, msg, sizeof msg);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-    return st ? rpc_fail(c, st, "Heartbeat", msg) : OC_OK;
+    return st ? rpc_fail(c, st, "Heartbeat", msg) : STATUS_OK;
 }
 
 /* ---- attaching (shared memory) ---- */
 
-static oc_status_t attach(oc_client_t *c, const Ballast__Offload__V1__OpenSessionResponse *r) {
+static status_t attach(oc_client_t *c, const Ballast__Offload__V1__OpenSessionResponse *r) {
     char err[SHM_ERR_LEN];
     if (r->protocol_version != RING_PROTO_VERSION || r->ring_entry_bytes != RING_PROTO_ENTRY_BYTES)
-        return fail(OC_FAILED_PRECONDITION, "ballastd at %s speaks ring protocol %u with %u-byte entries; "
+        return fail(STATUS_FAILED_PRECONDITION, "ballastd at %s speaks ring protocol %u with %u-byte entries; "
                     "this client speaks %u with %u: use matching versions", c->addr, r->protocol_version,
                     r->ring_entry_bytes, RING_PROTO_VERSION, RING_PROTO_ENTRY_BYTES);
     if (r->n_segment_bytes == 0 || r->n_segment_bytes > 4096 || r->ring_capacity < 2 ||
         r->ring_capacity > RING_PROTO_MAX_CAPACITY)
-        return fail(OC_INTERNAL, "ballastd at %s sent an implausible session layout", c->addr);
+        return fail(STATUS_INTERNAL, "ballastd at %s sent an implausible session layout", c->addr);
     int fd = -1;
     int rc = shm_connect(r->fd_socket, &fd, err, sizeof err);
-    if (rc) return fail(OC_UNAVAILABLE, "ballastd at %s: fd socket %s: %s; %s", c->addr, r->fd_socket, err, HINT);
+    if (rc) return fail(STATUS_UNAVAILABLE, "ballastd at %s: fd socket %s: %s; %s", c->addr, r->fd_socket, err, HINT);
     rp_attach_t att = { RP_ATTACH_MAGIC, r->session_id, r->attach_nonce, RING_PROTO_VERSION, 0 };
-    oc_status_t st = OC_OK;
+    status_t st = STATUS_OK;
     rc = shm_send_fds(fd, &att, sizeof att, NULL, 0, err, sizeof err);
-    if (rc) { st = fail(OC_UNAVAILABLE, "ballastd at %s: fd socket %s: %s", c->addr, r->fd_socket, err); goto out; }
+    if (rc) { st = fail(STATUS_UNAVAILABLE, "ballastd at %s: fd socket %s: %s", c->addr, r->fd_socket, err); goto out; }
     rp_attach_reply_t rep;
     size_t len = 0;
     int tmo = (int)(c->timeout_s * 1000);
     rc = shm_recv_fds(fd, &rep, sizeof rep, &len, NULL, 0, tmo, err, sizeof err);
     if (rc || len != sizeof rep) {
-        st = fail(OC_UNAVAILABLE, "ballastd at %s: fd socket %s: no attach reply: %s", c->addr, r->fd_socket,
+        st = fail(STATUS_UNAVAILABLE, "ballastd at %s: fd socket %s: no attach reply: %s", c->addr, r->fd_socket,
                   rc ? err : "short message");
         goto out;
     }
     rep.msg[sizeof rep.msg - 1] = 0;
-    if (rep.status != RP_OK) {
-        st = fail((oc_status_t)rep.status, "ballastd at %s refused to attach the session: %s", c->addr, rep.msg);
+    if (rep.status != STATUS_OK) {
+        st = fail(status_from_grpc(rep.status), "ballastd at %s refused to attach the session: %s", c->addr, rep.msg);
         goto out;
     }
     if (rep.nsegs != r->n_segment_bytes) {
-        st = fail(OC_INTERNAL, "ballastd at %s: %u segments announced, %zu in OpenSession", c->addr,
+        st = fail(STATUS_INTERNAL, "ballastd at %s: %u segments announced, %zu in OpenSession", c->addr,
                   rep.nsegs, r->n_segment_bytes);
         goto out;
     }
     c->nsegs = rep.nsegs;
     c->segs = calloc(c->nsegs, sizeof *c->segs);
-    if (!c->segs) { st = fail(OC_RESOURCE_EXHAUSTED, "out of memory"); goto out; }
+    if (!c->segs) { st = fail(STATUS_RESOURCE_EXHAUSTED, "out of memory"); goto out; }
     for (uint32_t i = 0; i < c->nsegs; i++) c->segs[i].fd = -1;
     for (uint32_t got = 0; got < c->nsegs;) {
         rp_fd_chunk_t ch;
@@ -238,7 +226,7 @@ static oc_status_t attach(oc_client_t *c, const Ballast__Offload__V1__OpenSessio
         uint32_t want = c->nsegs - got < SHM_MAX_FDS ? c->nsegs - got : SHM_MAX_FDS;
         rc = shm_recv_fds(fd, &ch, sizeof ch, &len, fds, (int)want, tmo, err, sizeof err);
         if (rc || len != sizeof ch || ch.first != got || ch.count != want || ch.ring) {
-            st = fail(OC_INTERNAL, "ballastd at %s: receiving pool fds: %s", c->addr, rc ? err : "bad chunk");
+            st = fail(STATUS_INTERNAL, "ballastd at %s: receiving pool fds: %s", c->addr, rc ? err : "bad chunk");
             if (!rc) for (uint32_t i = 0; i < want; i++) close(fds[i]);
             goto out;
         }
@@ -246,32 +234,32 @@ static oc_status_t attach(oc_client_t *c, const Ballast__Offload__V1__OpenSessio
             rc = shm_map_fd(&c->segs[got + i], fds[i], r->segment_bytes[got + i], err, sizeof err);
             if (rc) {
                 for (uint32_t j = i + 1; j < want; j++) close(fds[j]);
-                st = fail(OC_INTERNAL, "ballastd at %s: mapping pool segment %u: %s", c->addr, got + i, err);
+                st = fail(STATUS_INTERNAL, "ballastd at %s: mapping pool segment %u: %s", c->addr, got + i, err);
                 goto out;
             }
         }
         got += want;
     }
     c->segview = calloc(c->nsegs, sizeof *c->segview);
-    if (!c->segview) { st = fail(OC_RESOURCE_EXHAUSTED, "out of memory"); goto out; }
+    if (!c->segview) { st = fail(STATUS_RESOURCE_EXHAUSTED, "out of memory"); goto out; }
     for (uint32_t i = 0; i < c->nsegs; i++) c->segview[i] = (oc_segment_t){ c->segs[i].base, c->segs[i].bytes };
     rp_fd_chunk_t ch;
     int rfds[RP_FD_COUNT];
     rc = shm_recv_fds(fd, &ch, sizeof ch, &len, rfds, RP_FD_COUNT, tmo, err, sizeof err);
     if (rc || len != sizeof ch || !ch.ring || ch.count != RP_FD_COUNT) {
-        st = fail(OC_INTERNAL, "ballastd at %s: receiving ring fds: %s", c->addr, rc ? err : "bad chunk");
+        st = fail(STATUS_INTERNAL, "ballastd at %s: receiving ring fds: %s", c->addr, rc ? err : "bad chunk");
         if (!rc) for (int i = 0; i < RP_FD_COUNT; i++) close(rfds[i]);
         goto out;
     }
     for (int i = 1; i < RP_FD_COUNT; i++) c->efd[i] = rfds[i];
     rc = shm_map_fd(&c->ringseg, rfds[RP_FD_RING], r->ring_bytes, err, sizeof err);
-    if (rc) { st = fail(OC_INTERNAL, "ballastd at %s: mapping the ring: %s", c->addr, err); goto out; }
+    if (rc) { st = fail(STATUS_INTERNAL, "ballastd at %s: mapping the ring: %s", c->addr, err); goto out; }
     uint64_t off = r->completion_ring_offset;
-    if (off >= r->ring_bytes || off % 64) { st = fail(OC_INTERNAL, "bad completion ring offset"); goto out; }
+    if (off >= r->ring_bytes || off % 64) { st = fail(STATUS_INTERNAL, "bad completion ring offset"); goto out; }
     uint8_t *base = c->ringseg.base;
     if (ring_attach(&c->req, base, off, RING_PROTO_ENTRY_BYTES, err, sizeof err) ||
         ring_attach(&c->cpl, base + off, r->ring_bytes - off, RING_PROTO_ENTRY_BYTES, err, sizeof err)) {
-        st = fail(OC_INTERNAL, "ballastd at %s: ring: %s", c->addr, err);
+        st = fail(STATUS_INTERNAL, "ballastd at %s: ring: %s", c->addr, err);
         goto out;
     }
     ring_set_doorbells(&c->req, c->efd[RP_FD_REQ_DATA], c->efd[RP_FD_REQ_SPACE]);
@@ -298,8 +286,10 @@ static void client_free(oc_client_t *c) {
     shm_destroy(&c->ringseg);
     for (int i = 1; i < RP_FD_COUNT; i++) if (c->efd[i] >= 0) close(c->efd[i]);
     if (c->slots) {
-        for (uint32_t i = 0; i < c->nslots; i++)
+        for (uint32_t i = 0; i < c->nslots; i++) {
             if (c->slots[i].priv) protobuf_c_message_free_unpacked(c->slots[i].priv, NULL);
+            free(c->slots[i].msg);
+        }
     }
     free(c->slots);
     free(c->free_stack);
@@ -321,15 +311,14 @@ static int read_token_file(const char *path, char *tok, size_t cap) {
     return 0;
 }
 
-oc_status_t oc_open(const oc_options_t *o, oc_client_t **out) {
+status_t oc_open(const oc_options_t *o, oc_client_t **out) {
     *out = NULL;
-    if (!o || !o->addr || !o->addr[0]) return fail(OC_INVALID_ARGUMENT, "no ballastd address given (e.g. unix:/run/ballast/ballastd.sock or host:port)");
-    if (!oc_job_name_ok(o->job))
-        return fail(OC_INVALID_ARGUMENT, "job name '%.80s' is invalid: use 1..63 characters of [A-Za-z0-9._-]",
-                    o->job ? o->job : "");
-    if (strlen(o->addr) >= 250) return fail(OC_INVALID_ARGUMENT, "address too long");
+    if (!o || !o->addr || !o->addr[0]) return fail(STATUS_INVALID_ARGUMENT, "no ballastd address given (e.g. unix:/run/ballast/ballastd.sock or host:port)");
+    if (!job_name_ok(o->job))
+        return fail(STATUS_INVALID_ARGUMENT, "job name '%.80s' is invalid: use " JOB_NAME_RULE, o->job ? o->job : "");
+    if (strlen(o->addr) >= 250) return fail(STATUS_INVALID_ARGUMENT, "address too long");
     oc_client_t *c = calloc(1, sizeof *c);
-    if (!c) return fail(OC_RESOURCE_EXHAUSTED, "out of memory");
+    if (!c) return fail(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->push_mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -345,7 +334,7 @@ oc_status_t oc_open(const oc_options_t *o, oc_client_t **out) {
         char cwd[4096];
         if (!getcwd(cwd, sizeof cwd) || strlen(cwd) + strlen(o->addr) + 7 >= sizeof c->rpc_addr) {
             client_free(c);
-            return fail(OC_INVALID_ARGUMENT, "socket path %s: give it as an absolute path (the current directory "
+            return fail(STATUS_INVALID_ARGUMENT, "socket path %s: give it as an absolute path (the current directory "
                         "is too long or unknown)", o->addr);
         }
         size_t nc = strlen(cwd), na = strlen(o->addr); /* fits: checked above */
@@ -365,13 +354,13 @@ oc_status_t oc_open(const oc_options_t *o, oc_client_t **out) {
     if (o->token) snprintf(token, sizeof token, "%s", o->token);
     else if (o->token_file && o->token_file[0]) {
         int rc = read_token_file(o->token_file, token, sizeof token);
-        if (rc) { client_free(c); return fail(OC_INVALID_ARGUMENT, "token file %s: %s", o->token_file, strerror(-rc)); }
+        if (rc) { client_free(c); return fail(STATUS_INVALID_ARGUMENT, "token file %s: %s", o->token_file, strerror(-rc)); }
     }
 
     char err[RPC_ERR_LEN];
     rpc_client_opts_t ro = { 0 };
     c->rpc = rpc_client_open(c->rpc_addr, &ro, err, sizeof err);
-    if (!c->rpc) { client_free(c); return fail(OC_INVALID_ARGUMENT, "ballastd address %s: %s", o->addr, err); }
+    if (!c->rpc) { client_free(c); return fail(STATUS_INVALID_ARGUMENT, "ballastd address %s: %s", o->addr, err); }
 
     Ballast__Offload__V1__OpenSessionRequest req = BALLAST__OFFLOAD__V1__OPEN_SESSION_REQUEST__INIT;
     req.job = (char *)o->job;
@@ -386,7 +375,7 @@ oc_status_t oc_open(const oc_options_t *o, oc_client_t **out) {
     char msg[512];
     grpc_status_code gs = call(c, "OpenSession", &req, &ballast__offload__v1__open_session_response__descriptor,
                                (void **)&r, msg, sizeof msg);
-    if (gs) { oc_status_t st = rpc_fail(c, gs, "OpenSession", msg); client_free(c); return st; }
+    if (gs) { status_t st = rpc_fail(c, gs, "OpenSession", msg); client_free(c); return st; }
     c->sid = r->session_id;
     c->job_id = r->job_id;
     c->quota = r->quota_bytes;
@@ -396,16 +385,16 @@ oc_status_t oc_open(const oc_options_t *o, oc_client_t **out) {
     if (c->nslots > MAX_SLOTS) c->nslots = MAX_SLOTS;
     c->slots = calloc(c->nslots, sizeof *c->slots);
     c->free_stack = calloc(c->nslots, sizeof *c->free_stack);
-    oc_status_t st = OC_OK;
-    if (!c->slots || !c->free_stack) st = fail(OC_RESOURCE_EXHAUSTED, "out of memory");
-    for (uint32_t i = 0; i < c->nslots && st == OC_OK; i++) c->free_stack[c->nfree++] = c->nslots - 1 - i;
-    if (st == OC_OK && c->shared) st = attach(c, r);
+    status_t st = STATUS_OK;
+    if (!c->slots || !c->free_stack) st = fail(STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    for (uint32_t i = 0; i < c->nslots && st == STATUS_OK; i++) c->free_stack[c->nfree++] = c->nslots - 1 - i;
+    if (st == STATUS_OK && c->shared) st = attach(c, r);
     protobuf_c_message_free_unpacked((ProtobufCMessage *)r, NULL);
-    if (st == OC_OK) {
+    if (st == STATUS_OK) {
         if (pthread_create(&c->hb, NULL, hb_main, c) == 0) c->hb_started = true;
-        else st = fail(OC_RESOURCE_EXHAUSTED, "cannot start the heartbeat thread");
+        else st = fail(STATUS_RESOURCE_EXHAUSTED, "cannot start the heartbeat thread");
     }
-    if (st != OC_OK) {
+    if (st != STATUS_OK) {
         char keep[sizeof g_err];
         snprintf(keep, sizeof keep, "%s", g_err);
         Ballast__Offload__V1__CloseSessionRequest cr = BALLAST__OFFLOAD__V1__CLOSE_SESSION_REQUEST__INIT;
@@ -419,11 +408,11 @@ oc_status_t oc_open(const oc_options_t *o, oc_client_t **out) {
         return st;
     }
     *out = c;
-    return OC_OK;
+    return STATUS_OK;
 }
 
-oc_status_t oc_close(oc_client_t *c, bool keep_blobs) {
-    if (!c) return OC_OK;
+status_t oc_close(oc_client_t *c, bool keep_blobs) {
+    if (!c) return STATUS_OK;
     Ballast__Offload__V1__CloseSessionRequest cr = BALLAST__OFFLOAD__V1__CLOSE_SESSION_REQUEST__INIT;
     cr.session_id = c->sid;
     cr.keep_blobs = keep_blobs;
@@ -441,7 +430,7 @@ oc_status_t oc_close(oc_client_t *c, bool keep_blobs) {
     grpc_status_code gs = call(c, "CloseSession", &cr, &ballast__offload__v1__close_session_response__descriptor,
                                &resp, msg, sizeof msg);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-    oc_status_t st = gs ? rpc_fail(c, gs, "CloseSession", msg) : OC_OK;
+    status_t st = gs ? rpc_fail(c, gs, "CloseSession", msg) : STATUS_OK;
     client_free(c);
     return st;
 }
@@ -478,6 +467,8 @@ static void slot_release_locked(oc_client_t *c, uint32_t i) {
     c->slots[i].state = SLOT_FREE;
     c->slots[i].req_id = 0;
     c->slots[i].priv = NULL;
+    free(c->slots[i].msg);
+    c->slots[i].msg = NULL;
     c->free_stack[c->nfree++] = i;
 }
 
@@ -487,24 +478,24 @@ static slot_t *slot_of(oc_client_t *c, uint64_t id) {
     return &c->slots[i];
 }
 
-static oc_status_t key_check(const oc_key_t *k) {
-    if (!k) return fail(OC_INVALID_ARGUMENT, "key is NULL");
+static status_t key_check(const oc_key_t *k) {
+    if (!k) return fail(STATUS_INVALID_ARGUMENT, "key is NULL");
     if (k->kind < OC_KIND_ACTIVATION || k->kind > OC_KIND_OTHER)
-        return fail(OC_INVALID_ARGUMENT, "key kind %u: use 1..4 (ACTIVATION, OPTIMIZER_STATE, PARAM, OTHER)", k->kind);
-    return OC_OK;
+        return fail(STATUS_INVALID_ARGUMENT, "key kind %u: use 1..4 (ACTIVATION, OPTIMIZER_STATE, PARAM, OTHER)", k->kind);
+    return STATUS_OK;
 }
 
 /* Submit one ring request; *id gets the handle. */
-static oc_status_t submit(oc_client_t *c, rp_req_t *q, uint64_t *id) {
+static status_t submit(oc_client_t *c, rp_req_t *q, uint64_t *id) {
     int br = atomic_load(&c->broken);
     if (br) {
         pthread_mutex_lock(&c->mu);
-        fail((oc_status_t)br, "%s", c->broken_msg);
+        fail((status_t)br, "%s", c->broken_msg);
         pthread_mutex_unlock(&c->mu);
-        return (oc_status_t)br;
+        return (status_t)br;
     }
     uint64_t rid = slot_take(c);
-    if (!rid) return fail(OC_RESOURCE_EXHAUSTED, "more than %u requests in flight: oc_wait() on some handles first", c->nslots);
+    if (!rid) return fail(STATUS_RESOURCE_EXHAUSTED, "more than %u requests in flight: oc_wait() on some handles first", c->nslots);
     q->req_id = rid;
     pthread_mutex_lock(&c->push_mu);
     int rc = ring_push_wait(&c->req, q, (int)(c->timeout_s * 1000));
@@ -513,41 +504,48 @@ static oc_status_t submit(oc_client_t *c, rp_req_t *q, uint64_t *id) {
         pthread_mutex_lock(&c->mu);
         slot_release_locked(c, (uint32_t)(rid & 0xffff));
         pthread_mutex_unlock(&c->mu);
-        return fail(rc == -ETIMEDOUT ? OC_UNAVAILABLE : OC_INTERNAL, "ballastd at %s: request ring %s; %s", c->addr,
+        return fail(rc == -ETIMEDOUT ? STATUS_UNAVAILABLE : STATUS_INTERNAL, "ballastd at %s: request ring %s; %s", c->addr,
                     rc == -ETIMEDOUT ? "stayed full (the service is not serving this session)" : c->req.err, HINT);
     }
     *id = rid;
-    return OC_OK;
+    return STATUS_OK;
 }
 
-/* Wait for the completion of id; on OC_OK or a service status *out is the completion. */
-static oc_status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **priv, double timeout_s) {
+/* Wait for the completion of id; on STATUS_OK *out is the completion (its
+ * status may be a failure: a parked remote failure's message then becomes
+ * this thread's oc_last_error()). */
+static status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **priv, double timeout_s) {
     double deadline = timeout_s < 0 ? 1e300 : clock_now_s() + timeout_s;
     bool poll = timeout_s == 0, polled = false; /* 0: one look at the completion ring, no blocking */
     pthread_mutex_lock(&c->mu);
     slot_t *s = slot_of(c, id);
     if (!s || s->state == SLOT_FREE || s->state == SLOT_ABANDONED) {
         pthread_mutex_unlock(&c->mu);
-        return fail(OC_INVALID_ARGUMENT, "unknown handle %llu (already waited for?)", (unsigned long long)id);
+        return fail(STATUS_INVALID_ARGUMENT, "unknown handle %llu (already waited for?)", (unsigned long long)id);
     }
     for (;;) {
         if (s->state == SLOT_DONE) {
             *out = s->cpl;
             if (priv) *priv = s->priv;
             else if (s->priv) protobuf_c_message_free_unpacked(s->priv, NULL);
+            if (s->cpl.status != STATUS_OK && !c->shared) {
+                if (s->msg) fail(STATUS_OK, "%s", s->msg);
+                else fail(STATUS_OK, "ballastd at %s: %s failed: %s (out of memory for its message)", c->addr,
+                          rp_op_name(s->cpl.op), status_name(status_from_grpc(s->cpl.status)));
+            }
             slot_release_locked(c, (uint32_t)(id & 0xffff));
             pthread_mutex_unlock(&c->mu);
-            return OC_OK;
+            return STATUS_OK;
         }
         int br = atomic_load(&c->broken);
         if (br) {
             pthread_mutex_unlock(&c->mu);
-            return fail((oc_status_t)br, "%s", c->broken_msg);
+            return fail((status_t)br, "%s", c->broken_msg);
         }
         double left = deadline - clock_now_s();
         if (polled || (left <= 0 && !poll)) {
             pthread_mutex_unlock(&c->mu);
-            return fail(OC_DEADLINE_EXCEEDED, "ballastd at %s: no completion within %.3gs (handle stays valid)",
+            return fail(STATUS_DEADLINE_EXCEEDED, "ballastd at %s: no completion within %.3gs (handle stays valid)",
                         c->addr, timeout_s);
         }
         int wait_ms = left > 0.1 ? 100 : (int)(left * 1000) + 1;
@@ -566,7 +564,7 @@ static oc_status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **p
             if (n < 0) {
                 snprintf(c->broken_msg, sizeof c->broken_msg, "ballastd at %s: completion ring corrupt: %s",
                          c->addr, c->cpl.err);
-                atomic_store(&c->broken, OC_INTERNAL);
+                atomic_store(&c->broken, STATUS_INTERNAL);
             }
             for (int i = 0; i < n; i++) {
                 slot_t *t = slot_of(c, batch[i].req_id);
@@ -585,17 +583,20 @@ static oc_status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **p
     }
 }
 
-static oc_status_t cpl_status(oc_client_t *c, const rp_cpl_t *p, const oc_key_t *k) {
-    if (p->status == RP_OK) return OC_OK;
-    const char *sep = p->status == (uint32_t)OC_RESOURCE_EXHAUSTED ? "; " : "";
-    const char *hint = p->status == (uint32_t)OC_RESOURCE_EXHAUSTED ? FULL_HINT : "";
+/* The status of a completion, read off the wire (anything that is not a
+ * wire value is STATUS_UNKNOWN), with its message. */
+static status_t cpl_status(oc_client_t *c, const rp_cpl_t *p, const oc_key_t *k) {
+    status_t st = status_from_grpc(p->status);
+    if (st == STATUS_OK) return STATUS_OK;
+    const char *sep = st == STATUS_RESOURCE_EXHAUSTED ? "; " : "";
+    const char *hint = st == STATUS_RESOURCE_EXHAUSTED ? FULL_HINT : "";
     if (k)
-        return fail((oc_status_t)p->status, "ballastd at %s: %s of key (rank %u, kind %u, index %llu, step %llu) "
+        return fail(st, "ballastd at %s: %s of key (rank %u, kind %u, index %llu, step %llu) "
                     "failed: %s: %s%s%s", c->addr, rp_op_name(p->op), k->rank, k->kind,
                     (unsigned long long)k->index, (unsigned long long)k->step,
-                    oc_status_name((oc_status_t)p->status), rp_detail_text(p->detail), sep, hint);
-    return fail((oc_status_t)p->status, "ballastd at %s: %s failed: %s: %s%s%s", c->addr, rp_op_name(p->op),
-                oc_status_name((oc_status_t)p->status), rp_detail_text(p->detail), sep, hint);
+                    status_name(st), rp_detail_text(p->detail), sep, hint);
+    return fail(st, "ballastd at %s: %s failed: %s: %s%s%s", c->addr, rp_op_name(p->op),
+                status_name(st), rp_detail_text(p->detail), sep, hint);
 }
 
 static void fill_req(rp_req_t *q, uint32_t op, const oc_key_t *k) {
@@ -605,12 +606,12 @@ static void fill_req(rp_req_t *q, uint32_t op, const oc_key_t *k) {
 }
 
 /* Synchronous ring op. */
-static oc_status_t ring_op(oc_client_t *c, rp_req_t *q, const oc_key_t *k, rp_cpl_t *out) {
+static status_t ring_op(oc_client_t *c, rp_req_t *q, const oc_key_t *k, rp_cpl_t *out) {
     uint64_t id;
-    oc_status_t st = submit(c, q, &id);
+    status_t st = submit(c, q, &id);
     if (st) return st;
     st = wait_cpl(c, id, out, NULL, c->timeout_s);
-    if (st == OC_DEADLINE_EXCEEDED) {
+    if (st == STATUS_DEADLINE_EXCEEDED) {
         /* nobody will wait for it any more: let the reaper free the slot */
         pthread_mutex_lock(&c->mu);
         slot_t *sl = slot_of(c, id);
@@ -630,7 +631,7 @@ static void *region_ptr(oc_client_t *c, const rp_cpl_t *p) {
 
 /* ---- remote-mode calls ---- */
 
-static oc_status_t remote_free_like(oc_client_t *c, const char *method, const oc_key_t *k) {
+static status_t remote_free_like(oc_client_t *c, const char *method, const oc_key_t *k) {
     pb_key_t pk;
     set_pb_key(&pk, k);
     Ballast__Offload__V1__FreeRequest req = BALLAST__OFFLOAD__V1__FREE_REQUEST__INIT;
@@ -640,10 +641,10 @@ static oc_status_t remote_free_like(oc_client_t *c, const char *method, const oc
     char msg[512];
     grpc_status_code gs = call(c, method, &req, &ballast__offload__v1__free_response__descriptor, &resp, msg, sizeof msg);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-    return gs ? rpc_fail(c, gs, method, msg) : OC_OK;
+    return gs ? rpc_fail(c, gs, method, msg) : STATUS_OK;
 }
 
-static oc_status_t remote_get(oc_client_t *c, const oc_key_t *k, Ballast__Offload__V1__GetResponse **out) {
+static status_t remote_get(oc_client_t *c, const oc_key_t *k, Ballast__Offload__V1__GetResponse **out) {
     pb_key_t pk;
     set_pb_key(&pk, k);
     Ballast__Offload__V1__GetRequest req = BALLAST__OFFLOAD__V1__GET_REQUEST__INIT;
@@ -651,7 +652,7 @@ static oc_status_t remote_get(oc_client_t *c, const oc_key_t *k, Ballast__Offloa
     req.key = &pk;
     char msg[512];
     grpc_status_code gs = call(c, "Get", &req, &ballast__offload__v1__get_response__descriptor, (void **)out, msg, sizeof msg);
-    return gs ? rpc_fail(c, gs, "Get", msg) : OC_OK;
+    return gs ? rpc_fail(c, gs, "Get", msg) : STATUS_OK;
 }
 
 static void buf_from_get(oc_buf_t *b, Ballast__Offload__V1__GetResponse *r) {
@@ -666,21 +667,21 @@ static void buf_from_get(oc_buf_t *b, Ballast__Offload__V1__GetResponse *r) {
 
 /* ---- put ---- */
 
-oc_status_t oc_put_alloc(oc_client_t *c, const oc_key_t *k, uint64_t len, bool persistent, oc_buf_t *b) {
-    oc_status_t st = key_check(k);
+status_t oc_put_alloc(oc_client_t *c, const oc_key_t *k, uint64_t len, bool persistent, oc_buf_t *b) {
+    status_t st = key_check(k);
     if (st) return st;
     memset(b, 0, sizeof *b);
     if (len == 0 || (c->max_blob && len > c->max_blob))
-        return fail(OC_INVALID_ARGUMENT, "blob length %llu must be in [1, %llu] bytes (the largest pool segment): "
+        return fail(STATUS_INVALID_ARGUMENT, "blob length %llu must be in [1, %llu] bytes (the largest pool segment): "
                     "split the blob, or restart ballastd with a larger --pool-bytes / --segment-bytes",
                     (unsigned long long)len, (unsigned long long)c->max_blob);
     if (!c->shared) {
         b->ptr = malloc(len);
-        if (!b->ptr) return fail(OC_RESOURCE_EXHAUSTED, "out of memory for a %llu-byte put buffer", (unsigned long long)len);
+        if (!b->ptr) return fail(STATUS_RESOURCE_EXHAUSTED, "out of memory for a %llu-byte put buffer", (unsigned long long)len);
         b->len = len;
         b->persistent = persistent;
         b->_priv = b->ptr;
-        return OC_OK;
+        return STATUS_OK;
     }
     rp_req_t q;
     fill_req(&q, RP_OP_PUT_ALLOC, k);
@@ -690,12 +691,12 @@ oc_status_t oc_put_alloc(oc_client_t *c, const oc_key_t *k, uint64_t len, bool p
     if ((st = ring_op(c, &q, k, &p))) return st;
     b->ptr = region_ptr(c, &p);
     if (!b->ptr || p.length != len)
-        return fail(OC_INTERNAL, "ballastd at %s returned a region outside the pool", c->addr);
+        return fail(STATUS_INTERNAL, "ballastd at %s returned a region outside the pool", c->addr);
     b->len = len;
     b->persistent = persistent;
     b->_seg = p.seg;
     b->_off = p.offset;
-    return OC_OK;
+    return STATUS_OK;
 }
 
 static void region_req(rp_req_t *q, const oc_buf_t *b) {
@@ -704,24 +705,24 @@ static void region_req(rp_req_t *q, const oc_buf_t *b) {
     q->length = b->len;
 }
 
-oc_status_t oc_put_commit(oc_client_t *c, const oc_key_t *k, oc_buf_t *b) {
+status_t oc_put_commit(oc_client_t *c, const oc_key_t *k, oc_buf_t *b) {
     oc_handle_t h;
-    oc_status_t st = oc_put_commit_async(c, k, b, &h);
+    status_t st = oc_put_commit_async(c, k, b, &h);
     if (st) return st;
     return oc_wait(c, h, NULL, c->timeout_s);
 }
 
-oc_status_t oc_put_abort(oc_client_t *c, const oc_key_t *k, oc_buf_t *b) {
-    if (!c->shared) { free(b->_priv); memset(b, 0, sizeof *b); return OC_OK; }
+status_t oc_put_abort(oc_client_t *c, const oc_key_t *k, oc_buf_t *b) {
+    if (!c->shared) { free(b->_priv); memset(b, 0, sizeof *b); return STATUS_OK; }
     memset(b, 0, sizeof *b);
     return oc_free(c, k);
 }
 
-oc_status_t oc_put_copy(oc_client_t *c, const oc_key_t *k, const void *data, uint64_t len, bool persistent) {
-    oc_status_t st = key_check(k);
+status_t oc_put_copy(oc_client_t *c, const oc_key_t *k, const void *data, uint64_t len, bool persistent) {
+    status_t st = key_check(k);
     if (st) return st;
     if (!c->shared) {
-        if (len == 0) return fail(OC_INVALID_ARGUMENT, "blob length must be > 0");
+        if (len == 0) return fail(STATUS_INVALID_ARGUMENT, "blob length must be > 0");
         pb_key_t pk;
         set_pb_key(&pk, k);
         Ballast__Offload__V1__PutRequest req = BALLAST__OFFLOAD__V1__PUT_REQUEST__INIT;
@@ -734,7 +735,7 @@ oc_status_t oc_put_copy(oc_client_t *c, const oc_key_t *k, const void *data, uin
         char msg[512];
         grpc_status_code gs = call(c, "Put", &req, &ballast__offload__v1__put_response__descriptor, &resp, msg, sizeof msg);
         if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-        return gs ? rpc_fail(c, gs, "Put", msg) : OC_OK;
+        return gs ? rpc_fail(c, gs, "Put", msg) : STATUS_OK;
     }
     oc_buf_t b;
     if ((st = oc_put_alloc(c, k, len, persistent, &b))) return st;
@@ -745,20 +746,20 @@ oc_status_t oc_put_copy(oc_client_t *c, const oc_key_t *k, const void *data, uin
 
 /* ---- get ---- */
 
-oc_status_t oc_get(oc_client_t *c, const oc_key_t *k, oc_buf_t *b) {
+status_t oc_get(oc_client_t *c, const oc_key_t *k, oc_buf_t *b) {
     oc_handle_t h;
-    oc_status_t st = oc_get_async(c, k, &h);
+    status_t st = oc_get_async(c, k, &h);
     if (st) return st;
     return oc_wait(c, h, b, c->timeout_s);
 }
 
-oc_status_t oc_get_done(oc_client_t *c, const oc_key_t *k, oc_buf_t *b) {
+status_t oc_get_done(oc_client_t *c, const oc_key_t *k, oc_buf_t *b) {
     if (!c->shared) {
         if (b->_priv) protobuf_c_message_free_unpacked(b->_priv, NULL);
         memset(b, 0, sizeof *b);
-        return OC_OK;
+        return STATUS_OK;
     }
-    oc_status_t st = key_check(k);
+    status_t st = key_check(k);
     if (st) return st;
     rp_req_t q;
     fill_req(&q, RP_OP_GET_DONE, k);
@@ -769,14 +770,14 @@ oc_status_t oc_get_done(oc_client_t *c, const oc_key_t *k, oc_buf_t *b) {
     return st;
 }
 
-oc_status_t oc_get_copy(oc_client_t *c, const oc_key_t *k, void *dst, uint64_t cap, uint64_t *len) {
+status_t oc_get_copy(oc_client_t *c, const oc_key_t *k, void *dst, uint64_t cap, uint64_t *len) {
     oc_buf_t b;
-    oc_status_t st = oc_get(c, k, &b);
+    status_t st = oc_get(c, k, &b);
     if (st) return st;
     if (len) *len = b.len;
     if (b.len > cap) {
         oc_get_done(c, k, &b);
-        return fail(OC_INVALID_ARGUMENT, "blob is %llu bytes, buffer only %llu", (unsigned long long)b.len,
+        return fail(STATUS_INVALID_ARGUMENT, "blob is %llu bytes, buffer only %llu", (unsigned long long)b.len,
                     (unsigned long long)cap);
     }
     memcpy(dst, b.ptr, b.len);
@@ -785,16 +786,16 @@ oc_status_t oc_get_copy(oc_client_t *c, const oc_key_t *k, void *dst, uint64_t c
 
 /* ---- simple ops ---- */
 
-static oc_status_t simple_async(oc_client_t *c, uint32_t op, const oc_key_t *k, oc_handle_t *h) {
-    oc_status_t st = key_check(k);
+static status_t simple_async(oc_client_t *c, uint32_t op, const oc_key_t *k, oc_handle_t *h) {
+    status_t st = key_check(k);
     if (st) return st;
     rp_req_t q;
     fill_req(&q, op, k);
     return submit(c, &q, h);
 }
 
-static oc_status_t simple(oc_client_t *c, uint32_t op, const oc_key_t *k) {
-    oc_status_t st = key_check(k);
+static status_t simple(oc_client_t *c, uint32_t op, const oc_key_t *k) {
+    status_t st = key_check(k);
     if (st) return st;
     rp_req_t q;
     fill_req(&q, op, k);
@@ -802,27 +803,27 @@ static oc_status_t simple(oc_client_t *c, uint32_t op, const oc_key_t *k) {
     return ring_op(c, &q, k, &p);
 }
 
-oc_status_t oc_free(oc_client_t *c, const oc_key_t *k) {
-    if (!c->shared) { oc_status_t st = key_check(k); return st ? st : remote_free_like(c, "Free", k); }
+status_t oc_free(oc_client_t *c, const oc_key_t *k) {
+    if (!c->shared) { status_t st = key_check(k); return st ? st : remote_free_like(c, "Free", k); }
     return simple(c, RP_OP_FREE, k);
 }
 
-oc_status_t oc_prefetch(oc_client_t *c, const oc_key_t *k) {
+status_t oc_prefetch(oc_client_t *c, const oc_key_t *k) {
     if (!c->shared) return key_check(k); /* remote: the Get itself reads back */
     return simple(c, RP_OP_PREFETCH, k);
 }
 
-oc_status_t oc_pin(oc_client_t *c, const oc_key_t *k) {
-    if (!c->shared) return fail(OC_FAILED_PRECONDITION, "pin needs shared-memory mode (remote sessions cannot pin)");
+status_t oc_pin(oc_client_t *c, const oc_key_t *k) {
+    if (!c->shared) return fail(STATUS_FAILED_PRECONDITION, "pin needs shared-memory mode (remote sessions cannot pin)");
     return simple(c, RP_OP_PIN, k);
 }
 
-oc_status_t oc_unpin(oc_client_t *c, const oc_key_t *k) {
-    if (!c->shared) return fail(OC_FAILED_PRECONDITION, "unpin needs shared-memory mode");
+status_t oc_unpin(oc_client_t *c, const oc_key_t *k) {
+    if (!c->shared) return fail(STATUS_FAILED_PRECONDITION, "unpin needs shared-memory mode");
     return simple(c, RP_OP_UNPIN, k);
 }
 
-oc_status_t oc_nop(oc_client_t *c) {
+status_t oc_nop(oc_client_t *c) {
     if (!c->shared) return oc_heartbeat(c);
     rp_req_t q;
     fill_req(&q, RP_OP_NOP, NULL);
@@ -832,66 +833,63 @@ oc_status_t oc_nop(oc_client_t *c) {
 
 /* ---- async ---- */
 
-/* Remote mode: run now, park the result in a slot. */
-static oc_status_t remote_park(oc_client_t *c, uint32_t op, oc_status_t st, void *priv, oc_handle_t *h) {
+/* Remote mode: run now, park the result in a slot; a failure's message
+ * (this thread's oc_last_error(), just set by the call) goes with it. */
+static status_t remote_park(oc_client_t *c, uint32_t op, status_t st, void *priv, oc_handle_t *h) {
     uint64_t rid = slot_take(c);
     if (!rid) {
         if (priv) protobuf_c_message_free_unpacked(priv, NULL);
-        return fail(OC_RESOURCE_EXHAUSTED, "more than %u requests in flight: oc_wait() on some handles first", c->nslots);
+        return fail(STATUS_RESOURCE_EXHAUSTED, "more than %u requests in flight: oc_wait() on some handles first", c->nslots);
     }
     pthread_mutex_lock(&c->mu);
     slot_t *s = slot_of(c, rid);
-    if (!s) { pthread_mutex_unlock(&c->mu); return fail(OC_INTERNAL, "slot table corrupt"); }
+    if (!s) { pthread_mutex_unlock(&c->mu); return fail(STATUS_INTERNAL, "slot table corrupt"); }
     memset(&s->cpl, 0, sizeof s->cpl);
     s->cpl.req_id = rid;
     s->cpl.op = op;
     s->cpl.status = (uint32_t)st;
     s->priv = priv;
+    s->msg = st != STATUS_OK ? strdup(oc_last_error()) : NULL; /* the failing call's, on this thread */
     s->state = SLOT_DONE;
     pthread_mutex_unlock(&c->mu);
     *h = rid;
-    return OC_OK;
+    return STATUS_OK;
 }
 
-static __thread char g_parked_err[1024];
-
-oc_status_t oc_get_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h) {
+status_t oc_get_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h) {
     *h = 0;
-    oc_status_t st = key_check(k);
+    status_t st = key_check(k);
     if (st) return st;
     if (!c->shared) {
         Ballast__Offload__V1__GetResponse *r = NULL;
         st = remote_get(c, k, &r);
-        if (st) snprintf(g_parked_err, sizeof g_parked_err, "%s", g_err);
         return remote_park(c, RP_OP_GET, st, r, h);
     }
     return simple_async(c, RP_OP_GET, k, h);
 }
 
-oc_status_t oc_prefetch_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h) {
+status_t oc_prefetch_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h) {
     *h = 0;
-    if (!c->shared) { oc_status_t st = key_check(k); return st ? st : remote_park(c, RP_OP_PREFETCH, OC_OK, NULL, h); }
+    if (!c->shared) { status_t st = key_check(k); return st ? st : remote_park(c, RP_OP_PREFETCH, STATUS_OK, NULL, h); }
     return simple_async(c, RP_OP_PREFETCH, k, h);
 }
 
-oc_status_t oc_free_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h) {
+status_t oc_free_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h) {
     *h = 0;
     if (!c->shared) {
-        oc_status_t st = oc_free(c, k);
-        if (st) snprintf(g_parked_err, sizeof g_parked_err, "%s", g_err);
+        status_t st = oc_free(c, k);
         return remote_park(c, RP_OP_FREE, st, NULL, h);
     }
     return simple_async(c, RP_OP_FREE, k, h);
 }
 
-oc_status_t oc_put_commit_async(oc_client_t *c, const oc_key_t *k, oc_buf_t *b, oc_handle_t *h) {
+status_t oc_put_commit_async(oc_client_t *c, const oc_key_t *k, oc_buf_t *b, oc_handle_t *h) {
     *h = 0;
-    oc_status_t st = key_check(k);
+    status_t st = key_check(k);
     if (st) return st;
     if (!c->shared) {
-        if (!b->_priv) return fail(OC_INVALID_ARGUMENT, "buffer does not come from oc_put_alloc");
+        if (!b->_priv) return fail(STATUS_INVALID_ARGUMENT, "buffer does not come from oc_put_alloc");
         st = oc_put_copy(c, k, b->ptr, b->len, b->persistent);
-        if (st) snprintf(g_parked_err, sizeof g_parked_err, "%s", g_err);
         free(b->_priv);
         memset(b, 0, sizeof *b);
         return remote_park(c, RP_OP_PUT_COMMIT, st, NULL, h);
@@ -902,26 +900,25 @@ oc_status_t oc_put_commit_async(oc_client_t *c, const oc_key_t *k, oc_buf_t *b, 
     return submit(c, &q, h);
 }
 
-oc_status_t oc_wait(oc_client_t *c, oc_handle_t h, oc_buf_t *b, double timeout_s) {
+status_t oc_wait(oc_client_t *c, oc_handle_t h, oc_buf_t *b, double timeout_s) {
     rp_cpl_t p;
     void *priv = NULL;
-    oc_status_t st = wait_cpl(c, h, &p, &priv, timeout_s);
+    status_t st = wait_cpl(c, h, &p, &priv, timeout_s);
     if (st) return st;
     if (!c->shared) {
-        if (p.status != OC_OK) {
+        if (p.status != STATUS_OK) { /* wait_cpl set the message */
             if (priv) protobuf_c_message_free_unpacked(priv, NULL);
-            snprintf(g_err, sizeof g_err, "%s", g_parked_err);
-            return (oc_status_t)p.status;
+            return (status_t)p.status;
         }
         if (b && priv) buf_from_get(b, priv);
         else if (priv) protobuf_c_message_free_unpacked(priv, NULL);
-        return OC_OK;
+        return STATUS_OK;
     }
-    if (p.status != RP_OK) return cpl_status(c, &p, NULL);
+    if (p.status != STATUS_OK) return cpl_status(c, &p, NULL);
     if (b && p.op == RP_OP_GET) {
         memset(b, 0, sizeof *b);
         b->ptr = region_ptr(c, &p);
-        if (!b->ptr) return fail(OC_INTERNAL, "ballastd at %s returned a region outside the pool", c->addr);
+        if (!b->ptr) return fail(STATUS_INTERNAL, "ballastd at %s returned a region outside the pool", c->addr);
         b->len = p.length;
         b->crc32c = p.crc32c;
         b->crc_known = (p.blob_flags & RP_CPL_CRC_KNOWN) != 0;
@@ -929,20 +926,20 @@ oc_status_t oc_wait(oc_client_t *c, oc_handle_t h, oc_buf_t *b, double timeout_s
         b->_seg = p.seg;
         b->_off = p.offset;
     }
-    return OC_OK;
+    return STATUS_OK;
 }
 
 /* ---- testing ---- */
 
-oc_status_t oc_raw_call(oc_client_t *c, const void *req64, void *cpl64, double timeout_s) {
-    if (!c->shared) return fail(OC_FAILED_PRECONDITION, "raw ring calls need shared-memory mode");
+status_t oc_raw_call(oc_client_t *c, const void *req64, void *cpl64, double timeout_s) {
+    if (!c->shared) return fail(STATUS_FAILED_PRECONDITION, "raw ring calls need shared-memory mode");
     rp_req_t q;
     memcpy(&q, req64, sizeof q);
     uint64_t id;
-    oc_status_t st = submit(c, &q, &id);
+    status_t st = submit(c, &q, &id);
     if (st) return st;
     rp_cpl_t p;
     if ((st = wait_cpl(c, id, &p, NULL, timeout_s))) return st;
     memcpy(cpl64, &p, sizeof p);
-    return (oc_status_t)p.status;
+    return status_from_grpc(p.status);
 }

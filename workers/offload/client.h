@@ -16,7 +16,8 @@
  * handle (> 0) that oc_wait() completes. A background thread sends
  * Heartbeat every lease/3. The handle is thread-safe.
  *
- * Errors: functions return an oc_status_t (gRPC status numbers, 0 = OK) and
+ * Errors: functions return a status_t (proto/status.h), always one of its
+ * wire values (gRPC's numbers, STATUS_OK = 0; status_name() names it), and
  * leave a message in oc_last_error() (per thread) that names the service
  * address and, when it is unreachable, says how to start ballastd. */
 #ifndef BALLAST_OFFLOAD_CLIENT_H
@@ -26,24 +27,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct oc_client oc_client_t;
+#include "job_name.h"
+#include "proto/status.h"
 
-typedef enum {
-    OC_OK = 0,
-    OC_CANCELLED = 1,
-    OC_UNKNOWN = 2,
-    OC_INVALID_ARGUMENT = 3,
-    OC_DEADLINE_EXCEEDED = 4,
-    OC_NOT_FOUND = 5,
-    OC_ALREADY_EXISTS = 6,
-    OC_PERMISSION_DENIED = 7,
-    OC_RESOURCE_EXHAUSTED = 8,
-    OC_FAILED_PRECONDITION = 9,
-    OC_INTERNAL = 13,
-    OC_UNAVAILABLE = 14,
-    OC_DATA_LOSS = 15,
-    OC_UNAUTHENTICATED = 16,
-} oc_status_t;
+typedef struct oc_client oc_client_t;
 
 /* Blob kinds (offload.proto Kind). */
 typedef enum {
@@ -66,7 +53,7 @@ typedef struct {
 
 typedef struct {
     const char *addr;        /* "unix:/run/ballast/ballastd.sock", "/path", or "host:port" */
-    const char *job;         /* job name, <= 63 chars of [A-Za-z0-9._-] */
+    const char *job;         /* job name: job_name_ok() (common/job_name.h) */
     uint32_t rank;           /* this worker's rank */
     uint64_t quota_bytes;    /* 0 = the service default */
     const char *token;       /* NULL = none (or the contents of token_file) */
@@ -90,12 +77,12 @@ typedef struct {
     void *_priv;     /* remote mode: heap buffer or unpacked response */
 } oc_buf_t;
 
-/* Open a session. *out on OC_OK. */
-oc_status_t oc_open(const oc_options_t *opt, oc_client_t **out);
+/* Open a session. *out on STATUS_OK. */
+status_t oc_open(const oc_options_t *opt, oc_client_t **out);
 
 /* Close the session. keep_blobs: leave its non-persistent blobs in the
  * service (owned by the job) instead of freeing them. NULL is a no-op. */
-oc_status_t oc_close(oc_client_t *c, bool keep_blobs);
+status_t oc_close(oc_client_t *c, bool keep_blobs);
 
 /* Forget the session without telling the service (a crashed worker, for
  * tests); the lease then reclaims its memory. */
@@ -123,32 +110,32 @@ const oc_segment_t *oc_segments(const oc_client_t *c, uint32_t *n);
 
 /* Reserve len bytes for key; b->ptr is where to write. persistent: the
  * blob survives the session and ballastd restarts (acked after fsync). */
-oc_status_t oc_put_alloc(oc_client_t *c, const oc_key_t *k, uint64_t len, bool persistent,
-                         oc_buf_t *b);
+status_t oc_put_alloc(oc_client_t *c, const oc_key_t *k, uint64_t len, bool persistent,
+                      oc_buf_t *b);
 /* Publish what was written into b (from oc_put_alloc for the same key). */
-oc_status_t oc_put_commit(oc_client_t *c, const oc_key_t *k, oc_buf_t *b);
+status_t oc_put_commit(oc_client_t *c, const oc_key_t *k, oc_buf_t *b);
 /* Give up a put in progress: frees the reservation. */
-oc_status_t oc_put_abort(oc_client_t *c, const oc_key_t *k, oc_buf_t *b);
+status_t oc_put_abort(oc_client_t *c, const oc_key_t *k, oc_buf_t *b);
 
 /* Fetch key; b->ptr/len are the bytes (pinned until oc_get_done). */
-oc_status_t oc_get(oc_client_t *c, const oc_key_t *k, oc_buf_t *b);
-oc_status_t oc_get_done(oc_client_t *c, const oc_key_t *k, oc_buf_t *b);
+status_t oc_get(oc_client_t *c, const oc_key_t *k, oc_buf_t *b);
+status_t oc_get_done(oc_client_t *c, const oc_key_t *k, oc_buf_t *b);
 
 /* ---- one-step helpers ---- */
 
-oc_status_t oc_put_copy(oc_client_t *c, const oc_key_t *k, const void *data, uint64_t len,
-                        bool persistent);
+status_t oc_put_copy(oc_client_t *c, const oc_key_t *k, const void *data, uint64_t len,
+                     bool persistent);
 /* Copy the blob into dst (cap bytes); *len gets its length. A blob larger
- * than cap fails with OC_INVALID_ARGUMENT (and *len says how much is needed). */
-oc_status_t oc_get_copy(oc_client_t *c, const oc_key_t *k, void *dst, uint64_t cap,
-                        uint64_t *len);
+ * than cap fails with STATUS_INVALID_ARGUMENT (and *len says how much is needed). */
+status_t oc_get_copy(oc_client_t *c, const oc_key_t *k, void *dst, uint64_t cap,
+                     uint64_t *len);
 
-oc_status_t oc_free(oc_client_t *c, const oc_key_t *k);
-oc_status_t oc_prefetch(oc_client_t *c, const oc_key_t *k);
-oc_status_t oc_pin(oc_client_t *c, const oc_key_t *k);
-oc_status_t oc_unpin(oc_client_t *c, const oc_key_t *k);
+status_t oc_free(oc_client_t *c, const oc_key_t *k);
+status_t oc_prefetch(oc_client_t *c, const oc_key_t *k);
+status_t oc_pin(oc_client_t *c, const oc_key_t *k);
+status_t oc_unpin(oc_client_t *c, const oc_key_t *k);
 /* Round trip without work (renews the lease; latency probe). */
-oc_status_t oc_nop(oc_client_t *c);
+status_t oc_nop(oc_client_t *c);
 
 /* ---- async ---- */
 
@@ -156,33 +143,33 @@ typedef uint64_t oc_handle_t; /* 0 = none */
 
 /* Start an op; *h gets a handle for oc_wait. In remote mode the op runs
  * synchronously here and oc_wait returns its result. */
-oc_status_t oc_get_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h);
-oc_status_t oc_prefetch_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h);
-oc_status_t oc_free_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h);
-oc_status_t oc_put_commit_async(oc_client_t *c, const oc_key_t *k, oc_buf_t *b, oc_handle_t *h);
+status_t oc_get_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h);
+status_t oc_prefetch_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h);
+status_t oc_free_async(oc_client_t *c, const oc_key_t *k, oc_handle_t *h);
+status_t oc_put_commit_async(oc_client_t *c, const oc_key_t *k, oc_buf_t *b, oc_handle_t *h);
 /* Wait for h; b (may be NULL) gets the region for a GET. timeout_s < 0:
  * forever; 0: a poll (takes the completions already there, never blocks).
- * OC_DEADLINE_EXCEEDED when it ran out (h stays valid). */
-oc_status_t oc_wait(oc_client_t *c, oc_handle_t h, oc_buf_t *b, double timeout_s);
+ * STATUS_DEADLINE_EXCEEDED when it ran out (h stays valid). */
+status_t oc_wait(oc_client_t *c, oc_handle_t h, oc_buf_t *b, double timeout_s);
 
 /* ---- service-wide ---- */
 
 /* Send a heartbeat now (the background thread does this on its own). */
-oc_status_t oc_heartbeat(oc_client_t *c);
+status_t oc_heartbeat(oc_client_t *c);
 
 /* ---- testing ---- */
 
 /* Push a raw 64-byte ring entry (rp_req_t of proto/offload_ring.h;
  * its req_id is overwritten) and wait for its raw completion (rp_cpl_t) into
  * cpl64. Shared-memory mode only. Returns the completion's status, or a
- * client-side error (OC_FAILED_PRECONDITION in remote mode). */
-oc_status_t oc_raw_call(oc_client_t *c, const void *req64, void *cpl64, double timeout_s);
+ * client-side error (STATUS_FAILED_PRECONDITION in remote mode). */
+status_t oc_raw_call(oc_client_t *c, const void *req64, void *cpl64, double timeout_s);
 
-/* Message of the last failing call on this thread. */
+/* Message of the last failing call on this thread. A failed async op's
+ * message is the one oc_wait() sets, on whichever thread waits for the
+ * handle (in remote mode it travels with the handle from the submitting
+ * thread). Per thread, not per client: a client may be used by several
+ * threads at once, and oc_open() fails without one. */
 const char *oc_last_error(void);
-const char *oc_status_name(oc_status_t s);
-
-/* Job names: <= 63 chars of [A-Za-z0-9._-]. */
-bool oc_job_name_ok(const char *job);
 
 #endif

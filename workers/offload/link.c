@@ -37,7 +37,7 @@ void offload_link_metrics(offload_link_t *l, metrics_registry_t *r) {
 int offload_link_open(offload_link_t *l, const char *socket, const char *remote, const char *job,
                       const char *token_file, int rank, char *err, size_t errlen) {
     memset(l, 0, sizeof *l);
-    if (!oc_job_name_ok(job))
+    if (!job_name_ok(job))
         return errbuf_set(err, errlen, "--offload-job '%s': use 1..63 characters of [A-Za-z0-9._-]", job);
     l->rank = (uint32_t)rank;
     l->addr = remote ? remote : socket;
@@ -46,12 +46,12 @@ int offload_link_open(offload_link_t *l, const char *socket, const char *remote,
     snprintf(name, sizeof name, "ballast-worker rank %d", rank);
     oc_options_t o = { .addr = l->addr, .job = job, .rank = (uint32_t)rank, .client_name = name,
                        .token_file = token_file && *token_file ? token_file : NULL };
-    oc_status_t st = oc_open(&o, &l->c);
-    if (st != OC_OK) {
+    status_t st = oc_open(&o, &l->c);
+    if (st != STATUS_OK) {
         l->c = NULL;
         return errbuf_set(err, errlen, "offload needs ballastd (--%s %s): %s%s", remote ? "offload-remote" : "offload-socket",
                           l->addr, oc_last_error(),
-                          st == OC_UNAUTHENTICATED ? " (the worker reads it from --offload-token-file FILE)" : "");
+                          st == STATUS_UNAUTHENTICATED ? " (the worker reads it from --offload-token-file FILE)" : "");
     }
     offload_link_metrics(l, metrics_default());
     return 0;
@@ -72,22 +72,22 @@ void offload_link_count(offload_link_t *l, uint64_t to, uint64_t from) {
 
 int offload_link_wait(offload_link_t *l, oc_handle_t h, oc_buf_t *b, const char *what, char *err, size_t errlen) {
     double t = clock_now_s();
-    oc_status_t st = oc_wait(l->c, h, b, -1);
+    status_t st = oc_wait(l->c, h, b, -1);
     double w = clock_now_s() - t;
     l->wait_s += w;
     if (l->m_wait) metric_add(l->m_wait, w);
-    return st == OC_OK ? 0 : offload_link_fail(err, errlen, what);
+    return st == STATUS_OK ? 0 : offload_link_fail(err, errlen, what);
 }
 
 int offload_link_put_alloc(offload_link_t *l, const oc_key_t *k, uint64_t len, bool persistent, oc_buf_t *b,
                            char *err, size_t errlen) {
-    oc_status_t st = oc_put_alloc(l->c, k, len, persistent, b);
-    if (st == OC_ALREADY_EXISTS) {
+    status_t st = oc_put_alloc(l->c, k, len, persistent, b);
+    if (st == STATUS_ALREADY_EXISTS) {
         /* left by an earlier run of this job (or a step that never finished) */
-        if (oc_free(l->c, k) != OC_OK) return offload_link_fail(err, errlen, "freeing a stale blob");
+        if (oc_free(l->c, k) != STATUS_OK) return offload_link_fail(err, errlen, "freeing a stale blob");
         st = oc_put_alloc(l->c, k, len, persistent, b);
     }
-    return st == OC_OK ? 0 : offload_link_fail(err, errlen, "reserving a blob in ballastd");
+    return st == STATUS_OK ? 0 : offload_link_fail(err, errlen, "reserving a blob in ballastd");
 }
 
 int offload_link_put(offload_link_t *l, const oc_key_t *k, const void *data, uint64_t len, bool persistent,
@@ -96,18 +96,18 @@ int offload_link_put(offload_link_t *l, const oc_key_t *k, const void *data, uin
     if (offload_link_put_alloc(l, k, len, persistent, &b, err, errlen)) return -1;
     memcpy(b.ptr, data, len);
     double t = clock_now_s();
-    oc_status_t st = oc_put_commit(l->c, k, &b);
-    if (st == OC_ALREADY_EXISTS && oc_free(l->c, k) == OC_OK) /* remote mode: the put happens at commit */
+    status_t st = oc_put_commit(l->c, k, &b);
+    if (st == STATUS_ALREADY_EXISTS && oc_free(l->c, k) == STATUS_OK) /* remote mode: the put happens at commit */
         st = oc_put_copy(l->c, k, data, len, persistent);
     double w = clock_now_s() - t;
     l->wait_s += w;
     if (l->m_wait) metric_add(l->m_wait, w);
-    if (st != OC_OK) return offload_link_fail(err, errlen, "storing a blob in ballastd");
+    if (st != STATUS_OK) return offload_link_fail(err, errlen, "storing a blob in ballastd");
     offload_link_count(l, len, 0);
     return 0;
 }
 
 int offload_link_free(offload_link_t *l, const oc_key_t *k, char *err, size_t errlen) {
-    oc_status_t st = oc_free(l->c, k);
-    return st == OC_OK || st == OC_NOT_FOUND ? 0 : offload_link_fail(err, errlen, "freeing a blob in ballastd");
+    status_t st = oc_free(l->c, k);
+    return st == STATUS_OK || st == STATUS_NOT_FOUND ? 0 : offload_link_fail(err, errlen, "freeing a blob in ballastd");
 }

@@ -201,9 +201,9 @@ static int free_version(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
 static int read_record(opt_offload_t *o, int slot, oo_record_t *r, char *err, size_t errlen) {
     oc_key_t k = record_key(o, slot);
     uint64_t len = 0;
-    oc_status_t st = oc_get_copy(o->link->c, &k, r, sizeof *r, &len);
-    if (st == OC_NOT_FOUND) return 0;
-    if (st != OC_OK) return offload_link_fail(err, errlen, "reading the step record");
+    status_t st = oc_get_copy(o->link->c, &k, r, sizeof *r, &len);
+    if (st == STATUS_NOT_FOUND) return 0;
+    if (st != STATUS_OK) return offload_link_fail(err, errlen, "reading the step record");
     offload_link_count(o->link, 0, len);
     if (len != sizeof *r || memcmp(r->magic, OO_MAGIC, 8))
         return errbuf_set(err, errlen, "rank %u: the step record in ballastd (job blobs of another program or version) "
@@ -245,7 +245,7 @@ static int finish_version(opt_offload_t *o, int64_t v, char *err, size_t errlen)
     if (o->mode == OPT_OFFLOAD_HOST && oc_is_shared(o->link->c)) {
         for (int u = 0; u < o->f->n_units; u++) {
             oc_key_t k = state_key(o, u, v);
-            if (oc_pin(o->link->c, &k) != OC_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
+            if (oc_pin(o->link->c, &k) != STATUS_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
         }
     }
     return 0;
@@ -259,7 +259,7 @@ static bool pinning(const opt_offload_t *o) { return o->mode == OPT_OFFLOAD_HOST
 static int unit_replaced(opt_offload_t *o, int64_t v, int u, char *err, size_t errlen) {
     oc_key_t kn = state_key(o, u, v), ko = state_key(o, u, v - 1);
     if (pinning(o)) {
-        if (oc_pin(o->link->c, &kn) != OC_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
+        if (oc_pin(o->link->c, &kn) != STATUS_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
         oc_unpin(o->link->c, &ko);   /* may hold none */
     }
     return offload_link_free(o->link, &ko, err, errlen);
@@ -270,10 +270,10 @@ static int unit_replaced(opt_offload_t *o, int64_t v, int u, char *err, size_t e
 static int reap_commits(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
     for (int u = 0; u < o->f->n_units; u++) {
         if (!o->put_h[u]) continue;
-        oc_status_t st = oc_wait(o->link->c, o->put_h[u], NULL, 0);
-        if (st == OC_DEADLINE_EXCEEDED) continue;
+        status_t st = oc_wait(o->link->c, o->put_h[u], NULL, 0);
+        if (st == STATUS_DEADLINE_EXCEEDED) continue;
         o->put_h[u] = 0;
-        if (st != OC_OK) return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
+        if (st != STATUS_OK) return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
         if (unit_replaced(o, v, u, err, errlen)) return -1;
     }
     return 0;
@@ -342,7 +342,7 @@ static int store_initial(opt_offload_t *o, char *err, size_t errlen) {
         }
         if (f->init_host) memcpy((float *)b.ptr + 2 * c, f->init_host + off, c * sizeof(float));
         else f->be->to_host((float *)b.ptr + 2 * c, f->master + off, c * sizeof(float));
-        if (oc_put_commit_async(o->link->c, &k, &b, &o->put_h[u]) != OC_OK)
+        if (oc_put_commit_async(o->link->c, &k, &b, &o->put_h[u]) != STATUS_OK)
             return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
         offload_link_count(o->link, blob_bytes(f, u), 0);
     }
@@ -417,7 +417,7 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
     for (int u = 0; u < f->n_units; u++) {
         oc_key_t k = state_key(o, u, c);
         oc_buf_t b;
-        if (oc_get(o->link->c, &k, &b) != OC_OK) return offload_link_fail(err, errlen, "reading optimizer state of the resumed step");
+        if (oc_get(o->link->c, &k, &b) != STATUS_OK) return offload_link_fail(err, errlen, "reading optimizer state of the resumed step");
         if (b.len != blob_bytes(f, u)) {
             oc_get_done(o->link->c, &k, &b);
             return errbuf_set(err, errlen, "optimizer state of unit %d in ballastd has %llu bytes, expected %zu", u,
@@ -425,7 +425,7 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
         }
         f->be->from_host(f->master + f->shard_off[u], (float *)b.ptr + 2 * f->chunk[u], f->chunk[u] * sizeof(float));
         offload_link_count(o->link, 0, f->chunk[u] * sizeof(float));
-        if (oc_get_done(o->link->c, &k, &b) != OC_OK) return offload_link_fail(err, errlen, "releasing optimizer state");
+        if (oc_get_done(o->link->c, &k, &b) != STATUS_OK) return offload_link_fail(err, errlen, "releasing optimizer state");
     }
     /* versions other than c and c - 1 (partial or stale), and a record of
      * step c + 1 that the other ranks never matched, go */
@@ -441,7 +441,7 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
     if (o->mode == OPT_OFFLOAD_HOST && oc_is_shared(o->link->c)) {
         for (int u = 0; u < f->n_units; u++) {
             oc_key_t k = state_key(o, u, c);
-            if (oc_pin(o->link->c, &k) != OC_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
+            if (oc_pin(o->link->c, &k) != STATUS_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
         }
     }
     if (f->wact != (act_t *)f->master) fsdp_state_changed(f); /* the working copy follows the loaded master */
@@ -488,7 +488,7 @@ static void abort_step(opt_offload_t *o, int64_t s) {
     }
     for (int u = 0; u < o->f->n_units; u++) {
         oc_key_t ko = state_key(o, u, s - 1), kn = state_key(o, u, s);
-        if (o->get_h[u]) { if (oc_wait(c, o->get_h[u], &o->old[u], -1) == OC_OK) oc_get_done(c, &ko, &o->old[u]); o->get_h[u] = 0; }
+        if (o->get_h[u]) { if (oc_wait(c, o->get_h[u], &o->old[u], -1) == STATUS_OK) oc_get_done(c, &ko, &o->old[u]); o->get_h[u] = 0; }
         if (o->old_held[u]) { oc_get_done(c, &ko, &o->old[u]); o->old_held[u] = false; }
         if (o->nw_held[u]) { oc_put_abort(c, &kn, &o->nw[u]); o->nw_held[u] = false; }
         if (o->put_h[u]) { oc_wait(c, o->put_h[u], NULL, -1); o->put_h[u] = 0; }
@@ -510,7 +510,7 @@ static int receive_unit(opt_offload_t *o, int64_t s, int u, char *err, size_t er
                           (unsigned long long)o->old[u].len, blob_bytes(f, u));
     if (u + 1 < f->n_units) {
         oc_key_t kx = state_key(o, u + 1, s - 1);
-        if (oc_get_async(c, &kx, &o->get_h[u + 1]) != OC_OK) return offload_link_fail(err, errlen, "reading optimizer state");
+        if (oc_get_async(c, &kx, &o->get_h[u + 1]) != STATUS_OK) return offload_link_fail(err, errlen, "reading optimizer state");
     }
     oc_key_t kn = state_key(o, u, s);
     if (offload_link_put_alloc(o->link, &kn, blob_bytes(f, u), o->durable, &o->nw[u], err, errlen)) return -1;
@@ -523,9 +523,9 @@ static int release_unit(opt_offload_t *o, int64_t s, int u, char *err, size_t er
     oc_client_t *c = o->link->c;
     oc_key_t ko = state_key(o, u, s - 1), kn = state_key(o, u, s);
     o->old_held[u] = false;
-    if (oc_get_done(c, &ko, &o->old[u]) != OC_OK) return offload_link_fail(err, errlen, "releasing optimizer state");
+    if (oc_get_done(c, &ko, &o->old[u]) != STATUS_OK) return offload_link_fail(err, errlen, "releasing optimizer state");
     o->nw_held[u] = false;
-    if (oc_put_commit_async(c, &kn, &o->nw[u], &o->put_h[u]) != OC_OK)
+    if (oc_put_commit_async(c, &kn, &o->nw[u], &o->put_h[u]) != STATUS_OK)
         return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
     offload_link_count(o->link, blob_bytes(o->f, u), 0);
     /* not durable: old blobs go as soon as their replacements are acknowledged */
@@ -657,7 +657,7 @@ int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, c
     float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
 
     oc_key_t k0 = state_key(o, 0, s - 1);
-    if (oc_get_async(c, &k0, &o->get_h[0]) != OC_OK) return offload_link_fail(err, errlen, "reading optimizer state");
+    if (oc_get_async(c, &k0, &o->get_h[0]) != STATUS_OK) return offload_link_fail(err, errlen, "reading optimizer state");
     int rc = o->in_place ? step_in_place(o, s, (float)lr, step_size, bc2_sqrt, grad_scale, err, errlen)
                          : step_staged(o, s, (float)lr, step_size, bc2_sqrt, grad_scale, err, errlen);
     if (rc) {
@@ -701,7 +701,7 @@ int opt_offload_load_moments(opt_offload_t *o, char *err, size_t errlen) {
         oc_key_t k = state_key(o, u, o->version);
         oc_buf_t b;
         size_t ch = f->chunk[u], off = f->shard_off[u];
-        if (oc_get(o->link->c, &k, &b) != OC_OK) {
+        if (oc_get(o->link->c, &k, &b) != STATUS_OK) {
             opt_offload_drop_moments(o);
             return offload_link_fail(err, errlen, "reading optimizer state for a checkpoint");
         }
