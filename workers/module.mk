@@ -39,10 +39,12 @@ endif
 # ---- programs ----
 BINS += $(BUILD)/bin/ballast-worker $(BUILD)/bin/ballast
 
-# ballast-worker: the training layers and what they stand on.
+# ballast-worker: the training layers and what they stand on; its malloc is
+# jemalloc's (Makefile, JEMALLOC_LIBS).
 WORKER_BIN_LIBS := $(WLIB_train) $(WLIB_offload) $(WLIB_ckpt) $(WLIB_parallel) $(WLIB_plan) $(WLIB_model) \
                    $(WLIB_comm) $(WLIB_data) $(WLIB_backend) $(RDZV_LIB) $(COMMON_LIB)
 $(BUILD)/bin/ballast-worker: LINK_LIBS = $(WORKER_BIN_LIBS)
+$(BUILD)/bin/ballast-worker: MALLOC_LIBS = $(JEMALLOC_LIBS)
 $(BUILD)/bin/ballast-worker: $(BUILD)/obj/workers/worker_main.o $(WORKER_BIN_LIBS)
 	$(LINK)
 
@@ -54,7 +56,7 @@ $(BUILD)/bin/ballast-worker: $(CUDA_LIB)
 $(BUILD)/bin/ballast-worker: EXTRA_LIBS += -Wl,-u,backend_cuda -Wl,-u,pool_register $(CUDA_LIB) $(GPU_LIBS)
 endif
 
-# ballast: the subcommands.
+# ballast: the subcommands, on glibc's malloc (why: Makefile, JEMALLOC_LIBS).
 BALLAST_BIN_LIBS := $(WLIB_cli) $(WORKER_BIN_LIBS)
 $(BUILD)/bin/ballast: LINK_LIBS = $(BALLAST_BIN_LIBS)
 $(BUILD)/bin/ballast: $(BUILD)/obj/workers/ballast_main.o $(BALLAST_BIN_LIBS)
