@@ -20,6 +20,7 @@
 
 #include "jemalloc_stats.h"
 #include "metrics.h"
+#include "tests/unit/helpers.h"
 
 #pragma weak mallctl
 #pragma weak sallocx
@@ -27,12 +28,7 @@
 #define BIG ((size_t)64 << 20)
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) { /* splitmix64 */
-    uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return th_splitmix64(&rng); }
 
 /* Skip (loudly) where jemalloc is not this process's malloc. */
 static void need_jemalloc(void) {
@@ -207,7 +203,7 @@ static void *reader(void *arg) {
     char err[JEMALLOC_STATS_ERR_LEN];
     if (!jemalloc_stats_is_malloc(err, sizeof err)) { snprintf(w->fail, sizeof w->fail, "%s", err); return NULL; }
     for (int i = 0; i < 400 && !w->fail[0]; i++) {
-        w->seed = w->seed * 6364136223846793005ull + 1442695040888963407ull;
+        th_lcg64(&w->seed);
         int k = (int)((w->seed >> 33) % 64);
         size_t n = 1 + (size_t)((w->seed >> 20) % (1u << 20));
         free(live[k]);

@@ -21,6 +21,7 @@
 #include "services/offload/session.h"
 #include "services/offload/store.h"
 #include "workers/offload/client.h"
+#include "tests/unit/helpers.h"
 
 typedef struct {
     char dir[64], sock[96], fdsock[96], addr[112];
@@ -33,8 +34,7 @@ typedef struct {
 static void svc_start(svc_t *t, double lease, uint32_t max_sessions, uint64_t max_quota) {
     memset(t, 0, sizeof *t);
     log_set_level(LOG_WARN);
-    snprintf(t->dir, sizeof t->dir, "/tmp/ballast-sess.XXXXXX");
-    cr_assert_not_null(mkdtemp(t->dir));
+    th_tmpdir(t->dir, sizeof t->dir, NULL, "sess");
     snprintf(t->sock, sizeof t->sock, "%s/s.sock", t->dir);
     snprintf(t->fdsock, sizeof t->fdsock, "%s/s.sock.fd", t->dir);
     snprintf(t->addr, sizeof t->addr, "unix:%s", t->sock);
@@ -60,9 +60,7 @@ static void svc_stop(svc_t *t) {
     rpc_server_free(t->srv);
     sess_mgr_close(t->sm);
     store_close(t->store);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", t->dir);
-    if (system(cmd)) {}
+    th_rm_rf(t->dir);
 }
 
 static oc_client_t *client(svc_t *t, const char *job, uint32_t rank, uint64_t quota, unsigned flags) {
@@ -80,7 +78,7 @@ static oc_client_t *client(svc_t *t, const char *job, uint32_t rank, uint64_t qu
 
 static void fill(uint8_t *p, size_t n, uint64_t seed) {
     uint64_t s = seed * 0x9e3779b97f4a7c15ull | 1;
-    for (size_t i = 0; i < n; i++) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; p[i] = (uint8_t)(s >> 24); }
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(th_xorshift64(&s) >> 24);
 }
 
 Test(session, names) {
