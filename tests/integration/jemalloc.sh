@@ -117,8 +117,8 @@ PORT=$(free_port)
 "$W" --model tiny --data "$D/c.bin" --micro-batch 4 --seq-len 32 --threads 2 --steps 1000000 --lr-schedule constant \
     --log-every 1000 --log-json "$D/w.jsonl" --metrics-port "$PORT" --metrics-bind 127.0.0.1 > "$D/w.out" 2>&1 &
 WPID=$!
-for _ in $(seq 1 300); do n=$(grep -c '"step"' "$D/w.jsonl" 2>/dev/null); [ "${n:-0}" -ge 2 ] && break; sleep 0.1; done
-params=$($PY -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["params"])' "$D/w.jsonl" 2>/dev/null)
+for _ in $(seq 1 300); do n=$(jl_count "$D/w.jsonl" 2>/dev/null); [ "${n:-0}" -ge 2 ] && break; sleep 0.1; done
+params=$(jl_get "$D/w.jsonl" --kind settings params 2>/dev/null)
 if out=$(check_scrape "$PORT" 'rank="0"'); then
     t_ok "worker /metrics: the jemalloc gauges with rank=\"0\", fragmentation = active/allocated - 1"
     al=$(echo "$out" | sed -n 's/^allocated_bytes=//p')
