@@ -29,7 +29,22 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 DEPS_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
              liburing-dev libjemalloc-dev libjansson-dev libmicrohttpd-dev libcriterion-dev \
              python3-torch python3-numpy libopenblas0-pthread fio valgrind docker-compose python3-yaml
-PKGS      := grpc libprotobuf-c liburing jemalloc jansson libmicrohttpd
+PKGS      := grpc libprotobuf-c liburing jansson libmicrohttpd
+
+# jemalloc is the process allocator of ballastd and ballast-worker (and of
+# the test programs, which run their code). Debian's libjemalloc2 exports an
+# unprefixed malloc/free, so linking it first, ahead of libc, replaces
+# glibc's malloc; --no-as-needed keeps it in a program whatever the objects
+# refer to. A program says MALLOC_LIBS = $(JEMALLOC_LIBS) to get it (its
+# module.mk); common/jemalloc_stats.c checks at run time that the binding
+# happened and exports jemalloc's figures. The others keep glibc's malloc:
+# `ballast` is a launcher and one-shot tools (it execs the workers and
+# ballastd, and serves no /metrics where jemalloc's figures would go),
+# ballast-probe lives for milliseconds, ballast-rdzv holds a few keys.
+# Sanitizer builds leave jemalloc out: the sanitizer's malloc comes first
+# (and common/jemalloc_stats.c, built with BALLAST_NO_JEMALLOC, says so).
+JEMALLOC_LIBS := $(if $(SAN),,-Wl,--push-state,--no-as-needed $(shell pkg-config --libs jemalloc) -Wl,--pop-state)
+JEMALLOC_CFLAGS := $(if $(SAN),-DBALLAST_NO_JEMALLOC)
 
 SAN_FLAGS_asan := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 SAN_FLAGS_tsan := -fsanitize=thread -fno-omit-frame-pointer
@@ -39,9 +54,9 @@ OPT            := $(if $(SAN),-O1,-O2)
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter \
                -Wno-missing-field-initializers -fopenmp -pthread $(SAN_FLAGS)
 INCLUDES    := -I. -Icommon -I$(BUILD)/gen
-PKG_CFLAGS   = $(shell pkg-config --cflags $(PKGS))
+PKG_CFLAGS   = $(shell pkg-config --cflags $(PKGS) jemalloc)
 PKG_LIBS     = $(shell pkg-config --libs $(PKGS))
-CFLAGS      += $(CFLAGS_BASE) $(INCLUDES) $(PKG_CFLAGS)
+CFLAGS      += $(CFLAGS_BASE) $(INCLUDES) $(PKG_CFLAGS) $(JEMALLOC_CFLAGS)
 LDLIBS      += $(PKG_LIBS) -lm -ldl
 LDFLAGS     += -fopenmp -pthread -Wl,--as-needed $(SAN_FLAGS)
 DEPFLAGS     = -MMD -MP
@@ -68,9 +83,10 @@ COMMON_LIB   := $(BUILD)/lib/libballast_common.a
 
 # Link a program from its own objects ($^) and the libraries it names in
 # LINK_LIBS (a target-specific variable, most dependent first: each program
-# links only what it uses).
+# links only what it uses). MALLOC_LIBS (target-specific too, empty by
+# default) comes first: the allocator that must win over libc's.
 LINK = @mkdir -p $(@D); echo "  LD   $@"; \
-       $(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LINK_LIBS) $(LDLIBS) $(EXTRA_LIBS)
+       $(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(MALLOC_LIBS) $(LINK_LIBS) $(LDLIBS) $(EXTRA_LIBS)
 
 .PHONY: all build deps test run bench asan tsan valgrind clean help check-deps
 .DEFAULT_GOAL := all

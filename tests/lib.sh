@@ -6,6 +6,18 @@
 #   t_expect_fail NAME PATTERN CMD...  passes when CMD exits non-zero and its
 #                                output (stdout+stderr) matches PATTERN (grep -E)
 #   t_tmpdir                     a fresh directory removed at exit
+#
+# The JSON log of ballast-worker --log-json, through tests/jsonlog.py (its
+# header has the details; values print as logged, so runs compare as text):
+#   jl_get FILE [SELECT...] FIELD...  the fields of each step record, one line
+#                                a record; SELECT: --kind settings|layout (that
+#                                record instead), --step N, --from N,
+#                                --first N, --last N; --upto N: every record
+#                                through step N's (a log cut after step N)
+#   jl_count FILE [SELECT...]    how many records are selected
+#   jl_raw FILE [SELECT...]      the selected records' lines as logged
+# Python snippets can `import jsonlog` (records, steps, first, by_step,
+# values): tests/ is on PYTHONPATH.
 set -u
 BUILD=${BUILD:-build}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,6 +27,9 @@ BIN=$ROOT/$BUILD/bin
 TBIN=$ROOT/$BUILD/tests/bin
 T_FAILED=0
 T_COUNT=0
+T_PY=/usr/bin/python3
+[ -x "$T_PY" ] || T_PY=python3
+export PYTHONPATH="$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1  # no __pycache__ in the tree
 
 t_ok()   { T_COUNT=$((T_COUNT+1)); echo "ok - $1"; }
 t_fail() { T_COUNT=$((T_COUNT+1)); T_FAILED=$((T_FAILED+1)); echo "not ok - $1"; shift; echo "#   $*" | sed 's/^/#   /' >&2; echo "  # $*"; }
@@ -48,5 +63,9 @@ t_tmpdir() {
 }
 t_cleanup() { [ -n "${T_TMPROOT:-}" ] && rm -rf "$T_TMPROOT"; }
 trap t_cleanup EXIT   # a script that sets its own EXIT trap must call t_cleanup in it
+
+jl_get()   { "$T_PY" "$ROOT/tests/jsonlog.py" "$@"; }
+jl_count() { "$T_PY" "$ROOT/tests/jsonlog.py" "$@" --count; }
+jl_raw()   { "$T_PY" "$ROOT/tests/jsonlog.py" "$@" --raw; }
 
 t_done() { [ "$T_COUNT" -gt 0 ] || { echo "not ok - $(basename "$0") ran no check"; exit 1; }; [ "$T_FAILED" -eq 0 ]; }

@@ -1,6 +1,7 @@
 # tests/: Criterion unit tests (tests/unit/test_*.c), helper programs for the
 # integration tests (tests/integration/*.c), benchmarks (tests/bench/*.c).
-# Tests may drive any layer, so they link every library of the tree, top down.
+# Tests may drive any layer, so they link every library of the tree, top down,
+# and run on jemalloc like the programs whose code they drive.
 
 # tests/lib/: test doubles (backends whose memory the host cannot touch)
 # and the test build of ballast-worker that uses them.
@@ -18,6 +19,7 @@ UNIT_TESTS += $(patsubst tests/integration/%.c,$(BUILD)/tests/integration/%,$(wi
 UNIT_TESTS += $(patsubst tests/bench/%.c,$(BUILD)/tests/bench/%,$(wildcard tests/bench/*.c))
 
 $(BUILD)/tests/%: LINK_LIBS = $(TEST_LIBS) $(GPU_LIBS)
+$(BUILD)/tests/%: MALLOC_LIBS = $(JEMALLOC_LIBS)
 
 $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(TEST_LIBS)
 	$(LINK) -lcriterion

@@ -74,8 +74,11 @@ check_reports() {
 
 VG=()
 if [ "${BALLAST_VALGRIND:-0}" = 1 ]; then
+    # jemalloc is the malloc of the test programs (Makefile, JEMALLOC_LIBS):
+    # --soname-synonyms has valgrind replace its malloc too, so heap errors
+    # are still seen
     VG=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite --trace-children=yes
-        --suppressions=tests/valgrind.supp)
+        --soname-synonyms=somalloc=*jemalloc* --suppressions=tests/valgrind.supp)
 fi
 
 for t in $(ls "$BUILD"/tests/unit/test_* 2>/dev/null | grep -v '\.d$' | sort); do

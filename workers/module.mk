@@ -45,15 +45,18 @@ $(CUDA_LIB): $(CUDA_LIB_OBJS)
 # ---- programs ----
 BINS += $(BUILD)/bin/ballast-worker $(BUILD)/bin/ballast
 
-# ballast-worker: the training layers and what they stand on.
+# ballast-worker: the training layers and what they stand on; its malloc is
+# jemalloc's (Makefile, JEMALLOC_LIBS).
 WORKER_BIN_LIBS := $(WLIB_train) $(WLIB_offload) $(WLIB_ckpt) $(WLIB_parallel) $(WLIB_plan) $(WLIB_model) \
                    $(WLIB_comm) $(WLIB_data) $(WLIB_backend) $(CUDA_LIB) $(RDZV_LIB) $(COMMON_LIB)
 $(BUILD)/bin/ballast-worker: LINK_LIBS = $(WORKER_BIN_LIBS) $(GPU_LIBS)
+$(BUILD)/bin/ballast-worker: MALLOC_LIBS = $(JEMALLOC_LIBS)
 $(BUILD)/bin/ballast-worker: $(BUILD)/obj/workers/worker_main.o $(WORKER_BIN_LIBS)
 	$(LINK)
 
 # ballast: the subcommands and the layers they use (no compute backend:
-# ballast train starts ballast-worker processes).
+# ballast train starts ballast-worker processes), on glibc's malloc (why:
+# Makefile, JEMALLOC_LIBS).
 BALLAST_BIN_LIBS := $(WLIB_cli) $(WLIB_offload) $(WLIB_ckpt) $(WLIB_parallel) $(WLIB_plan) $(WLIB_model) \
                     $(WLIB_comm) $(WLIB_data) $(WLIB_backend) $(RDZV_LIB) $(COMMON_LIB)
 $(BUILD)/bin/ballast: LINK_LIBS = $(BALLAST_BIN_LIBS)

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "jemalloc_stats.h"
 #include "log.h"
 #include "metrics.h"
 #include "options.h"
@@ -258,6 +259,7 @@ int main(int argc, char **argv) {
 
     svc_ref_t sref = { store, sm };
     svc_metrics_t *smx = NULL;
+    jemalloc_metrics_t *jmx = NULL;
     metrics_server_t *msrv = NULL;
     rpc_server_opts_t ro = { (int)o_threads, (size_t)o_max_msg };
     char rerr[RPC_ERR_LEN];
@@ -301,8 +303,12 @@ int main(int argc, char **argv) {
     }
     if (o_metrics_port > 0) {
         char merr[METRICS_ERR_LEN];
-        if (!(smx = svc_metrics_init(metrics_default(), read_svc, &sref, merr, sizeof merr)) ||
-            !(msrv = metrics_server_start(metrics_default(), o_metrics_bind, (int)o_metrics_port, merr, sizeof merr))) {
+        if (!(smx = svc_metrics_init(metrics_default(), read_svc, &sref, merr, sizeof merr))) {
+            log_error("metrics: %s", merr);
+            goto fail;
+        }
+        if (!(jmx = jemalloc_stats_metrics_init(metrics_default(), merr, sizeof merr))) log_info("metrics: %s", merr);
+        if (!(msrv = metrics_server_start(metrics_default(), o_metrics_bind, (int)o_metrics_port, merr, sizeof merr))) {
             log_error("metrics: %s", merr);
             goto fail;
         }
@@ -334,6 +340,7 @@ int main(int argc, char **argv) {
     rpc_server_stop(srv, (int)(o_drain_grace * 1000));
     metrics_server_stop(msrv); /* before what the collector reads goes away */
     svc_metrics_free(smx);
+    jemalloc_stats_metrics_free(jmx);
     sess_mgr_close(sm); /* ring threads serve what is queued, then sessions end */
     sm = NULL;
     rc = store_drain(store, sterr, sizeof sterr);
@@ -349,6 +356,7 @@ int main(int argc, char **argv) {
 fail:
     metrics_server_stop(msrv);
     svc_metrics_free(smx);
+    jemalloc_stats_metrics_free(jmx);
     rpc_server_free(srv);
     rpc_server_free(hsrv);
     sess_mgr_close(sm);

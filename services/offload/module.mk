@@ -12,7 +12,9 @@ $(OFFLOAD_LIB): $(OFFLOAD_OBJS)
 
 BINS += $(BUILD)/bin/ballastd
 
-# ballastd is its service code and common, nothing of workers/.
+# ballastd is its service code and common, nothing of workers/; its malloc
+# is jemalloc's (Makefile, JEMALLOC_LIBS).
 $(BUILD)/bin/ballastd: LINK_LIBS = $(OFFLOAD_LIB) $(COMMON_LIB)
+$(BUILD)/bin/ballastd: MALLOC_LIBS = $(JEMALLOC_LIBS)
 $(BUILD)/bin/ballastd: $(BUILD)/obj/services/offload/main.o $(OFFLOAD_LIB) $(COMMON_LIB)
 	$(LINK)

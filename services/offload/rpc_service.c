@@ -12,6 +12,7 @@
 
 #include "offload.pb-c.h"
 #include "proto/offload_ring.h"
+#include "services/offload/svc_allocator.h"
 
 typedef Ballast__Offload__V1__Key pb_key_t;
 
@@ -139,6 +140,7 @@ static grpc_status_code h_stats(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
     r->draining = st.draining || sess_mgr_draining(svc->sessions);
     r->uptime_seconds = clock_now_s() - svc->start_s;
     r->pid = (uint32_t)getpid();
+    r->allocator = svc_allocator_stats(ctx);
 
     sess_row_t *rows = NULL;
     size_t n = 0;

@@ -35,6 +35,9 @@ import time
 
 import yaml
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import jsonlog  # tests/jsonlog.py: the reader of --log-json files
+
 RESULTS = []
 
 
@@ -190,15 +193,8 @@ def order(services):
 
 
 def losses(path):
-    vals = []
-    for line in open(path):
-        line = line.strip()
-        if not line:
-            continue
-        rec = json.loads(line)
-        if "step" in rec and rec.get("loss") is not None:  # skip the settings record
-            vals.append(float(rec["loss"]))
-    return vals
+    """The finite losses of the step records (not the settings record)."""
+    return [float(r["loss"]) for r in jsonlog.steps(path) if r.get("loss") is not None]
 
 
 def wait_done(name, p, timeout, running, status, logs):

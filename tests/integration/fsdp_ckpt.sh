@@ -32,7 +32,7 @@ CMP="$ROOT/tests/integration/fsdp_cmp.py"
 ARGS=(--model "$D/m.json" --init-seed 3 --data "$D/c.bin" --seq-len 32 --micro-batch 2 --grad-accum 2 --steps 8
       --lr 3e-3 --warmup-steps 2 --min-lr 1e-4 --grad-clip 0.5 --threads 1 --rdzv-timeout 60s)
 # step records only (the log starts with a settings record; a resumed run appends another)
-fields() { grep '^{"step"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/'; }
+fields() { jl_get "$1" step loss lr grad_norm; }
 train4() { timeout 120 "$B" train --nproc 4 "${ARGS[@]}" "$@"; }
 
 train4 --hybrid-shard-degree 2 --log-json "$D/full.jsonl" --dump-params "$D/full.st" > "$D/full.out" 2>&1 ||
@@ -71,7 +71,7 @@ else t_fail "manifest layout and ranges" "see above"; fi
 # resume from step 4: the same bits as the uninterrupted run
 rm -rf "$D/ck/step-00000008"
 # every record up to step 4 (the settings and layout records come first)
-awk '{print} /^\{"step"/ && ++n == 4 {exit}' "$D/a.jsonl" > "$D/b.jsonl"
+jl_raw "$D/a.jsonl" --upto 4 > "$D/b.jsonl"
 if train4 --hybrid-shard-degree 2 --ckpt-dir "$D/ck" --resume --log-json "$D/b.jsonl" --dump-params "$D/b.st" > "$D/b.out" 2>&1 &&
    grep -q "resumed from .*step-00000004 (step 4)" "$D/b.out" &&
    cmp -s <(fields "$D/full.jsonl") <(fields "$D/b.jsonl") && cmp -s "$D/full.st" "$D/b.st"; then
@@ -93,7 +93,7 @@ reshard() {  # name from-S from-T from-MB to-S to-T to-MB
        grep -q "resumed from .*step-00000004 (step 4)" "$D/$n-res.out" && [ "$(fields "$D/$n-res.jsonl" | wc -l)" -eq 4 ]; then
         t_ok "$n: a checkpoint of (S $2, T $3) resumes at (S $5, T $6)"
     else t_fail "$n: resume at (S $5, T $6)" "$(tail -3 "$D/$n-res.out")"; return; fi
-    grep '"step"' "$D/$n-full.jsonl" | tail -4 > "$D/$n-full-tail.jsonl"
+    jl_raw "$D/$n-full.jsonl" --last 4 > "$D/$n-full-tail.jsonl"
     t_check "$n: steps 5-8 after resharding: losses within 1e-5 of the uninterrupted run" \
         $PY "$CMP" losses "$D/$n-full-tail.jsonl" "$D/$n-res.jsonl" 1e-5
     t_check "$n: final parameters within 1e-4 of the uninterrupted run" \

@@ -29,7 +29,7 @@ fsdp_tiny "$D" 4
 CMP="$ROOT/tests/integration/fsdp_cmp.py"
 ARGS=(--model "$D/m.json" --init-seed 3 --data "$D/c.bin" --seq-len 32 --micro-batch 2 --grad-accum 2 --steps 8
       --lr 3e-3 --warmup-steps 2 --min-lr 1e-4 --grad-clip 0.5 --threads 1 --rdzv-timeout 60s)
-fields() { grep '^{"step"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/'; }
+fields() { jl_get "$1" step loss lr grad_norm; }
 train4() { timeout 180 "$B" train --nproc 4 "${ARGS[@]}" "$@"; }
 scr4() { BALLAST_TEST_BACKEND=scrambled train4 "$@"; }
 L=(--hybrid-shard-degree 2 --tensor-parallel-degree 2)
@@ -57,7 +57,7 @@ else t_fail "checkpoint files identical" "$n files, differing:$bad"; fi
 # resume from step 4 on the scrambled backend
 rm -rf "$D/cks/step-00000008"
 cp -r "$D/cks" "$D/cks2"
-awk '{print} /^\{"step"/ && ++n == 4 {exit}' "$D/scr.jsonl" > "$D/res.jsonl"
+jl_raw "$D/scr.jsonl" --upto 4 > "$D/res.jsonl"
 if scr4 "${L[@]}" --ckpt-dir "$D/cks" --resume --log-json "$D/res.jsonl" --dump-params "$D/res.st" > "$D/res.out" 2>&1 &&
    grep -q "resumed from .*step-00000004 (step 4)" "$D/res.out" &&
    cmp -s <(fields "$D/plain.jsonl") <(fields "$D/res.jsonl") && cmp -s "$D/plain.st" "$D/res.st"; then
@@ -67,7 +67,7 @@ else t_fail "scrambled --resume bit-exact" "$(tail -3 "$D/res.out"; diff <(field
 # resharding (S 2, T 2) -> (S 4, T 1): same global batch (2 x dp 2 x 2 rows = 2 x dp 4 x 1 row)
 if scr4 --hybrid-shard-degree 4 --micro-batch 1 --ckpt-dir "$D/cks2" --resume --log-json "$D/rs.jsonl" \
         > "$D/rs.out" 2>&1 && grep -q "resumed from .*step-00000004 (step 4)" "$D/rs.out"; then
-    grep '"step"' "$D/plain.jsonl" | tail -4 > "$D/plain-tail.jsonl"
+    jl_raw "$D/plain.jsonl" --last 4 > "$D/plain-tail.jsonl"
     t_check "scrambled resharding (S 2, T 2) -> (S 4, T 1): steps 5-8 within 1e-5 of the uninterrupted run" \
         $PY "$CMP" losses "$D/plain-tail.jsonl" "$D/rs.jsonl" 1e-5
 else t_fail "scrambled resharding resume" "$(tail -3 "$D/rs.out")"; fi
@@ -91,7 +91,7 @@ if train4 "${O[@]}" --offload-job p --ckpt-dir "$D/op" --ckpt-every 4 --log-json
         t_ok "--optimizer-offload host: the scrambled run's losses and step-4 checkpoint are the CPU backend's, bit for bit"
     else t_fail "offload checkpoints identical" "$n files, differing:$bad"; fi
     rm -rf "$D/os/step-00000008"
-    awk '{print} /^\{"step"/ && ++n == 4 {exit}' "$D/os.jsonl" > "$D/or.jsonl"
+    jl_raw "$D/os.jsonl" --upto 4 > "$D/or.jsonl"
     if scr4 "${O[@]}" --offload-job r --ckpt-dir "$D/os" --resume --log-json "$D/or.jsonl" > "$D/or.out" 2>&1 &&
        grep -q "resumed from .*step-00000004 (step 4)" "$D/or.out" && cmp -s <(fields "$D/op.jsonl") <(fields "$D/or.jsonl"); then
         t_ok "--optimizer-offload host: scrambled --resume from step 4 logs the uninterrupted run's losses bit for bit"

@@ -12,8 +12,10 @@
         counted here from the config, and S*T times it is within 10% of the
         whole model's (1/(S*T) up to padding and replicated norms)
 Prints the largest difference; exits 1 on a failure."""
-import json, struct, sys
+import json, os, struct, sys
 import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import jsonlog  # tests/jsonlog.py: the reader of --log-json files
 
 
 def read_st(path):
@@ -33,8 +35,7 @@ def read_st(path):
 
 def step_losses(path):
     """Losses of the step records of a --log-json file (not its settings record)."""
-    recs = (json.loads(l) for l in open(path) if l.strip())
-    return [r["loss"] for r in recs if "step" in r and "loss" in r]
+    return jsonlog.values(path, "loss")
 
 
 def losses(ref, run, tol):
@@ -90,7 +91,7 @@ def batches(refdir, rundir, dp, B, T, A, steps, tp=1):
 
 
 def memory(run, config, S, T):
-    rec = next((r for r in (json.loads(l) for l in open(run) if l.strip()) if r.get("kind") == "layout"), None)
+    rec = jsonlog.first(run, "layout")
     if rec is None:
         print(f"{run} has no layout record")
         return 1

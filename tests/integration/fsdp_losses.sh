@@ -135,7 +135,7 @@ if [ -n "$m1" ] && [ -n "$m2" ] && [ -n "$m4" ] && [ -n "$t4" ] &&
 else t_fail "memory line falls as 1/(S*T)" "S 1: $m1, S 2: $m2, S 4: $m4, T 4: $t4 bytes"; fi
 
 # activation checkpointing changes nothing within one layout
-steps() { grep '"step"' "$1" | cut -d, -f1-4; }
+steps() { jl_get "$1" step loss lr grad_norm; }
 for lay in "2 2 1" "1 2 2"; do
     set -- $lay
     a="$D/w4-r$1-s$2-t$3-off.jsonl" b="$D/w4-r$1-s$2-t$3-on.jsonl"

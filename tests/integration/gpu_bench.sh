@@ -114,7 +114,8 @@ t_expect_fail "gb_step_stats refuses a log with no step after the warm-up" "none
     bash -c "$(declare -f lib); ROOT=$ROOT D=$D PY=$PY BUILD=$BUILD lib 'gb_step_stats $D/rec0.jsonl 50'"
 $PY -c '
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
+import jsonlog
+rows = jsonlog.records(sys.argv[1])
 for r in rows:
     if r.get("step") == 3: r["step_s"] = None
 print("\n".join(json.dumps(r) for r in rows))' "$D/rec1.jsonl" > "$D/nan.jsonl"
@@ -135,6 +136,7 @@ if [ $rc -eq 0 ] && [ -s "$R" ]; then t_ok "dry run of every benchmark exits 0"
 else t_fail "dry run of every benchmark exits 0" "exit $rc: $(tail -5 "$D/full.out")"; fi
 msg=$($PY - "$R" "$D/full/log" <<'EOF'
 import json, sys
+import jsonlog
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 w = {r["name"]: r for r in rows if r.get("kind") == "worker_bench"}
 skip = {r["what"]: r["why"] for r in rows if r.get("kind") == "skip"}
@@ -182,7 +184,7 @@ else:
         bad.append("activation ratio")
 # the records against the worker's own JSON logs, copied into the log directory
 for n, r in w.items():
-    steps = [json.loads(l) for l in open(f"{sys.argv[2]}/{n}.jsonl") if '"step_s"' in l]
+    steps = [s for s in jsonlog.steps(f"{sys.argv[2]}/{n}.jsonl") if "step_s" in s]
     t = [s["step_s"] for s in steps if s["step"] > 1]
     if len(t) != 2 or abs(r["ms_per_step"] - 1e3 * sum(t) / len(t)) > 1e-9 * r["ms_per_step"]:
         bad.append(f"{n}: ms/step {r['ms_per_step']} vs log {t}")

@@ -28,8 +28,9 @@ t_check "one set of progress lines (rank 0 only) at --log-every: steps 1, 4, 8" 
 t_check "progress lines carry tok/s, tok/s/GPU, TFLOP/s/GPU, MFU and ETA" \
     grep -Eq '^step +8/8 \| loss [0-9.]+ \| lr .* \| \S+ tok/s \| \S+ tok/s/GPU \| [0-9.]+ TFLOP/s/GPU \| MFU n/a \| [0-9.]+ s/step \| ETA' "$D/run.out"
 t_check "log: settings record and 8 step records with the single-process fields" $PY - "$D/run.jsonl" <<'EOF'
-import json, sys
-lines = [json.loads(l) for l in open(sys.argv[1])]
+import sys
+import jsonlog
+lines = jsonlog.records(sys.argv[1])
 h, steps = lines[0], [r for r in lines[1:] if "step" in r]
 lay = [r for r in lines[1:] if r.get("kind") == "layout"]
 assert len(lay) == 1 and lay[0]["world"] == 2 and len(lines) == 2 + len(steps), lines[1:3]
@@ -57,8 +58,9 @@ EOF
 if out=$("$B" report "$D/run.jsonl" --out "$D/run.html" 2>&1); then t_ok "ballast report on the 2-rank log"
 else t_fail "ballast report on the 2-rank log" "$out"; fi
 t_check "the report's time plot has the logged split of every step" $PY - "$D/run.jsonl" "$D/run.html" <<'EOF'
-import json, re, sys
-steps = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r]
+import re, sys
+import jsonlog
+steps = jsonlog.steps(sys.argv[1])
 h = open(sys.argv[2]).read()
 svg = re.search(r'<svg [^>]*data-plot="time"[^>]*>(.*?)</svg>', h, re.S).group(1)
 fields = ["step_s", "compute_s", "comm_s", "offload_wait_s", "data_s"]
@@ -101,7 +103,7 @@ for _ in range(50):
 "$B" train --nproc 2 "${COMMON[@]}" --steps 1000000 --lr-schedule constant --log-every 1000 \
     --log-json "$D/long.jsonl" --metrics-port "$PORT" --metrics-bind 127.0.0.1 > "$D/long.out" 2>&1 &
 LPID=$!
-for _ in $(seq 1 300); do n=$(grep -c '"step"' "$D/long.jsonl" 2>/dev/null); [ "${n:-0}" -ge 3 ] && break; sleep 0.1; done
+for _ in $(seq 1 300); do n=$(jl_count "$D/long.jsonl" 2>/dev/null); [ "${n:-0}" -ge 3 ] && break; sleep 0.1; done
 if out=$($PY - "$PORT" <<'EOF'
 import re, sys, time, urllib.request
 port = int(sys.argv[1])

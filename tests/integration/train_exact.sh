@@ -23,10 +23,10 @@ ARGS=("${COMMON[@]}" --grad-accum 2)
 
 # The fields that must match bit for bit (elapsed and tokens/s may not).
 # The first line of a log is the settings record (docs/observability.md).
-fields() { grep '"step": ' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/'; }
+fields() { jl_get "$1" step loss lr grad_norm; }
 
 "$W" "${ARGS[@]}" --log-json "$D/full.jsonl" > "$D/full.out" 2>&1 || t_fail "uninterrupted run" "$(tail -3 "$D/full.out")"
-if [ "$(grep -c '"step": ' "$D/full.jsonl")" -eq 8 ] && grep -q '"tokens_per_s"' "$D/full.jsonl"; then t_ok "JSON log: one line per step with tokens_per_s"
+if [ "$(jl_count "$D/full.jsonl")" -eq 8 ] && jl_get "$D/full.jsonl" tokens_per_s > /dev/null; then t_ok "JSON log: one line per step with tokens_per_s"
 else t_fail "JSON log: one line per step" "$(cat "$D/full.jsonl")"; fi
 if grep -q '| lr-schedule' "$D/full.out" && grep -Eq '^step +8/8 \| loss [0-9.]+ \| lr .* \| grad norm .* tok/s \| .* s$' "$D/full.out"; then
     t_ok "settings table and per-step lines printed"
@@ -89,7 +89,7 @@ pid=$!
 for _ in $(seq 1 300); do [ -s "$D/sig.jsonl" ] && [ "$(wc -l < "$D/sig.jsonl")" -ge 2 ] && break; sleep 0.1; done
 kill -INT $pid 2>/dev/null
 wait $pid; rc=$?
-last=$(tail -1 "$D/sig.jsonl" | sed -E 's/.*"step": ([0-9]+),.*/\1/')
+last=$(jl_get "$D/sig.jsonl" --last 1 step)
 if [ $rc -eq 130 ] && grep -q "stopping after step $last on a signal (checkpoint saved)" "$D/sig.out" &&
    [ -f "$D/sig/$(printf 'step-%08d' "$last")/manifest.json" ]; then
     t_ok "SIGINT stops after the current step ($last) with a checkpoint, exit 130"

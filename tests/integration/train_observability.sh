@@ -31,7 +31,8 @@ t_check "plain progress lines at --log-every (steps 1, 4, 8, 12)" bash -c \
     "[ \"\$(grep -Eo '^step +[0-9]+/12' '$D/run.out' | awk '{print \$2}' | tr '\n' ' ')\" = '1/12 4/12 8/12 12/12 ' ]"
 t_check "log: settings record, then 12 steps with the documented fields" $PY - "$D/run.jsonl" "$D/c.bin.json" <<'EOF'
 import json, sys
-lines = [json.loads(l) for l in open(sys.argv[1])]
+import jsonlog
+lines = jsonlog.records(sys.argv[1])
 h, steps = lines[0], lines[1:]
 assert h["kind"] == "settings", h
 assert h["settings"]["steps"] == "12" and h["settings"]["micro-batch"] == "4", h["settings"]
@@ -54,8 +55,9 @@ EOF
 if out=$("$B" report "$D/run.jsonl" --out "$D/run.html" 2>&1); then t_ok "ballast report on the worker's log"
 else t_fail "ballast report on the worker's log" "$out"; fi
 t_check "the report plots the logged losses and the floor" $PY - "$D/run.jsonl" "$D/run.html" <<'EOF'
-import json, re, sys
-recs = [json.loads(l) for l in open(sys.argv[1])]
+import re, sys
+import jsonlog
+recs = jsonlog.records(sys.argv[1])
 floor, steps = recs[0]["entropy_nats"], recs[1:]
 h = open(sys.argv[2]).read()
 svg = re.search(r'<svg [^>]*data-plot="loss"[^>]*>(.*?)</svg>', h, re.S).group(1)
@@ -93,7 +95,7 @@ PORT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(
 "$W" "${COMMON[@]}" --steps 1000000 --lr-schedule constant --log-every 1000 --log-json "$D/long.jsonl" \
     --metrics-port "$PORT" --metrics-bind 127.0.0.1 > "$D/long.out" 2>&1 &
 WPID=$!
-for _ in $(seq 1 300); do n=$(grep -c '"step"' "$D/long.jsonl" 2>/dev/null); [ "${n:-0}" -ge 3 ] && break; sleep 0.1; done
+for _ in $(seq 1 300); do n=$(jl_count "$D/long.jsonl" 2>/dev/null); [ "${n:-0}" -ge 3 ] && break; sleep 0.1; done
 if out=$($PY - "$PORT" <<'EOF'
 import re, sys, time, urllib.request
 url = "http://127.0.0.1:%s/metrics" % sys.argv[1]
@@ -149,8 +151,9 @@ t_expect_fail "--skip-nonfinite skips, then stops after 10 in a row" \
     "step 10: the loss is NaN, 10 steps in a row; stopping" \
     "$W" "${COMMON[@]}" --init-from "$D/hf" --steps 50 --skip-nonfinite --log-json "$D/skip.jsonl"
 t_check "skipped steps are logged as skipped with a null loss" $PY - "$D/skip.jsonl" <<'EOF'
-import json, sys
-steps = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r]
+import sys
+import jsonlog
+steps = jsonlog.steps(sys.argv[1])
 assert [r["step"] for r in steps] == list(range(1, 10)), [r["step"] for r in steps]
 assert all(r["skipped"] is True and r["loss"] is None for r in steps)
 EOF

@@ -51,15 +51,9 @@ SAVER_C=(--optimizer-offload nvme)
 # (0 = the same double)
 losses() {
     $PY - "$@" <<'EOF'
-import json, sys
-def load(p):
-    d = {}
-    for line in open(p):
-        j = json.loads(line)
-        if "step" in j and "loss" in j:
-            d[j["step"]] = j["loss"]
-    return d
-ref, run, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+import sys
+import jsonlog
+ref, run, tol = jsonlog.by_step(sys.argv[1], "loss"), jsonlog.by_step(sys.argv[2], "loss"), float(sys.argv[3])
 if len(ref) != 10 or sorted(ref) != sorted(run):
     sys.exit("steps differ: %s vs %s" % (sorted(ref), sorted(run)))
 worst = max(abs(run[s] - ref[s]) / abs(ref[s]) for s in ref)
@@ -182,13 +176,14 @@ else t_fail "world 1, optimizer offload staged over --offload-remote runs" "$(ta
 offmem() {  # RUN.jsonl S PER_FLOAT STAGED(0|1)
     $PY - "$D/cfg.json" "$@" <<'EOF2'
 import json, sys
+import jsonlog
 c = json.load(open(sys.argv[1])); run, S, per, staged = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
 D, L, H, F, V = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["intermediate_size"], c["vocab_size"]
 Hkv = c["num_key_value_heads"]; Dh = D // H
 block = H * Dh * D + 2 * Hkv * Dh * D + D * H * Dh + 3 * F * D + 2 * D
 rest = 2 * V * D + D
 chunks = [-(-block // S)] * L + [-(-rest // S)]
-rec = next(r for r in (json.loads(l) for l in open(run)) if r.get("kind") == "layout")
+rec = jsonlog.first(run, "layout")
 want = (per * sum(chunks), 24 * max(chunks) if staged else 0)
 got = (rec["state_bytes_per_rank"], rec.get("offload_staging_bytes"))
 print("state and staging bytes per rank: %s (expected %s)" % (got, want))

@@ -56,15 +56,9 @@ SAVERS=(--activation-offload --activation-loading-horizon 1 --optimizer-offload 
 # the step) with the same loss as in REF, bit for bit
 same() {
     $PY - "$@" <<'EOF'
-import json, sys
-def load(p):
-    d = {}
-    for line in open(p):
-        j = json.loads(line)
-        if "step" in j and "loss" in j:
-            d[j["step"]] = j["loss"]
-    return d
-ref, run = load(sys.argv[1]), load(sys.argv[2])
+import sys
+import jsonlog
+ref, run = jsonlog.by_step(sys.argv[1], "loss"), jsonlog.by_step(sys.argv[2], "loss")
 first = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 want = [s for s in sorted(ref) if s >= first]
 if not want or any(s not in run for s in want):
@@ -96,7 +90,7 @@ RUN=("$BALLAST" train --nproc 2 "${COMMON[@]}" "${SAVERS[@]}" --micro-batch 2 --
 BALLAST_TEST_BACKEND=staged "${RUN[@]}" > "$D/kill.out" 2>&1 &
 LP=$!
 for _ in $(seq 600); do
-    [ "$(grep -c '"loss"' "$D/run/log.jsonl" 2>/dev/null || echo 0)" -ge 8 ] && break
+    [ "$(jl_count "$D/run/log.jsonl" 2>/dev/null || echo 0)" -ge 8 ] && break
     sleep 0.05
 done
 victim=""
@@ -116,7 +110,7 @@ else
     kill $LP 2>/dev/null; wait $LP 2>/dev/null
     t_fail "kill -9 of rank 1" "rank 1 not found among the launcher's children: $(tail -3 "$D/kill.out")"
 fi
-done_before=$(grep -c '"loss"' "$D/run/log.jsonl" 2>/dev/null || echo 0)
+done_before=$(jl_count "$D/run/log.jsonl" 2>/dev/null || echo 0)
 
 # 3. resume from the state ballastd kept
 if BALLAST_TEST_BACKEND=staged timeout 120 "${RUN[@]}" --resume-from-service > "$D/resume.out" 2>&1; then

@@ -114,8 +114,9 @@ t_check "2 ranks, --skip-nonfinite: each skipped step named once (rank 0), the o
      [ \$(grep -c 'warn: step [0-9]*: the loss is NaN; skipping' '$D/skip.out') = 9 ] &&
      grep -q 'rank 1 pid [0-9]*\\] error: rank 1: stopping at step 10 with the others: the loss is not finite' '$D/skip.out'"
 t_check "2 ranks: the skipped steps are logged once (rank 0), as skipped with a null loss" $PY - "$D/skip.jsonl" <<'EOF'
-import json, sys
-steps = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r]
+import sys
+import jsonlog
+steps = jsonlog.steps(sys.argv[1])
 assert [r["step"] for r in steps] == list(range(1, 10)), [r["step"] for r in steps]
 assert all(r["skipped"] is True and r["loss"] is None for r in steps)
 EOF

@@ -22,8 +22,8 @@ start=$(date +%s)
     --warmup-steps 10 --min-lr 1e-3 --log-every 50 --log-json "$D/log.jsonl" > "$D/train.out" 2>&1 ||
     { t_fail "training run" "$(tail -5 "$D/train.out")"; t_done; exit 1; }
 secs=$(( $(date +%s) - start ))
-mean=$(tail -20 "$D/log.jsonl" | sed -E 's/.*"loss": ([^,]+),.*/\1/' | awk '{ s += $1 } END { printf "%.6f", s / NR }')
-first=$(grep -m1 '"step": ' "$D/log.jsonl" | sed -E 's/.*"loss": ([^,]+),.*/\1/')
+mean=$(jl_get "$D/log.jsonl" --last 20 loss | awk '{ s += $1 } END { printf "%.6f", s / NR }')
+first=$(jl_get "$D/log.jsonl" --first 1 loss)
 echo "# entropy $H nats/token; loss $first -> mean of the last 20 steps $mean; ${secs}s"
 if awk -v m="$mean" -v h="$H" 'BEGIN { exit !(h > 0 && m <= 1.10 * h) }'; then
     t_ok "mean loss of the last 20 steps $mean is within 10% of the entropy $H"

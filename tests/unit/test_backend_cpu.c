@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "workers/backend/backend.h"
+#include "tests/unit/helpers.h"
 
 #define TOL 1e-4
 #define FD_H 1e-6
@@ -47,10 +48,7 @@ static void teardown(void) {
 /* ---- helpers ---- */
 
 static uint64_t rng_state = 12345;
-static double urand(void) {
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
-}
+static double urand(void) { return ((th_lcg64(&rng_state) >> 11) + 0.5) / 9007199254740992.0; }
 static double nrand(void) { return sqrt(-2 * log(urand())) * cos(2 * M_PI * urand()); }
 
 static double *drand_vec(size_t n, double scale) {

@@ -7,22 +7,13 @@
 #include <string.h>
 
 #include "crc32c.h"
+#include "tests/unit/helpers.h"
 
-/* Independent reference: one bit at a time, straight from the definition. */
-static uint32_t ref_crc32c(uint32_t crc, const unsigned char *p, size_t n) {
-    crc = ~crc;
-    while (n--) {
-        crc ^= *p++;
-        for (int k = 0; k < 8; k++) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1)));
-    }
-    return ~crc;
-}
+/* Independent reference: th_crc32c_ref, one bit at a time, straight from
+ * the definition. */
 
 static uint64_t rng_state;
-static uint64_t rnd(void) { /* xorshift64* */
-    rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1DULL;
-}
+static uint64_t rnd(void) { return th_xorshift64s(&rng_state); }
 static void fill(unsigned char *b, size_t n) { for (size_t i = 0; i < n; i++) b[i] = (unsigned char)(rnd() >> 56); }
 
 /* Both paths, whichever this CPU has. */
@@ -42,7 +33,7 @@ static void check_vector(const void *buf, size_t n, uint32_t want, const char *w
         uint32_t got = crc32c_hw(0, buf, n);
         cr_assert_eq(got, want, "%s via crc32c_hw: got 0x%08X, want 0x%08X", what, got, want);
     }
-    cr_assert_eq(ref_crc32c(0, buf, n), want, "%s: the bitwise reference disagrees", what);
+    cr_assert_eq(th_crc32c_ref(0, buf, n), want, "%s: the bitwise reference disagrees", what);
 }
 
 Test(crc32c, published_check_values) {
@@ -92,7 +83,7 @@ Test(crc32c, hw_equals_table_on_random_misaligned_buffers) {
         uint32_t hw = crc32c_hw(seed, p, len), sw = crc32c_sw(seed, p, len);
         cr_assert_eq(hw, sw, "len %zu offset %zu seed 0x%08X: hw 0x%08X table 0x%08X", len, off, seed, hw, sw);
         if (iter % 8 == 0) {
-            uint32_t r = ref_crc32c(seed, p, len);
+            uint32_t r = th_crc32c_ref(seed, p, len);
             cr_assert_eq(sw, r, "len %zu offset %zu: table 0x%08X bitwise 0x%08X", len, off, sw, r);
         }
     }
@@ -111,7 +102,7 @@ Test(crc32c, block_boundaries_match_reference) {
         for (int d = -9; d <= 9; d++) {
             size_t len = bases[i] + d, off = rnd() % 16;
             fill(mem + off, len);
-            uint32_t seed = (uint32_t)rnd(), want = ref_crc32c(seed, mem + off, len);
+            uint32_t seed = (uint32_t)rnd(), want = th_crc32c_ref(seed, mem + off, len);
             cr_assert_eq(crc32c_sw(seed, mem + off, len), want, "table: len %zu offset %zu", len, off);
             crc32c_force_sw(false);
             cr_assert_eq(crc32c(seed, mem + off, len), want, "%s: len %zu offset %zu", crc32c_impl(), len, off);
@@ -127,7 +118,7 @@ Test(crc32c, table_equals_bitwise_reference) {
         size_t len = 1 + rnd() % 4096, off = rnd() % 16;
         fill(mem + off, len);
         uint32_t seed = (uint32_t)rnd();
-        cr_assert_eq(crc32c_sw(seed, mem + off, len), ref_crc32c(seed, mem + off, len),
+        cr_assert_eq(crc32c_sw(seed, mem + off, len), th_crc32c_ref(seed, mem + off, len),
                      "len %zu offset %zu seed 0x%08X", len, off, seed);
     }
     free(mem);

@@ -9,25 +9,16 @@
 #include <unistd.h>
 
 #include "workers/data/data.h"
+#include "tests/unit/helpers.h"
 
 /* ---- helpers ---- */
 
 static uint64_t rng_state;
-static uint64_t rnd(void) {   /* xorshift64*, independent of the code under test */
-    rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ULL;
-}
+static uint64_t rnd(void) { return th_xorshift64s(&rng_state); }
 
 static char tmpdir[64];
-static void mk_tmpdir(void) {
-    strcpy(tmpdir, "/tmp/ballast-test-data.XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-static void rm_tmpdir(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void mk_tmpdir(void) { th_tmpdir(tmpdir, sizeof tmpdir, NULL, "test-data"); }
+static void rm_tmpdir(void) { cr_assert_eq(th_tmpdir_remove(tmpdir), 0); }
 TestSuite(data, .init = mk_tmpdir, .fini = rm_tmpdir);
 
 static void path_in(char *buf, size_t len, const char *name) { snprintf(buf, len, "%s/%s", tmpdir, name); }
@@ -43,18 +34,8 @@ static void write_raw(const char *path, int32_t magic, int32_t version, int32_t 
     fclose(f);
 }
 
-/* Read a file fully (for checking bytes independently of data_open). */
-static uint8_t *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f);
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(*len);
-    cr_assert_eq(fread(b, 1, *len, f), *len);
-    fclose(f);
-    return b;
-}
+/* Files are read whole with th_read_file, to check bytes independently of
+ * data_open. */
 
 /* ---- round trips ---- */
 
@@ -68,7 +49,7 @@ static void roundtrip(bool force_u32, uint32_t max_id, int expect_version) {
     path_in(p, sizeof p, "rt.bin");
     cr_assert_eq(data_write_shard(p, tok, n, force_u32, err, sizeof err), 0, "%s", err);
     size_t len;
-    uint8_t *b = slurp(p, &len);
+    uint8_t *b = th_read_file(p, &len);
     size_t tsz = expect_version == 1 ? 2 : 4;
     cr_assert_eq(len, 1024 + (size_t)n * tsz);
     int32_t h[3];
@@ -324,7 +305,7 @@ Test(data, synth_entropy_matches_empirical) {
     cr_assert_eq(data_synth_k(p2, n, V, 42, K, &h2, err, sizeof err), 0);
     cr_assert_eq(data_synth_k(p3, n, V, 43, K, &h3, err, sizeof err), 0);
     size_t l1, l2, l3;
-    uint8_t *b1 = slurp(p, &l1), *b2 = slurp(p2, &l2), *b3 = slurp(p3, &l3);
+    uint8_t *b1 = th_read_file(p, &l1), *b2 = th_read_file(p2, &l2), *b3 = th_read_file(p3, &l3);
     cr_assert_eq(l1, l2);
     cr_assert(memcmp(b1, b2, l1) == 0);
     cr_assert(memcmp(b1, b3, l1) != 0);
@@ -364,7 +345,7 @@ Test(data, corrupt_shards_are_rejected_with_file_and_problem) {
     for (int i = 0; i < 100; i++) toks[i] = (uint16_t)(1 + rnd() % 500);
 
     path_in(p, sizeof p, "short.bin");
-    FILE *f = fopen(p, "wb"); fwrite(toks, 1, 100, f); fclose(f);
+    th_write_file(p, toks, 100);
     expect_open_fail("short.bin", 0, "shorter than");
 
     path_in(p, sizeof p, "magic.bin");

@@ -34,6 +34,7 @@
 #include "workers/parallel/fsdp.h"
 #include "workers/model/model.h"
 #include "workers/ckpt/safetensors.h"
+#include "tests/unit/helpers.h"
 
 #define SLOT 4096
 #define NR 3
@@ -279,18 +280,10 @@ static int rank_main(int rank, int n, void *argp) {
     return 0;
 }
 
-static void rm_tree(const char *dir) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
-}
-
 Test(fsdp_ckpt_backend, scrambled_backend_saves_and_loads_the_cpu_bits, .timeout = 120) {
     char err[COMM_ERR_LEN];
     arg_t a = { 0 };
-    snprintf(a.dir, sizeof a.dir, "/tmp/ballast-fsdpck-%d", (int)getpid());
-    rm_tree(a.dir);
-    cr_assert_eq(mkdir(a.dir, 0700), 0, "%s", a.dir);
+    th_tmpdir(a.dir, sizeof a.dir, NULL, "fsdpck");
     a.fd_scr = comm_shm_segment_create(NR, SLOT, err, sizeof err);
     cr_assert_geq(a.fd_scr, 0, "%s", err);
     a.fd_cpu = comm_shm_segment_create(NR, SLOT, err, sizeof err);
@@ -299,7 +292,7 @@ Test(fsdp_ckpt_backend, scrambled_backend_saves_and_loads_the_cpu_bits, .timeout
     int failed = cc_run_ranks(NR, rank_main, &a, 90, NULL);
     close(a.fd_scr);
     close(a.fd_cpu);
-    rm_tree(a.dir);
+    th_tmpdir_remove(a.dir);
     cr_assert_eq(failed, 0, "%d of %d ranks failed (messages above)", failed, NR);
     for (int r = 0; r < NR; r++)
         cr_expect_eq(a.done[r], r == 0 ? 5 : 3, "rank %d passed %d checks", r, a.done[r]);

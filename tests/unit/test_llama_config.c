@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "workers/model/config.h"
+#include "tests/unit/helpers.h"
 
 Test(llama_config, published_parameter_counts) {
     /* Published sizes: Llama-2 7B 6.74B, 13B 13.02B, 70B 68.98B; Llama-3 8B 8.03B. */
@@ -24,8 +25,8 @@ Test(llama_config, published_parameter_counts) {
 }
 
 Test(llama_config, json_round_trip_and_errors) {
-    char dir[] = "/tmp/ballast-cfg.XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
+    char dir[64];
+    th_tmpdir(dir, sizeof dir, NULL, "cfg");
     char path[256], err[512];
     snprintf(path, sizeof path, "%s/config.json", dir);
     llama_config_t a = *llama_preset("llama3-8b"), b;
@@ -37,20 +38,15 @@ Test(llama_config, json_round_trip_and_errors) {
     cr_assert_float_eq(b.rope_theta, a.rope_theta, 1e-3);
     cr_assert_eq(llama_total_params(&b), llama_total_params(&a));
 
-    FILE *f = fopen(path, "w");
-    fprintf(f, "{\"hidden_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 6,"
-               " \"num_key_value_heads\": 4, \"intermediate_size\": 200, \"vocab_size\": 300}");
-    fclose(f);
+    th_write_str(path, "{\"hidden_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 6,"
+                       " \"num_key_value_heads\": 4, \"intermediate_size\": 200, \"vocab_size\": 300}");
     cr_assert_eq(llama_config_load_json(path, &b, err, sizeof err), -1);
     cr_assert(strstr(err, "num_key_value_heads") && strstr(err, path), "%s", err);
 
-    f = fopen(path, "w");
-    fprintf(f, "{\"hidden_size\": 96, \"num_hidden_layers\": 2}");
-    fclose(f);
+    th_write_str(path, "{\"hidden_size\": 96, \"num_hidden_layers\": 2}");
     cr_assert_eq(llama_config_load_json(path, &b, err, sizeof err), -1);
     cr_assert(strstr(err, "num_attention_heads"), "%s", err);
-    unlink(path);
-    rmdir(dir);
+    th_rm_rf(dir);
     cr_assert_eq(llama_config_resolve("no-such-model", &b, err, sizeof err), -1);
     cr_assert(strstr(err, "no-such-model") && strstr(err, "llama2-7b"), "%s", err);
 }

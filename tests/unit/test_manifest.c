@@ -11,29 +11,17 @@
 #include <unistd.h>
 
 #include "services/offload/manifest.h"
+#include "tests/unit/helpers.h"
 
 static uint64_t rng_state;
-static uint64_t rnd(void) {
-    uint64_t x = rng_state;
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-    return rng_state = x;
-}
+static uint64_t rnd(void) { return th_xorshift64(&rng_state); }
 
 static char dir[256];
 
-static void make_dir(void) {
-    snprintf(dir, sizeof dir, "/tmp/ballast-test-manifest-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-}
+static void make_dir(void) { th_tmpdir(dir, sizeof dir, NULL, "test-manifest"); }
 
 /* Idempotent; also runs after a failed test (suite .fini). */
-static void remove_dir(void) {
-    if (!dir[0]) return;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    dir[0] = 0;
-}
+static void remove_dir(void) { th_tmpdir_remove(dir); }
 
 TestSuite(manifest, .fini = remove_dir);
 
@@ -216,9 +204,7 @@ Test(manifest, foreign_or_damaged_header_is_refused) {
     make_dir();
     char err[256], path[300];
     snprintf(path, sizeof path, "%s/manifest", dir);
-    FILE *f = fopen(path, "w");
-    fprintf(f, "this is somebody else's file, and it is longer than one header block....\n");
-    fclose(f);
+    th_write_str(path, "this is somebody else's file, and it is longer than one header block....\n");
     manifest_t *m;
     cr_assert_eq(manifest_open(&m, dir, 1 << 20, NULL, NULL, NULL, err, sizeof err), -EPROTO);
     cr_assert(strstr(err, "not a ballast manifest") != NULL, "%s", err);

@@ -13,15 +13,11 @@
 #include <unistd.h>
 
 #include "metrics.h"
+#include "tests/unit/helpers.h"
 
 static uint64_t rng_state;
-static uint64_t rnd(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rnd_unit(void) { return (double)(rnd() >> 11) / 9007199254740992.0; }
+static uint64_t rnd(void) { return th_splitmix64(&rng_state); }
+static double rnd_unit(void) { return th_unit(rnd()); }
 
 static char *render(metrics_registry_t *r) {
     char *out = NULL;
@@ -231,8 +227,7 @@ static void *hammer(void *p) {
     worker_arg_t *a = p;
     uint64_t s = a->seed;
     for (int i = 0; i < a->n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        uint64_t k = (s >> 33) % 1000 + 1;
+        uint64_t k = (th_lcg64(&s) >> 33) % 1000 + 1;
         metric_add_u64(a->c, k);
         metric_add(a->c, 0.25);   /* exact in binary: sums stay exact */
         metric_add(a->g, 1.0);

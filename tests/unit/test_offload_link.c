@@ -11,14 +11,10 @@
 
 #include "metrics.h"
 #include "workers/offload/link.h"
+#include "tests/unit/helpers.h"
 
 static uint64_t rng_state = 0x5eed0ff10adull;
-static uint64_t rnd(void) { /* splitmix64 */
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return th_splitmix64(&rng_state); }
 
 /* The value of the sample line starting with `series ` in the exposition, or -1. */
 static double sample(const char *text, const char *series) {

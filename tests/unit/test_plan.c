@@ -7,16 +7,14 @@
 #include <string.h>
 
 #include "workers/plan/plan.h"
+#include "tests/unit/helpers.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 /* Deterministic generator for the random cases (seeded, never zero). */
 static uint64_t rng_state;
 static void rng_seed(uint64_t s) { rng_state = s ? s : 0x9e3779b97f4a7c15ull; }
-static uint64_t rng_next(void) {
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rng_next(void) { return th_xorshift64(&rng_state); }
 static int rng_pick(const int *v, int n) { return v[rng_next() % (uint64_t)n]; }
 
 static const char *gpu_names[] = { "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb" };

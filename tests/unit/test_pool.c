@@ -13,13 +13,10 @@
 
 #include "services/offload/extent.h"
 #include "services/offload/pool.h"
+#include "tests/unit/helpers.h"
 
 static uint64_t rng_state;
-static uint64_t rnd(void) {
-    uint64_t x = rng_state;
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-    return rng_state = x;
-}
+static uint64_t rnd(void) { return th_xorshift64(&rng_state); }
 
 typedef struct { pool_region_t r; uint8_t tag; } live_t;
 

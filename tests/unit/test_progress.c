@@ -13,15 +13,10 @@
 #include "metrics.h"
 #include "workers/model/config.h"
 #include "workers/train/progress.h"
+#include "tests/unit/helpers.h"
 
 static uint64_t rng_state;
-static double rnd_unit(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 9007199254740992.0;
-}
+static double rnd_unit(void) { return th_unit(th_splitmix64(&rng_state)); }
 
 static void close_rel(double got, double want, double rel, const char *what) {
     cr_assert(fabs(got - want) <= rel * fabs(want), "%s: %.17g, expected %.17g", what, got, want);
@@ -456,24 +451,19 @@ Test(progress, metrics_move) {
 }
 
 Test(progress, entropy_floor_sidecar) {
-    char dir[] = "/tmp/ballast-progress-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
+    char dir[64];
+    th_tmpdir(dir, sizeof dir, NULL, "progress");
     char shard[256], side[300];
     snprintf(shard, sizeof shard, "%s/train_000.bin", dir);
     snprintf(side, sizeof side, "%s.json", shard);
-    FILE *f = fopen(shard, "w");
-    fclose(f);
+    th_write_str(shard, "");
     cr_assert(isnan(progress_entropy_floor(shard)), "no sidecar yet");
-    f = fopen(side, "w");
-    fprintf(f, "{\"generator\": \"markov1\", \"entropy_nats\": 1.0986122886681098}\n");
-    fclose(f);
+    th_write_str(side, "{\"generator\": \"markov1\", \"entropy_nats\": 1.0986122886681098}\n");
     cr_assert_eq(progress_entropy_floor(shard), 1.0986122886681098);
     char pat[256];
     snprintf(pat, sizeof pat, "%s/train_*.bin", dir);
     cr_assert_eq(progress_entropy_floor(pat), 1.0986122886681098);
-    unlink(side);
-    unlink(shard);
-    rmdir(dir);
+    th_rm_rf(dir);
 }
 
 Test(progress, rss_tracks_touched_memory) {

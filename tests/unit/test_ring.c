@@ -21,6 +21,7 @@
 /* ---- helpers ---- */
 
 #include "tests/ring_traffic.h"
+#include "tests/unit/helpers.h"
 
 #define rng_next traffic_rng
 typedef traffic_req_t req_t;
@@ -34,11 +35,7 @@ static void *amem(size_t bytes) {
     return p;
 }
 
-static uint64_t test_seed(void) {
-    const char *e = getenv("BALLAST_TEST_SEED");
-    uint64_t s = e ? strtoull(e, NULL, 0) : 0x2545f4914f6cdd1dull ^ (uint64_t)getpid();
-    return s ? s : 1;
-}
+static uint64_t test_seed(void) { return th_seed(0x2545f4914f6cdd1dull ^ (uint64_t)getpid()); }
 
 /* ---- single thread ---- */
 

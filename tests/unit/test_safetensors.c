@@ -10,12 +10,10 @@
 #include <sys/stat.h>
 
 #include "workers/ckpt/safetensors.h"
+#include "tests/unit/helpers.h"
 
 static uint64_t rng_state;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state >> 12; rng_state ^= rng_state << 25; rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ULL;
-}
+static uint64_t rnd(void) { return th_xorshift64s(&rng_state); }
 static float rnd_normal(void) {
     double u1 = ((double)(rnd() >> 11) + 1) * 0x1p-53, u2 = (double)(rnd() >> 11) * 0x1p-53;
     return (float)(sqrt(-2 * log(u1)) * cos(2 * M_PI * u2));
@@ -23,15 +21,8 @@ static float rnd_normal(void) {
 static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
 static char tmpdir[64];
-static void mk_tmpdir(void) {
-    strcpy(tmpdir, "/tmp/ballast-test-st.XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-static void rm_tmpdir(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void mk_tmpdir(void) { th_tmpdir(tmpdir, sizeof tmpdir, NULL, "test-st"); }
+static void rm_tmpdir(void) { cr_assert_eq(th_tmpdir_remove(tmpdir), 0); }
 TestSuite(st, .init = mk_tmpdir, .fini = rm_tmpdir);
 
 /* ---- reference rounding, independent of the code under test ---- */
@@ -204,13 +195,8 @@ Test(st, roundtrip_single_file_bytes_and_values) {
     snprintf(p, sizeof p, "%s/model.safetensors", tmpdir);
     write_set(p, ts, 0, 12);
     /* Bytes by hand: header length, JSON, 8-byte padding with spaces, offsets tile the buffer. */
-    FILE *f = fopen(p, "rb");
-    fseek(f, 0, SEEK_END);
-    long fsz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)fsz);
-    cr_assert_eq(fread(b, 1, (size_t)fsz, f), (size_t)fsz);
-    fclose(f);
+    size_t fsz;
+    uint8_t *b = th_read_file(p, &fsz);
     uint64_t n = 0;
     for (int i = 0; i < 8; i++) n |= (uint64_t)b[i] << (8 * i);
     cr_assert_eq(n % 8, 0);
@@ -383,9 +369,7 @@ Test(st, lying_headers_are_rejected) {
                   "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "not valid JSON");
     /* fewer than 8 bytes */
     snprintf(p, sizeof p, "%s/tiny.safetensors", tmpdir);
-    FILE *f = fopen(p, "wb");
-    fwrite("abc", 1, 3, f);
-    fclose(f);
+    th_write_file(p, "abc", 3);
     cr_assert_neq(st_open(p, &st, err, sizeof err), 0);
     cr_assert(strstr(err, p) && strstr(err, "too short"), "%s", err);
     /* a directory with nothing in it */
@@ -413,21 +397,15 @@ Test(st, bad_index_and_metadata) {
     cr_assert(strstr(err, p) && strstr(err, "format") && strstr(err, "not a string"), "%s", err);
 
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", tmpdir);
-    FILE *f = fopen(p, "w");
-    fputs("{\"metadata\": {}, \"weight_map\": {}}", f);
-    fclose(f);
+    th_write_str(p, "{\"metadata\": {}, \"weight_map\": {}}");
     cr_assert_neq(st_open(tmpdir, &st, err, sizeof err), 0);
     cr_assert(strstr(err, p) && strstr(err, "weight_map"), "%s", err);
 
-    f = fopen(p, "w");
-    fputs("{\"weight_map\": {\"a\": \"../meta.safetensors\"}}", f);
-    fclose(f);
+    th_write_str(p, "{\"weight_map\": {\"a\": \"../meta.safetensors\"}}");
     cr_assert_neq(st_open(tmpdir, &st, err, sizeof err), 0);
     cr_assert(strstr(err, p) && strstr(err, "inside the directory"), "%s", err);
 
-    f = fopen(p, "w");
-    fputs("{\"weight_map\": {\"a\": \"meta.safetensors\"", f);   /* cut short */
-    fclose(f);
+    th_write_str(p, "{\"weight_map\": {\"a\": \"meta.safetensors\"");   /* cut short */
     cr_assert_neq(st_open(tmpdir, &st, err, sizeof err), 0);
     cr_assert(strstr(err, p) && strstr(err, "not valid JSON"), "%s", err);
 
@@ -435,9 +413,7 @@ Test(st, bad_index_and_metadata) {
     char q[256];
     snprintf(q, sizeof q, "%s/s1.safetensors", tmpdir);
     write_lying(q, 0, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,8]}}", 8);
-    f = fopen(p, "w");
-    fputs("{\"weight_map\": {\"a\": \"s1.safetensors\"}}", f);
-    fclose(f);
+    th_write_str(p, "{\"weight_map\": {\"a\": \"s1.safetensors\"}}");
     cr_assert_neq(st_open(tmpdir, &st, err, sizeof err), 0);
     cr_assert(strstr(err, q) && strstr(err, "needs 16 bytes"), "%s", err);
 }

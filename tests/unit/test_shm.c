@@ -20,23 +20,15 @@
 #include <unistd.h>
 
 #include "shm.h"
+#include "tests/unit/helpers.h"
 
 #define NOBODY 65534
 
 /* ---- helpers ---- */
 
-static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return *s * 2685821657736338717ull;
-}
+static uint64_t rng_next(uint64_t *s) { return th_xorshift64s(s); }
 
-static uint64_t test_seed(void) {
-    const char *e = getenv("BALLAST_TEST_SEED");
-    uint64_t s = e ? strtoull(e, NULL, 0) : 0x9e3779b97f4a7c15ull ^ ((uint64_t)getpid() << 17);
-    return s ? s : 1;
-}
+static uint64_t test_seed(void) { return th_seed(0x9e3779b97f4a7c15ull ^ ((uint64_t)getpid() << 17)); }
 
 static void fill(void *p, size_t n, uint64_t seed) {
     uint64_t s = seed ? seed : 1;
@@ -71,22 +63,12 @@ static char tmpdir_path[64];
 /* A fresh directory under /tmp that anyone can traverse (for the uid tests)
  * and a socket path in it. */
 static void sock_path(char *out, size_t cap) {
-    snprintf(tmpdir_path, sizeof tmpdir_path, "/tmp/ballast-shm.XXXXXX");
-    cr_assert(mkdtemp(tmpdir_path), "mkdtemp: %s", strerror(errno));
+    th_tmpdir(tmpdir_path, sizeof tmpdir_path, NULL, "shm");
     chmod(tmpdir_path, 0755);
     snprintf(out, cap, "%s/offload.sock", tmpdir_path);
 }
 
-static void rm_tmpdir(void) {
-    char p[128];
-    if (!tmpdir_path[0]) return;
-    const char *names[] = { "offload.sock", "offload.sock.lock", "not-a-socket" };
-    for (int i = 0; i < 3; i++) {
-        snprintf(p, sizeof p, "%s/%s", tmpdir_path, names[i]);
-        unlink(p);
-    }
-    rmdir(tmpdir_path);
-}
+static void rm_tmpdir(void) { th_tmpdir_remove(tmpdir_path); }
 
 /* Child side: report a line to the parent over sock and exit. */
 static void child_reply(int sock, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));

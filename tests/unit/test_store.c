@@ -16,21 +16,16 @@
 #include <unistd.h>
 
 #include "services/offload/store.h"
+#include "tests/unit/helpers.h"
 
 /* ---- helpers ---- */
-
-static uint64_t xs(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-    return *s = x;
-}
 
 /* The bytes a blob with this seed holds (never all zeros). */
 static void gen(uint64_t seed, uint8_t *p, size_t n) {
     uint64_t s = seed * 0x9E3779B97F4A7C15ull | 1;
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) { uint64_t v = xs(&s); memcpy(p + i, &v, 8); }
-    for (; i < n; i++) p[i] = (uint8_t)xs(&s);
+    for (; i + 8 <= n; i += 8) { uint64_t v = th_xorshift64(&s); memcpy(p + i, &v, 8); }
+    for (; i < n; i++) p[i] = (uint8_t)th_xorshift64(&s);
 }
 
 static bool check_bytes(uint64_t seed, const uint8_t *p, size_t n) {
@@ -41,31 +36,15 @@ static bool check_bytes(uint64_t seed, const uint8_t *p, size_t n) {
     return ok;
 }
 
-/* Bitwise CRC-32C, independent of the store's implementation. */
-static uint32_t ref_crc32c(const uint8_t *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) {
-        c ^= p[i];
-        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1)));
-    }
-    return ~c;
-}
+/* Checksums are checked against th_crc32c_ref (bitwise, independent of
+ * the store's implementation). */
 
 static char dir[256];
 
-static void make_dir(void) {
-    snprintf(dir, sizeof dir, "/tmp/ballast-test-store-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-}
+static void make_dir(void) { th_tmpdir(dir, sizeof dir, NULL, "test-store"); }
 
 /* Idempotent; also runs after a failed test (suite .fini). */
-static void remove_dir(void) {
-    if (!dir[0]) return;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    dir[0] = 0;
-}
+static void remove_dir(void) { th_tmpdir_remove(dir); }
 
 TestSuite(store, .fini = remove_dir);
 
@@ -110,7 +89,7 @@ static status_t put_gen(store_t *s, uint64_t sid, const store_key_t *k, uint64_t
     /* Persistent blobs have their crc at commit; others get it when first spilled. */
     if (flags & STORE_F_PERSISTENT) {
         cr_assert(crc.known, "persistent commit reported no crc");
-        cr_assert_eq(crc.value, ref_crc32c(pool_ptr(store_pool(s), &r), len));
+        cr_assert_eq(crc.value, th_crc32c_ref(0, pool_ptr(store_pool(s), &r), len));
     } else {
         cr_assert(!crc.known, "non-persistent commit claims a crc");
         cr_assert_eq(crc.value, 0);
@@ -134,7 +113,7 @@ static status_t get_check(store_t *s, uint64_t sid, const store_key_t *k, uint64
      * is persistent or has been written to NVMe). */
     if (check_crc || (info.flags & STORE_F_PERSISTENT) || (info.tier & STORE_TIER_NVME))
         cr_assert(info.crc_known, "blob index %llu: crc not known", (unsigned long long)k->index);
-    if (info.crc_known) cr_assert_eq(info.crc32c, ref_crc32c(p, len));
+    if (info.crc_known) cr_assert_eq(info.crc32c, th_crc32c_ref(0, p, len));
     else cr_assert_eq(info.crc32c, 0);
     cr_assert(store_session_holds(s, sid, k, r.seg, r.off, len));
     cr_assert_eq(store_get_done(s, sid, k), STATUS_OK);
@@ -166,11 +145,11 @@ static void *worker_main(void *arg) {
     uint64_t put_bytes = 0, next_index = 0;
     char err[STORE_ERR_LEN];
     while (put_bytes < w->budget) {
-        uint64_t dice = xs(&rs) % 100;
+        uint64_t dice = th_xorshift64(&rs) % 100;
         if (n == 0 || (dice < 45 && n < CAP)) {
-            uint64_t len = 1 + xs(&rs) % (512u << 10);
-            live_t l = { .k = key_of(w->job, w->rank, next_index++), .seed = xs(&rs), .len = len };
-            l.k.kind = (uint32_t)(1 + xs(&rs) % 4);
+            uint64_t len = 1 + th_xorshift64(&rs) % (512u << 10);
+            live_t l = { .k = key_of(w->job, w->rank, next_index++), .seed = th_xorshift64(&rs), .len = len };
+            l.k.kind = (uint32_t)(1 + th_xorshift64(&rs) % 4);
             pool_region_t r;
             status_t st = store_put_alloc(w->s, w->sid, &l.k, len, 0, &r, err, sizeof err);
             if (st != STATUS_OK) {
@@ -186,7 +165,7 @@ static void *worker_main(void *arg) {
             w->put_b += len;
             w->puts++;
         } else if (dice < 75) {
-            live_t *l = &live[xs(&rs) % (uint64_t)n];
+            live_t *l = &live[th_xorshift64(&rs) % (uint64_t)n];
             pool_region_t r;
             store_blob_info_t info;
             status_t st = store_get(w->s, w->sid, &l->k, &r, &info, err, sizeof err);
@@ -205,7 +184,7 @@ static void *worker_main(void *arg) {
                 w->failures++;
             }
             if (!l->crc_checked && info.crc_known) {
-                if (info.crc32c != ref_crc32c(p, l->len)) {
+                if (info.crc32c != th_crc32c_ref(0, p, l->len)) {
                     snprintf(w->msg, sizeof w->msg, "blob %llu: crc differs from reference", (unsigned long long)l->k.index);
                     w->failures++;
                 }
@@ -216,11 +195,11 @@ static void *worker_main(void *arg) {
             w->gets++;
             w->verified++;
         } else if (dice < 85) {
-            live_t *l = &live[xs(&rs) % (uint64_t)n];
+            live_t *l = &live[th_xorshift64(&rs) % (uint64_t)n];
             if (store_prefetch(w->s, &l->k) != STATUS_OK) { snprintf(w->msg, sizeof w->msg, "prefetch failed"); w->failures++; break; }
             w->prefetches++;
         } else {
-            int i = (int)(xs(&rs) % (uint64_t)n);
+            int i = (int)(th_xorshift64(&rs) % (uint64_t)n);
             if (store_free(w->s, w->sid, &live[i].k) != STATUS_OK) { snprintf(w->msg, sizeof w->msg, "free failed"); w->failures++; break; }
             live[i] = live[--n];
             w->frees++;
@@ -437,7 +416,7 @@ Test(store, crc_known_at_commit_for_persistent_at_first_spill_otherwise) {
     gen(778, want, plen);
     cr_assert_eq(store_info(s, &pk, &info), STATUS_OK);
     cr_assert(info.crc_known, "persistent blob without a crc after commit");
-    cr_assert_eq(info.crc32c, ref_crc32c(want, plen));
+    cr_assert_eq(info.crc32c, th_crc32c_ref(0, want, plen));
     /* Push v out of the 2 MiB pool. */
     for (int i = 0; i < 12; i++) {
         store_key_t k = key_of(4, 0, (uint64_t)i);
@@ -447,12 +426,12 @@ Test(store, crc_known_at_commit_for_persistent_at_first_spill_otherwise) {
     cr_assert_eq(store_info(s, &v, &info), STATUS_OK);
     cr_assert_eq(info.tier, STORE_TIER_NVME, "blob not spilled (tier %d)", info.tier);
     cr_assert(info.crc_known, "spilled blob without a crc");
-    cr_assert_eq(info.crc32c, ref_crc32c(want, vlen));
+    cr_assert_eq(info.crc32c, th_crc32c_ref(0, want, vlen));
     /* Read back (checked against that crc), still known and right. */
     cr_assert_eq(get_check(s, 1, &v, 777, vlen, true), STATUS_OK);
     cr_assert_eq(store_info(s, &v, &info), STATUS_OK);
     cr_assert(info.crc_known && (info.tier & STORE_TIER_POOL));
-    cr_assert_eq(info.crc32c, ref_crc32c(want, vlen));
+    cr_assert_eq(info.crc32c, th_crc32c_ref(0, want, vlen));
     /* The listing (ListKeys) reports the same: v and pk known, a blob still
      * only in the pool unknown with crc 0. */
     store_blob_info_t *list = NULL;
@@ -536,7 +515,7 @@ Test(store, reopen_serves_persistent_blobs_only) {
     enum { N = 12 };
     uint64_t len[N];
     for (int i = 0; i < N; i++) {
-        len[i] = 1 + xs(&seed) % (700u << 10);
+        len[i] = 1 + th_xorshift64(&seed) % (700u << 10);
         store_key_t k = key_of(i < 9 ? job : job2, (uint32_t)i % 3, (uint64_t)i);
         k.kind = STORE_KIND_OPTIMIZER_STATE;
         cr_assert_eq(put_gen(s, 1, &k, 900 + (uint64_t)i, len[i], i % 2 ? 0 : STORE_F_PERSISTENT), STATUS_OK);

@@ -8,6 +8,7 @@
 
 #include "metrics.h"
 #include "services/offload/svc_metrics.h"
+#include "tests/unit/helpers.h"
 
 typedef struct {
     svc_metrics_sample_t s;
@@ -21,10 +22,7 @@ static void read_fake(void *arg, svc_metrics_sample_t *out) {
 }
 
 static uint64_t rng = 777;
-static uint64_t rnd(void) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return rng >> 24; /* < 2^40: exact in a double */
-}
+static uint64_t rnd(void) { return th_lcg64(&rng) >> 24; } /* < 2^40: exact in a double */
 
 static void expect_line(const char *t, const char *name, uint64_t v) {
     char want[256];

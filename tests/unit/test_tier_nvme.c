@@ -23,13 +23,10 @@
 
 #include "services/offload/pool.h"
 #include "services/offload/tier_nvme.h"
+#include "tests/unit/helpers.h"
 
 static uint64_t rng_state;
-static uint64_t rnd(void) {
-    uint64_t x = rng_state;
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-    return rng_state = x;
-}
+static uint64_t rnd(void) { return th_xorshift64(&rng_state); }
 
 static void fill(void *p, size_t n) {
     uint64_t *q = p;
@@ -38,19 +35,10 @@ static void fill(void *p, size_t n) {
 
 static char dir[256];
 
-static void make_dir(const char *base) {
-    snprintf(dir, sizeof dir, "%s/ballast-test-tier-XXXXXX", base);
-    cr_assert_not_null(mkdtemp(dir), "mkdtemp under %s", base);
-}
+static void make_dir(const char *base) { th_tmpdir(dir, sizeof dir, base, "test-tier"); }
 
 /* Idempotent; also runs after a failed test (suite .fini). */
-static void remove_dir(void) {
-    if (!dir[0]) return;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    dir[0] = 0;
-}
+static void remove_dir(void) { th_tmpdir_remove(dir); }
 
 TestSuite(io_engine, .fini = remove_dir);
 

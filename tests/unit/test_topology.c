@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "topology.h"
+#include "tests/unit/helpers.h"
 
 static const char *all_vars[] = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -46,10 +47,7 @@ static void setint(const char *name, int v) {
 }
 
 static uint64_t rng = 0x243F6A8885A308D3ULL;
-static int rnd(int n) { /* xorshift64*, 0..n-1 */
-    rng ^= rng >> 12; rng ^= rng << 25; rng ^= rng >> 27;
-    return (int)((rng * 0x2545F4914F6CDD1DULL >> 33) % (uint64_t)n);
-}
+static int rnd(int n) { return (int)((th_xorshift64s(&rng) >> 33) % (uint64_t)n); } /* 0..n-1 */
 
 /* ---- each source alone ---- */
 

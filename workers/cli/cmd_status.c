@@ -1,12 +1,14 @@
 /* cmd_status.c: `ballast status`: what a ballastd holds right now (pool used
- * and free, spilled bytes, sessions and their usage, io backend), as a
- * table for people or JSON for scripts. One Stats call; needs no session. */
+ * and free, spilled bytes, sessions and their usage, io backend, its own
+ * heap as jemalloc sees it), as a table for people or JSON for scripts. One
+ * Stats call; needs no session. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
+#include "jemalloc_stats.h"
 #include "log.h"
 #include "offload.pb-c.h"
 #include "options.h"
@@ -23,6 +25,51 @@ static const opt_t status_opts[] = {
     { "json", OPT_BOOL, "false", 0, 0, NULL, "print JSON instead of a table", &s_json },
     { "timeout", OPT_DURATION, "5s", 0.01, 3600, NULL, "how long to wait for the answer", &s_timeout },
 };
+
+/* ballastd's allocator figures as jemalloc_stats_t (for the fragmentation). */
+static jemalloc_stats_t heap_of(const Ballast__Offload__V1__AllocatorStats *a) {
+    return (jemalloc_stats_t){ .allocated = a->allocated_bytes, .active = a->active_bytes,
+                               .resident = a->resident_bytes, .mapped = a->mapped_bytes,
+                               .retained = a->retained_bytes, .metadata = a->metadata_bytes };
+}
+
+/* The "allocator" object, or null from a ballastd that does not report it. */
+static json_t *allocator_json(const Ballast__Offload__V1__AllocatorStats *a) {
+    if (!a) return json_null();
+    json_t *o = json_object();
+    jemalloc_stats_t h = heap_of(a);
+    json_object_set_new(o, "name", json_string(a->name ? a->name : ""));
+    json_object_set_new(o, "is_malloc", json_boolean(a->is_malloc));
+    json_object_set_new(o, "why_not", json_string(a->why_not ? a->why_not : ""));
+    json_object_set_new(o, "allocated_bytes", json_integer((json_int_t)h.allocated));
+    json_object_set_new(o, "active_bytes", json_integer((json_int_t)h.active));
+    json_object_set_new(o, "resident_bytes", json_integer((json_int_t)h.resident));
+    json_object_set_new(o, "mapped_bytes", json_integer((json_int_t)h.mapped));
+    json_object_set_new(o, "retained_bytes", json_integer((json_int_t)h.retained));
+    json_object_set_new(o, "metadata_bytes", json_integer((json_int_t)h.metadata));
+    json_object_set_new(o, "fragmentation_ratio", json_real(jemalloc_stats_fragmentation(&h)));
+    return o;
+}
+
+/* One line: the allocator and its figures, or why there are none. */
+static void print_allocator(const Ballast__Offload__V1__AllocatorStats *a) {
+    if (!a) { printf("  allocator not reported by this ballastd (it predates the field)\n"); return; }
+    if (!a->is_malloc) {
+        printf("  allocator %s: no figures: %s\n", a->name && a->name[0] ? a->name : "no jemalloc",
+               a->why_not && a->why_not[0] ? a->why_not : "unknown reason");
+        return;
+    }
+    jemalloc_stats_t h = heap_of(a);
+    char al[32], ac[32], re[32], ma[32], rt[32], md[32];
+    format_size(h.allocated, al, sizeof al);
+    format_size(h.active, ac, sizeof ac);
+    format_size(h.resident, re, sizeof re);
+    format_size(h.mapped, ma, sizeof ma);
+    format_size(h.retained, rt, sizeof rt);
+    format_size(h.metadata, md, sizeof md);
+    printf("  allocator %s: %s allocated, %s active (fragmentation %.3f), %s resident, %s mapped, "
+           "%s retained, %s metadata\n", a->name, al, ac, jemalloc_stats_fragmentation(&h), re, ma, rt, md);
+}
 
 static json_t *to_json(const Ballast__Offload__V1__StatsResponse *r) {
     json_t *o = json_object();
@@ -54,6 +101,7 @@ static json_t *to_json(const Ballast__Offload__V1__StatsResponse *r) {
     json_object_set_new(o, "spill_writes", json_integer((json_int_t)r->spill_writes));
     json_object_set_new(o, "spill_reads", json_integer((json_int_t)r->spill_reads));
     json_object_set_new(o, "draining", json_boolean(r->draining));
+    json_object_set_new(o, "allocator", allocator_json(r->allocator));
     json_t *arr = json_array();
     for (size_t i = 0; i < r->n_sessions; i++) {
         const Ballast__Offload__V1__SessionStats *s = r->sessions[i];
@@ -98,6 +146,7 @@ static void print_table(const Ballast__Offload__V1__StatsResponse *r, const char
     printf("  sessions  %zu open, %zu closed holding blobs, %llu opened, %llu expired; ring ops %llu (%llu failed), quota refusals %llu\n",
            live, r->n_sessions - live, (unsigned long long)r->sessions_opened, (unsigned long long)r->sessions_expired,
            (unsigned long long)r->ring_ops, (unsigned long long)r->ring_errors, (unsigned long long)r->quota_refusals);
+    print_allocator(r->allocator);
     if (!r->n_sessions) return;
     printf("\n  %-16s %-20s %5s %7s %-6s %10s %10s %10s %7s %8s\n", "SESSION", "JOB", "RANK", "PID", "MODE",
            "USED", "QUOTA", "OPS", "ERRORS", "IDLE");
@@ -120,7 +169,7 @@ int cmd_status(int argc, char **argv) {
     int npos = 0;
     int rc = opt_parse(status_opts, sizeof status_opts / sizeof status_opts[0], argc, argv, NULL, 0, &npos,
                        "usage: ballast status [--socket PATH | --addr HOST:PORT] [--json]\n"
-                       "Show what ballastd holds: pool, spill tier, sessions.", err, sizeof err);
+                       "Show what ballastd holds: pool, spill tier, sessions, its own heap.", err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ballast status: %s\n", err); return 2; }
     char addr[300];
