@@ -254,8 +254,12 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
 }
 
 extern "C" const backend_t *backend_cuda_open(const backend_spec_t *spec, char *err, size_t errlen) {
-    const backend_t *be = backend_cuda(spec->device, err, errlen);
-    if (!be) return NULL;
+    char why[768];
+    const backend_t *be = backend_cuda(spec->device, why, sizeof why);
+    if (!be) {
+        snprintf(err, errlen, "--backend cuda: %s", why);
+        return NULL;
+    }
     if (spec->fp8 && cuda_set_precision(CUDA_PRECISION_FP8, err, errlen)) return NULL;
     if (spec->attention != BE_ATTENTION_AUTO) cuda_attention_use(spec->attention == BE_ATTENTION_SIMT ? "simt" : "tc");
     cuda_set_sync(spec->sync);
