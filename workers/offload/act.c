@@ -1,6 +1,7 @@
 /* act_offload.c: block inputs through ballastd during a micro-step; see
  * act_offload.h. Relies on offload_link.h for the session, model.h for the
- * xs[] buffers and backend.h's asynchronous copies (xfer ops) for every
+ * block-input buffers (model_block_input and the functions beside it) and
+ * backend.h's asynchronous copies (xfer ops) for every
  * move between backend memory and the pool: a to_host copy into a put
  * region, a from_host copy out of a get region into one of S staging
  * buffers. Only the fp32 CPU backend reads a fetched input in place.
@@ -53,7 +54,7 @@ struct act_offload {
     int L, K, H;               /* layers, ring slots, horizon */
     int n_off;                 /* inputs offloaded per micro-step: L + 1 - K (they are 0 .. n_off - 1) */
     size_t bytes;              /* one block input: (N / TP degree) * D * act_bytes */
-    act_t **slot;              /* (K) the ring: the model's first K xs buffers */
+    act_t **slot;              /* (K) the ring: the model's first K block-input buffers */
     uint64_t micro;            /* micro-steps started by this process (the key's step) */
     ao_state_t *st;            /* (L) per block input */
     oc_handle_t *put_h, *get_h, *pf_h, *free_h; /* (L) async handles, 0 = none */
@@ -90,6 +91,14 @@ static void xfer_finish(act_offload_t *a, be_xfer_t *x) {
     if (a->link->m_wait) metric_add(a->link->m_wait, w);
 }
 
+/* Point block input l at buf (the model's accessor). */
+static void set_input(act_offload_t *a, int l, act_t *buf) { model_set_block_input(a->m, l, buf); }
+
+/* Every block input back on its ring slot. */
+static void on_ring(act_offload_t *a) {
+    for (int l = 0; l <= a->L; l++) set_input(a, l, a->slot[l % a->K]);
+}
+
 act_offload_t *act_offload_create(model_t *m, offload_link_t *link, int horizon, char *err, size_t errlen) {
     if (horizon < 0) { errbuf_set(err, errlen, "--activation-loading-horizon %d: must be >= 0", horizon); return NULL; }
     act_offload_t *a = calloc(1, sizeof *a);
@@ -124,11 +133,8 @@ act_offload_t *act_offload_create(model_t *m, offload_link_t *link, int horizon,
     }
     for (int s = 0; s < S; s++) a->owner[s] = -1;
     /* keep the first K buffers as the ring; the others are what memory saves */
-    for (int l = 0; l <= a->L; l++) {
-        if (l < a->K) a->slot[l] = m->xs[l];
-        else if (m->xs[l]) m->be->free(m->xs[l]);
-        m->xs[l] = l < a->K ? a->slot[l] : NULL;
-    }
+    model_drop_block_inputs(m, a->K);
+    for (int l = 0; l < a->K; l++) a->slot[l] = model_block_input(m, l);
     /* after the ring is set up, so that destroy leaves m consistent */
     for (int s = 0; s < a->S; s++)
         if (!(a->stage[s] = m->be->alloc(a->bytes))) {
@@ -147,7 +153,7 @@ void act_offload_destroy(act_offload_t *a) {
         a->stage && a->owner) {
         char e[256];
         act_offload_backward_end(a, e, sizeof e);
-        for (int l = 0; l <= a->L; l++) a->m->xs[l] = l < a->K ? a->slot[l] : NULL;
+        model_reset_block_inputs(a->m);   /* the ring's slots, the dropped ones absent */
     }
     if (a->stage)
         for (int s = 0; s < a->S; s++)
@@ -175,7 +181,7 @@ int act_offload_staging(const act_offload_t *a) { return a->S; }
 int act_offload_forward_begin(act_offload_t *a, char *err, size_t errlen) {
     (void)err, (void)errlen;
     a->micro++;
-    for (int l = 0; l <= a->L; l++) a->m->xs[l] = a->slot[l % a->K];
+    on_ring(a);
     for (int l = 0; l < a->L; l++) a->st[l] = AO_NONE;
     return 0;
 }
@@ -325,12 +331,11 @@ int act_offload_fetch(act_offload_t *a, int l, char *err, size_t errlen) {
      * this issues H + 1 requests, later one per block) */
     for (int t = l; t >= l - a->H && t >= 0; t--)
         if (request(a, t, err, errlen)) return -1;
-    model_t *m = a->m;
-    m->xs[l + 1] = a->slot[(l + 1) % a->K]; /* scratch: block l + 1 is done */
+    set_input(a, l + 1, a->slot[(l + 1) % a->K]); /* scratch: block l + 1 is done */
     /* commits of copies that finished since the forward, then the gets */
     if (poll_forward(a, err, errlen) || poll_backward(a, err, errlen)) return -1;
     if (!offloaded(a, l)) {
-        m->xs[l] = a->slot[l % a->K];
+        set_input(a, l, a->slot[l % a->K]);
         return 0;
     }
     if (a->st[l] == AO_GETTING) {
@@ -345,7 +350,7 @@ int act_offload_fetch(act_offload_t *a, int l, char *err, size_t errlen) {
     if (a->st[l] != AO_HELD)
         return errbuf_set(err, errlen, "block input %d is not held for its backward (state %d)", l, (int)a->st[l]);
     if (a->in_place) {
-        m->xs[l] = (act_t *)a->buf[l].ptr;
+        set_input(a, l, (act_t *)a->buf[l].ptr);
         return 0;
     }
     if (!a->loaded[l] && !load(a, l))
@@ -353,13 +358,13 @@ int act_offload_fetch(act_offload_t *a, int l, char *err, size_t errlen) {
                           l % a->S, l, a->owner[l % a->S]);
     /* block l's recompute and backward read the staging buffer after the copy */
     be_xfer_order(a->be, a->xh[l]);
-    m->xs[l] = a->stage[l % a->S];
+    set_input(a, l, a->stage[l % a->S]);
     return 0;
 }
 
 int act_offload_release(act_offload_t *a, int l, char *err, size_t errlen) {
     if (!offloaded(a, l) || a->st[l] != AO_HELD) return 0;
-    a->m->xs[l] = a->slot[l % a->K];
+    set_input(a, l, a->slot[l % a->K]);
     if (a->in_place) {
         oc_key_t k = key_of(a, l);
         a->st[l] = AO_STORED;
@@ -418,7 +423,7 @@ int act_offload_backward_end(act_offload_t *a, char *err, size_t errlen) {
         }
     }
     for (int s = 0; s < a->S; s++) a->owner[s] = -1;
-    for (int l = 0; l <= a->L; l++) a->m->xs[l] = a->slot[l % a->K];
+    on_ring(a);
     /* every copy of this micro-step has been waited for (each handle once);
      * on a backend that counts its queued copies, none may be left */
     if (a->open != 0 && !rc)
