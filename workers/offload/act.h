@@ -1,4 +1,4 @@
-/* act_offload.h: activation offloading through ballastd
+/* act.h: activation offloading through ballastd
  * (--activation-offload, --activation-loading-horizon H).
  *
  * The kept activations of a micro-step are the block inputs xs[0..L-1]
@@ -26,8 +26,10 @@
  *
  * Memory in the backend for block inputs: K ring slots + S staging
  * buffers (0 in place), each (N / TP degree) x D x act_bytes, against
- * L + 1 without offload. The host never waits for a copy where it is
- * queued; it waits (counted as exposed offload wait) only when a copy it
+ * L + 1 without offload. Everything that reaches ballastd goes through the
+ * link (link.h), and so does every wait: the host never waits for a copy
+ * where it is queued; it waits (the link counts it as exposed offload
+ * wait) only when a copy it
  * must use the host side of has not finished: a put not yet copied out
  * when backward asks for it, a get that has not arrived when its block
  * starts. Neither happens when the link moves one block input in less

@@ -1,5 +1,5 @@
 /* offload_run.c: a rank's memory savers from the worker flags; see
- * offload_run.h. */
+ * offload_run.h. Reaches ballastd only through the link (link.h). */
 #include "workers/offload/run.h"
 
 #include <stdlib.h>
@@ -13,9 +13,9 @@
  * memory (a GPU) and the session maps the pool; a failure warns and
  * training goes on with pageable copies. */
 static void register_pool(offload_run_t *r, const backend_t *be, int rank) {
-    if (!be->host_register || !oc_is_shared(r->link.c)) return;
+    if (!be->host_register || !offload_link_is_shared(&r->link)) return;
     uint32_t n = 0;
-    const oc_segment_t *segs = oc_segments(r->link.c, &n);
+    const oc_segment_t *segs = offload_link_segments(&r->link, &n);
     if (!segs || n == 0) return;
     be_range_t *ranges = calloc(n, sizeof *ranges);
     if (!ranges) return;
@@ -80,7 +80,7 @@ int offload_run_open(offload_run_t *r, const train_opts_t *o, fsdp_t *f, int ran
 void offload_run_describe(const offload_run_t *r, const fsdp_t *f, FILE *out) {
     if (!r->on) return;
     fprintf(out, "offload: ballastd at %s (job %s, %s mode)", r->link.addr, r->link.job,
-            oc_is_shared(r->link.c) ? "shared-memory" : "remote");
+            offload_link_is_shared(&r->link) ? "shared-memory" : "remote");
     if (r->ao) {
         char b[32];
         const model_t *m = f->m;
