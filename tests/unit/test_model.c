@@ -117,6 +117,93 @@ Test(model, block_chain_and_activation_checkpointing) {
     model_destroy(&mc);
 }
 
+/* The CPU backend with its allocations tracked: which buffers are live,
+ * and frees of buffers that are not. */
+enum { TRACK_MAX = 512 };
+static const backend_t *g_cpu;
+static void *g_live[TRACK_MAX];
+static int g_bad_frees;
+
+static void *track_alloc(size_t bytes) {
+    void *p = g_cpu->alloc(bytes);
+    for (int i = 0; p && i < TRACK_MAX; i++)
+        if (!g_live[i]) { g_live[i] = p; return p; }
+    cr_assert_fail("more than %d live buffers", TRACK_MAX);
+    return NULL;
+}
+static void track_free(void *p) {
+    for (int i = 0; i < TRACK_MAX; i++)
+        if (p && g_live[i] == p) { g_live[i] = NULL; g_cpu->free(p); return; }
+    g_bad_frees++;   /* not live: freed twice, or not this backend's */
+}
+static bool track_is_live(const void *p) {
+    for (int i = 0; i < TRACK_MAX; i++) if (p && g_live[i] == p) return true;
+    return false;
+}
+static int track_count(void) {
+    int n = 0;
+    for (int i = 0; i < TRACK_MAX; i++) n += g_live[i] != NULL;
+    return n;
+}
+
+/* A memory saver's view of the block inputs (workers/offload/act.c): it
+ * keeps the model's first buffers, frees the others, points inputs at
+ * buffers of its own, and hands them back; the model computes the same
+ * loss wherever the inputs are, and frees only the buffers it allocated. */
+Test(model, block_inputs_a_saver_may_replace) {
+    llama_config_t c = small_cfg(false);
+    g_cpu = backend_cpu(1);
+    backend_t tracked = *g_cpu;
+    tracked.alloc = track_alloc;
+    tracked.free = track_free;
+    const backend_t *be = &tracked;
+    model_t m;
+    char err[256];
+    int B = 2, T = 5, N = B * T, L = c.n_layers;
+    size_t bytes = (size_t)N * c.dim * sizeof(float);
+    cr_assert_eq(model_create(&m, &c, be, B, T, true, err, sizeof err), 0, "%s", err);
+    model_init_random(&m, 1234);
+    int32_t tok[10], tgt[10];
+    for (int i = 0; i < N; i++) { tok[i] = (i * 13 + 1) % c.vocab; tgt[i] = (i * 5 + 2) % c.vocab; }
+    double ref = model_forward(&m, tok, tgt);
+    cr_assert(ref > 0 && isfinite(ref));
+    act_t *own[4];
+    for (int l = 0; l <= L; l++) {
+        own[l] = model_block_input(&m, l);
+        cr_assert_not_null(own[l]);
+        for (int j = 0; j < l; j++) cr_assert_neq(own[j], own[l], "block inputs %d and %d share a buffer", j, l);
+    }
+    /* keep 2 of the 4 buffers; the saver brings its own for inputs 2 and 3 */
+    int live = track_count();
+    model_drop_block_inputs(&m, 2);
+    cr_assert(model_block_input(&m, 0) == own[0] && model_block_input(&m, 1) == own[1]);
+    cr_assert(model_block_input(&m, 2) == NULL && model_block_input(&m, 3) == NULL);
+    cr_assert(!track_is_live(own[2]) && !track_is_live(own[3]) && track_count() == live - 2,
+              "the dropped buffers were not freed");
+    act_t *mine[2] = { be->alloc(bytes), be->alloc(bytes) };
+    cr_assert(mine[0] && mine[1]);
+    memset(mine[0], 0, bytes);
+    memset(mine[1], 0, bytes);
+    model_set_block_input(&m, 2, mine[0]);
+    model_set_block_input(&m, 3, mine[1]);
+    cr_assert_eq(model_block_input(&m, 3), mine[1]);
+    double loss = model_forward(&m, tok, tgt);
+    cr_assert_eq(loss, ref, "loss %.9g with the inputs moved, %.9g in the model's buffers", loss, ref);
+    cr_assert_gt(be->sumsq((float *)mine[1], (size_t)N * c.dim), 0, "the last block's output went elsewhere");
+    model_reset_block_inputs(&m);
+    cr_assert(model_block_input(&m, 0) == own[0] && model_block_input(&m, 1) == own[1]);
+    cr_assert(model_block_input(&m, 2) == NULL && model_block_input(&m, 3) == NULL);
+    /* an input left on the saver's buffer: model_destroy frees the model's only */
+    model_set_block_input(&m, 3, mine[1]);
+    model_destroy(&m);
+    cr_assert_eq(g_bad_frees, 0, "%d frees of buffers that were not live", g_bad_frees);
+    cr_assert(track_is_live(mine[0]) && track_is_live(mine[1]), "model_destroy freed the saver's buffer");
+    cr_assert_eq(track_count(), 2, "model_destroy left %d of its own buffers", track_count() - 2);
+    be->free(mine[0]);
+    be->free(mine[1]);
+    cr_assert_eq(g_bad_frees, 0);
+}
+
 /* Tensor parallelism: every TP rank's local elements map onto the full
  * tensor so that together they cover each element once (vocab padding
  * maps nowhere), with the split the table declares. */

@@ -290,11 +290,13 @@ static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, in
     m->targets = be->alloc(N * sizeof(int32_t));
     if (!m->tokens || !m->targets) ac.failed = true;
     m->xs = calloc((size_t)c->n_layers + 1, sizeof *m->xs);
+    m->xs_own = calloc((size_t)c->n_layers + 1, sizeof *m->xs_own);
     int nacts = act_ckpt ? 1 : c->n_layers;
     m->acts = calloc((size_t)nacts, sizeof *m->acts);
     CHECK_ALLOC(m->xs);
+    CHECK_ALLOC(m->xs_own);
     CHECK_ALLOC(m->acts);
-    for (int l = 0; l <= c->n_layers; l++) m->xs[l] = aalloc(&ac, Nl * D);
+    for (int l = 0; l <= c->n_layers; l++) m->xs[l] = m->xs_own[l] = aalloc(&ac, Nl * D);
     for (int l = 0; l < nacts; l++) acts_alloc(&ac, &m->acts[l], m);
     m->xf = aalloc(&ac, N * D); m->rstdf = falloc(&ac, Nl);
     m->logits = aalloc(&ac, N * V);
@@ -331,9 +333,11 @@ void model_destroy(model_t *m) {
     if (m->master && m->master != m->params) be->free(m->master);
     if (m->tokens) be->free(m->tokens);
     if (m->targets) be->free(m->targets);
-    if (m->xs) for (int l = 0; l <= m->cfg.n_layers; l++) if (m->xs[l]) be->free(m->xs[l]);
+    /* the model's own block-input buffers, wherever the inputs point now */
+    if (m->xs_own) for (int l = 0; l <= m->cfg.n_layers; l++) if (m->xs_own[l]) be->free(m->xs_own[l]);
     if (m->acts) for (int l = 0; l < (m->act_ckpt ? 1 : m->cfg.n_layers); l++) acts_free(be, &m->acts[l]);
     free(m->xs);
+    free(m->xs_own);
     free(m->acts);
     free(m->tensors);
     free(m->loss_host);
@@ -400,6 +404,24 @@ void model_drop_params(model_t *m) {
     m->params = NULL;
     m->master = NULL;
     m->grads = NULL;
+}
+
+/* ---- block inputs ---- */
+
+act_t *model_block_input(const model_t *m, int l) { return m->xs[l]; }
+
+void model_set_block_input(model_t *m, int l, act_t *buf) { m->xs[l] = buf; }
+
+void model_drop_block_inputs(model_t *m, int keep) {
+    for (int l = keep < 0 ? 0 : keep; l <= m->cfg.n_layers; l++) {
+        if (m->xs_own[l]) m->be->free(m->xs_own[l]);
+        m->xs_own[l] = NULL;
+        m->xs[l] = NULL;
+    }
+}
+
+void model_reset_block_inputs(model_t *m) {
+    for (int l = 0; l <= m->cfg.n_layers; l++) m->xs[l] = m->xs_own[l];
 }
 
 /* ---- blocks ---- */

@@ -73,7 +73,10 @@ typedef struct model {
     float *master;             /* (n_params) fp32 master weights; == params when act_bytes == 4 */
     float *grads;              /* (n_params), accumulated over micro-steps */
     int32_t *tokens, *targets; /* (N) current micro-batch */
-    act_t **xs;                /* L+1 block inputs (N/tp, D): this rank's rows; xs[L] is the last block's output */
+    act_t **xs;                /* L+1 block inputs (N/tp, D): this rank's rows; xs[L] is the last block's output.
+                                  Outside model.c through model_block_input / model_set_block_input */
+    act_t **xs_own;            /* L+1 the block-input buffers the model allocated (freed by model_destroy);
+                                  NULL where model_drop_block_inputs freed one */
     block_acts_t *acts;        /* L sets, or 1 scratch set with act_ckpt */
     act_t *xf; float *rstdf;   /* (N, D) final RMSNorm (all rows, gathered), (N/tp) */
     act_t *logits;             /* (N, tp.V) this rank's vocab columns; becomes dlogits in backward */
@@ -191,6 +194,25 @@ void model_embed_backward(model_t *m, float *dembed);
  * gradients are partial (this rank's rows) and the caller sums them over the
  * TP group; model_head_forward returns the loss sum over this rank's N/tp
  * rows, so adding it over every rank gives the batch's sum. */
+
+/* ---- block inputs (what a memory saver may replace) ----
+ * Block input l (0..L; L is the last block's output, the head's input) is
+ * the (N/tp, D) buffer block l reads and block l - 1 writes. The model
+ * allocates one per l; a saver (workers/offload/act.h) may keep fewer of
+ * them and point block inputs at buffers of its own between blocks. The
+ * model frees only the buffers it allocated, wherever the inputs point. */
+
+/* The buffer block input l is in now. */
+act_t *model_block_input(const model_t *m, int l);
+/* Block input l is in buf from now on (buf stays the caller's; NULL: none,
+ * until set again). */
+void model_set_block_input(model_t *m, int l, act_t *buf);
+/* Free the model's own buffers of block inputs keep..L (they are NULL
+ * until set); the first keep stay the model's, each still the buffer of its
+ * block input unless set otherwise. */
+void model_drop_block_inputs(model_t *m, int keep);
+/* Every block input back in the model's own buffer (NULL for a dropped one). */
+void model_reset_block_inputs(model_t *m);
 
 /* Block-level pieces (also used by the tests and by sharded training):
  * forward of block l from x_in (N, D) into x_out (N, D) keeping activations

@@ -1,15 +1,17 @@
-/* act_offload.c: block inputs through ballastd during a micro-step; see
- * act_offload.h. Relies on offload_link.h for the session, model.h for the
- * xs[] buffers and backend.h's asynchronous copies (xfer ops) for every
- * move between backend memory and the pool: a to_host copy into a put
- * region, a from_host copy out of a get region into one of S staging
- * buffers. Only the fp32 CPU backend reads a fetched input in place.
+/* act.c: block inputs through ballastd during a micro-step; see act.h.
+ * Relies on link.h for everything that reaches ballastd (requests, polls
+ * and waits), model.h for the block-input buffers (model_block_input and
+ * the functions beside it) and backend.h's asynchronous copies (xfer ops)
+ * for every move between backend memory and the pool: a to_host copy into
+ * a put region, a from_host copy out of a get region into one of S
+ * staging buffers. Only the fp32 CPU backend reads a fetched input in
+ * place.
  *
  * Nothing here waits for a copy where it is queued. The host waits
- * (be_xfer_wait) only where it must use the copy's host side: before a
- * put is committed (its region must hold the bytes) and before a get
- * region is handed back (the copy must have read it). Both are lazy: each
- * call first polls (be_xfer_done, oc_wait with timeout 0) and finishes
+ * (offload_link_xfer_wait) only where it must use the copy's host side:
+ * before a put is committed (its region must hold the bytes) and before a
+ * get region is handed back (the copy must have read it). Both are lazy:
+ * each call first polls (be_xfer_done, offload_link_poll) and finishes
  * what is done; a forced wait happens only when backward requests an
  * input whose copy out has not finished, and at backward end. The device
  * side is ordered with be_xfer_order, no host wait:
@@ -22,14 +24,12 @@
  * last (block l + S's backward: released before), so the xfer contract
  * (a copy runs after every op queued before it) keeps reuse safe.
  *
- * Host time blocked in be_xfer_wait on a copy not yet done counts as
- * exposed offload wait, in the link's counter (offload_link_wait's). */
+ * The host blocks only in the link's waits (offload_link_wait,
+ * offload_link_xfer_wait), which count the time as exposed offload wait. */
 #include "workers/offload/act.h"
-#include "clock.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "errbuf.h"
 
@@ -53,7 +53,7 @@ struct act_offload {
     int L, K, H;               /* layers, ring slots, horizon */
     int n_off;                 /* inputs offloaded per micro-step: L + 1 - K (they are 0 .. n_off - 1) */
     size_t bytes;              /* one block input: (N / TP degree) * D * act_bytes */
-    act_t **slot;              /* (K) the ring: the model's first K xs buffers */
+    act_t **slot;              /* (K) the ring: the model's first K block-input buffers */
     uint64_t micro;            /* micro-steps started by this process (the key's step) */
     ao_state_t *st;            /* (L) per block input */
     oc_handle_t *put_h, *get_h, *pf_h, *free_h; /* (L) async handles, 0 = none */
@@ -74,20 +74,19 @@ static oc_key_t key_of(const act_offload_t *a, int l) {
     return (oc_key_t){ .rank = a->link->rank, .kind = OC_KIND_ACTIVATION, .index = (uint64_t)l, .step = a->micro };
 }
 
-/* be_xfer_wait(x); when x was not done yet, the time blocked is exposed
- * offload wait (the same counter and metric as offload_link_wait). */
-static void xfer_finish(act_offload_t *a, be_xfer_t *x) {
-    if (!x) return;
+/* End copy *x through the link (which counts a blocking wait); *x = NULL. */
+static void xfer_finish(act_offload_t *a, be_xfer_t **x) {
+    if (!*x) return;
     a->open--;
-    if (be_xfer_done(a->be, x)) {
-        be_xfer_wait(a->be, x);
-        return;
-    }
-    double t = clock_now_s();
-    be_xfer_wait(a->be, x);
-    double w = clock_now_s() - t;
-    a->link->wait_s += w;
-    if (a->link->m_wait) metric_add(a->link->m_wait, w);
+    offload_link_xfer_wait(a->link, a->be, x);
+}
+
+/* Point block input l at buf (the model's accessor). */
+static void set_input(act_offload_t *a, int l, act_t *buf) { model_set_block_input(a->m, l, buf); }
+
+/* Every block input back on its ring slot. */
+static void on_ring(act_offload_t *a) {
+    for (int l = 0; l <= a->L; l++) set_input(a, l, a->slot[l % a->K]);
 }
 
 act_offload_t *act_offload_create(model_t *m, offload_link_t *link, int horizon, char *err, size_t errlen) {
@@ -124,11 +123,8 @@ act_offload_t *act_offload_create(model_t *m, offload_link_t *link, int horizon,
     }
     for (int s = 0; s < S; s++) a->owner[s] = -1;
     /* keep the first K buffers as the ring; the others are what memory saves */
-    for (int l = 0; l <= a->L; l++) {
-        if (l < a->K) a->slot[l] = m->xs[l];
-        else if (m->xs[l]) m->be->free(m->xs[l]);
-        m->xs[l] = l < a->K ? a->slot[l] : NULL;
-    }
+    model_drop_block_inputs(m, a->K);
+    for (int l = 0; l < a->K; l++) a->slot[l] = model_block_input(m, l);
     /* after the ring is set up, so that destroy leaves m consistent */
     for (int s = 0; s < a->S; s++)
         if (!(a->stage[s] = m->be->alloc(a->bytes))) {
@@ -147,7 +143,7 @@ void act_offload_destroy(act_offload_t *a) {
         a->stage && a->owner) {
         char e[256];
         act_offload_backward_end(a, e, sizeof e);
-        for (int l = 0; l <= a->L; l++) a->m->xs[l] = l < a->K ? a->slot[l] : NULL;
+        model_reset_block_inputs(a->m);   /* the ring's slots, the dropped ones absent */
     }
     if (a->stage)
         for (int s = 0; s < a->S; s++)
@@ -175,7 +171,7 @@ int act_offload_staging(const act_offload_t *a) { return a->S; }
 int act_offload_forward_begin(act_offload_t *a, char *err, size_t errlen) {
     (void)err, (void)errlen;
     a->micro++;
-    for (int l = 0; l <= a->L; l++) a->m->xs[l] = a->slot[l % a->K];
+    on_ring(a);
     for (int l = 0; l < a->L; l++) a->st[l] = AO_NONE;
     return 0;
 }
@@ -183,12 +179,12 @@ int act_offload_forward_begin(act_offload_t *a, char *err, size_t errlen) {
 /* Input l's copy out is done, or must be now: wait for it (no time when it
  * is done) and commit the put. */
 static int commit_put(act_offload_t *a, int l, char *err, size_t errlen) {
-    xfer_finish(a, a->xh[l]);
-    a->xh[l] = NULL;
+    xfer_finish(a, &a->xh[l]);
     oc_key_t k = key_of(a, l);
     a->st[l] = AO_NONE; /* on failure the session's close frees the reservation */
-    if (oc_put_commit_async(a->link->c, &k, &a->buf[l], &a->put_h[l]) != STATUS_OK)
-        return offload_link_fail(err, errlen, "sending a block input to ballastd");
+    if (offload_link_put_commit_async(a->link, &k, &a->buf[l], &a->put_h[l], "sending a block input to ballastd", err,
+                                      errlen))
+        return -1;
     memset(&a->buf[l], 0, sizeof a->buf[l]);
     a->st[l] = AO_PUT;
     return 0;
@@ -197,18 +193,8 @@ static int commit_put(act_offload_t *a, int l, char *err, size_t errlen) {
 /* Wait for input l's commit (blocking, counted as exposed wait). */
 static int wait_put(act_offload_t *a, int l, char *err, size_t errlen) {
     if (l < 0 || a->st[l] != AO_PUT) return 0;
-    oc_handle_t h = a->put_h[l];
-    a->put_h[l] = 0;
     a->st[l] = AO_STORED;
-    return offload_link_wait(a->link, h, NULL, "sending a block input to ballastd", err, errlen);
-}
-
-/* oc_wait(*h, b, 0): 1 done (*h = 0), 0 still in flight, -1 failed (*h = 0). */
-static int poll_handle(act_offload_t *a, oc_handle_t *h, oc_buf_t *b, const char *what, char *err, size_t errlen) {
-    status_t st = oc_wait(a->link->c, *h, b, 0);
-    if (st == STATUS_DEADLINE_EXCEEDED) return 0;
-    *h = 0;
-    return st == STATUS_OK ? 1 : offload_link_fail(err, errlen, what);
+    return offload_link_wait(a->link, &a->put_h[l], NULL, "sending a block input to ballastd", err, errlen);
 }
 
 /* Commit every put whose copy out is done; take the commits that completed. */
@@ -216,7 +202,7 @@ static int poll_forward(act_offload_t *a, char *err, size_t errlen) {
     for (int l = 0; l < a->n_off; l++) {
         if (a->st[l] == AO_COPYING && be_xfer_done(a->be, a->xh[l]) && commit_put(a, l, err, errlen)) return -1;
         if (a->st[l] == AO_PUT) {
-            int r = poll_handle(a, &a->put_h[l], NULL, "sending a block input to ballastd", err, errlen);
+            int r = offload_link_poll(a->link, &a->put_h[l], NULL, "sending a block input to ballastd", err, errlen);
             if (r < 0) { a->st[l] = AO_STORED; return -1; }
             if (r > 0) a->st[l] = AO_STORED;
         }
@@ -266,20 +252,23 @@ static bool load(act_offload_t *a, int t) {
     return true;
 }
 
+/* Input t's region is no longer read: hand it back and free the blob. */
+static int hand_back(act_offload_t *a, int t, char *err, size_t errlen) {
+    oc_key_t k = key_of(a, t);
+    a->st[t] = AO_STORED;
+    if (offload_link_get_done(a->link, &k, &a->buf[t], "releasing a block input in ballastd", err, errlen) ||
+        offload_link_free_async(a->link, &k, &a->free_h[t], "freeing a block input in ballastd", err, errlen))
+        return -1;
+    a->st[t] = AO_FREEING;
+    return 0;
+}
+
 /* Staged: input t's block is done and its copy in is finished: hand its
  * region back and free the blob. */
 static int unload(act_offload_t *a, int t, char *err, size_t errlen) {
-    xfer_finish(a, a->xh[t]);
-    a->xh[t] = NULL;
+    xfer_finish(a, &a->xh[t]);
     a->loaded[t] = false;
-    oc_key_t k = key_of(a, t);
-    a->st[t] = AO_STORED;
-    if (oc_get_done(a->link->c, &k, &a->buf[t]) != STATUS_OK)
-        return offload_link_fail(err, errlen, "releasing a block input in ballastd");
-    if (oc_free_async(a->link->c, &k, &a->free_h[t]) != STATUS_OK)
-        return offload_link_fail(err, errlen, "freeing a block input in ballastd");
-    a->st[t] = AO_FREEING;
-    return 0;
+    return hand_back(a, t, err, errlen);
 }
 
 /* Take the gets that completed, queue the copies in that can go, hand back
@@ -287,7 +276,8 @@ static int unload(act_offload_t *a, int t, char *err, size_t errlen) {
 static int poll_backward(act_offload_t *a, char *err, size_t errlen) {
     for (int t = a->n_off - 1; t >= 0; t--) {
         if (a->st[t] == AO_GETTING) {
-            int r = poll_handle(a, &a->get_h[t], &a->buf[t], "fetching a block input from ballastd", err, errlen);
+            int r = offload_link_poll(a->link, &a->get_h[t], &a->buf[t], "fetching a block input from ballastd", err,
+                                      errlen);
             if (r < 0) { a->st[t] = AO_STORED; return -1; }
             if (r > 0 && got(a, t, err, errlen)) return -1;
         }
@@ -304,18 +294,14 @@ static int request(act_offload_t *a, int t, char *err, size_t errlen) {
     if (a->st[t] == AO_COPYING && commit_put(a, t, err, errlen)) return -1;
     if (wait_put(a, t, err, errlen)) return -1;
     oc_key_t k = key_of(a, t);
-    if (a->pf_h[t]) {
-        oc_handle_t h = a->pf_h[t];
-        a->pf_h[t] = 0;
-        if (offload_link_wait(a->link, h, NULL, "prefetching a block input", err, errlen)) return -1;
-    }
-    if (oc_get_async(a->link->c, &k, &a->get_h[t]) != STATUS_OK)
-        return offload_link_fail(err, errlen, "fetching a block input from ballastd");
+    if (offload_link_wait(a->link, &a->pf_h[t], NULL, "prefetching a block input", err, errlen)) return -1;
+    if (offload_link_get_async(a->link, &k, &a->get_h[t], "fetching a block input from ballastd", err, errlen))
+        return -1;
     a->st[t] = AO_GETTING;
     if (offloaded(a, t - 1) && a->st[t - 1] == AO_STORED && !a->pf_h[t - 1]) {
         oc_key_t kp = key_of(a, t - 1);
-        if (oc_prefetch_async(a->link->c, &kp, &a->pf_h[t - 1]) != STATUS_OK)
-            return offload_link_fail(err, errlen, "prefetching a block input");
+        if (offload_link_prefetch_async(a->link, &kp, &a->pf_h[t - 1], "prefetching a block input", err, errlen))
+            return -1;
     }
     return 0;
 }
@@ -325,18 +311,15 @@ int act_offload_fetch(act_offload_t *a, int l, char *err, size_t errlen) {
      * this issues H + 1 requests, later one per block) */
     for (int t = l; t >= l - a->H && t >= 0; t--)
         if (request(a, t, err, errlen)) return -1;
-    model_t *m = a->m;
-    m->xs[l + 1] = a->slot[(l + 1) % a->K]; /* scratch: block l + 1 is done */
+    set_input(a, l + 1, a->slot[(l + 1) % a->K]); /* scratch: block l + 1 is done */
     /* commits of copies that finished since the forward, then the gets */
     if (poll_forward(a, err, errlen) || poll_backward(a, err, errlen)) return -1;
     if (!offloaded(a, l)) {
-        m->xs[l] = a->slot[l % a->K];
+        set_input(a, l, a->slot[l % a->K]);
         return 0;
     }
     if (a->st[l] == AO_GETTING) {
-        oc_handle_t h = a->get_h[l];
-        a->get_h[l] = 0;
-        if (offload_link_wait(a->link, h, &a->buf[l], "fetching a block input from ballastd", err, errlen)) {
+        if (offload_link_wait(a->link, &a->get_h[l], &a->buf[l], "fetching a block input from ballastd", err, errlen)) {
             a->st[l] = AO_STORED;
             return -1;
         }
@@ -345,7 +328,7 @@ int act_offload_fetch(act_offload_t *a, int l, char *err, size_t errlen) {
     if (a->st[l] != AO_HELD)
         return errbuf_set(err, errlen, "block input %d is not held for its backward (state %d)", l, (int)a->st[l]);
     if (a->in_place) {
-        m->xs[l] = (act_t *)a->buf[l].ptr;
+        set_input(a, l, (act_t *)a->buf[l].ptr);
         return 0;
     }
     if (!a->loaded[l] && !load(a, l))
@@ -353,23 +336,14 @@ int act_offload_fetch(act_offload_t *a, int l, char *err, size_t errlen) {
                           l % a->S, l, a->owner[l % a->S]);
     /* block l's recompute and backward read the staging buffer after the copy */
     be_xfer_order(a->be, a->xh[l]);
-    m->xs[l] = a->stage[l % a->S];
+    set_input(a, l, a->stage[l % a->S]);
     return 0;
 }
 
 int act_offload_release(act_offload_t *a, int l, char *err, size_t errlen) {
     if (!offloaded(a, l) || a->st[l] != AO_HELD) return 0;
-    a->m->xs[l] = a->slot[l % a->K];
-    if (a->in_place) {
-        oc_key_t k = key_of(a, l);
-        a->st[l] = AO_STORED;
-        if (oc_get_done(a->link->c, &k, &a->buf[l]) != STATUS_OK)
-            return offload_link_fail(err, errlen, "releasing a block input in ballastd");
-        if (oc_free_async(a->link->c, &k, &a->free_h[l]) != STATUS_OK)
-            return offload_link_fail(err, errlen, "freeing a block input in ballastd");
-        a->st[l] = AO_FREEING;
-        return 0;
-    }
+    set_input(a, l, a->slot[l % a->K]);
+    if (a->in_place) return hand_back(a, l, err, errlen);
     /* block l's backward is queued: a copy queued from now on into its
      * staging buffer runs after it; the region waits for its copy */
     a->st[l] = AO_USED;
@@ -384,41 +358,35 @@ int act_offload_backward_end(act_offload_t *a, char *err, size_t errlen) {
         oc_key_t k = key_of(a, l);
         /* normally only frees (and regions whose copy in is not done) are
          * left; after an error anything can be */
-        if (a->pf_h[l]) { oc_wait(a->link->c, a->pf_h[l], NULL, -1); a->pf_h[l] = 0; }
+        offload_link_wait(a->link, &a->pf_h[l], NULL, "prefetching a block input", NULL, 0);
         if (a->st[l] == AO_COPYING) {
-            xfer_finish(a, a->xh[l]);
-            a->xh[l] = NULL;
-            oc_put_abort(a->link->c, &k, &a->buf[l]);
+            xfer_finish(a, &a->xh[l]);
+            offload_link_put_abort(a->link, &k, &a->buf[l]);
             a->st[l] = AO_NONE;
         }
         if (a->st[l] == AO_PUT && wait_put(a, l, e, sizeof e) && !rc) rc = errbuf_set(err, errlen, "%s", e);
-        if (a->st[l] == AO_GETTING) {
-            status_t st = oc_wait(a->link->c, a->get_h[l], &a->buf[l], -1);
-            a->get_h[l] = 0;
-            a->st[l] = st == STATUS_OK ? AO_HELD : AO_STORED;
-        }
+        if (a->st[l] == AO_GETTING)
+            a->st[l] = offload_link_wait(a->link, &a->get_h[l], &a->buf[l], "fetching a block input from ballastd",
+                                         NULL, 0) == 0 ? AO_HELD : AO_STORED;
         if (a->st[l] == AO_USED && unload(a, l, e, sizeof e) && !rc) rc = errbuf_set(err, errlen, "%s", e);
         if (a->st[l] == AO_HELD || a->st[l] == AO_USED) {
-            xfer_finish(a, a->xh[l]);
-            a->xh[l] = NULL;
+            xfer_finish(a, &a->xh[l]);
             a->loaded[l] = false;
-            oc_get_done(a->link->c, &k, &a->buf[l]);
+            offload_link_get_done(a->link, &k, &a->buf[l], "releasing a block input in ballastd", NULL, 0);
             a->st[l] = AO_STORED;
         }
         if (a->st[l] == AO_STORED) {
-            oc_free(a->link->c, &k);
+            offload_link_free(a->link, &k, NULL, 0);
             a->st[l] = AO_NONE;
         }
         if (a->st[l] == AO_FREEING) {
-            oc_handle_t h = a->free_h[l];
-            a->free_h[l] = 0;
             a->st[l] = AO_NONE;
-            if (offload_link_wait(a->link, h, NULL, "freeing a block input in ballastd", e, sizeof e) && !rc)
+            if (offload_link_wait(a->link, &a->free_h[l], NULL, "freeing a block input in ballastd", e, sizeof e) && !rc)
                 rc = errbuf_set(err, errlen, "%s", e);
         }
     }
     for (int s = 0; s < a->S; s++) a->owner[s] = -1;
-    for (int l = 0; l <= a->L; l++) a->m->xs[l] = a->slot[l % a->K];
+    on_ring(a);
     /* every copy of this micro-step has been waited for (each handle once);
      * on a backend that counts its queued copies, none may be left */
     if (a->open != 0 && !rc)

@@ -1,8 +1,10 @@
-/* act_offload.h: activation offloading through ballastd
+/* act.h: activation offloading through ballastd
  * (--activation-offload, --activation-loading-horizon H).
  *
  * The kept activations of a micro-step are the block inputs xs[0..L-1]
- * (model_t.xs, (N, D) each; xs[L] feeds the head). Instead of L + 1
+ * ((N, D) each; xs[L] feeds the head), which the saver reaches through the
+ * model's functions (model.h: model_block_input, model_set_block_input,
+ * model_drop_block_inputs, model_reset_block_inputs). Instead of L + 1
  * buffers, the model keeps a ring of K = min(H + 2, L + 1) of them: xs[l]
  * lives in slot l % K. In forward, an input that a later block will
  * overwrite (l < L + 1 - K) is copied out as soon as it is produced: an
@@ -24,8 +26,10 @@
  *
  * Memory in the backend for block inputs: K ring slots + S staging
  * buffers (0 in place), each (N / TP degree) x D x act_bytes, against
- * L + 1 without offload. The host never waits for a copy where it is
- * queued; it waits (counted as exposed offload wait) only when a copy it
+ * L + 1 without offload. Everything that reaches ballastd goes through the
+ * link (link.h), and so does every wait: the host never waits for a copy
+ * where it is queued; it waits (the link counts it as exposed offload
+ * wait) only when a copy it
  * must use the host side of has not finished: a put not yet copied out
  * when backward asks for it, a get that has not arrived when its block
  * starts. Neither happens when the link moves one block input in less
@@ -52,8 +56,8 @@
 
 typedef struct act_offload act_offload_t;
 
-/* Take over m's block-input buffers (keeps K of them, frees the rest) and
- * offload through link. Returns NULL with a message on a bad horizon or
+/* Take over m's block-input buffers (keeps K of them, model_drop_block_inputs
+ * frees the rest) and offload through link. Returns NULL with a message on a bad horizon or
  * out of memory. act_offload_destroy must run before model_destroy. */
 act_offload_t *act_offload_create(model_t *m, offload_link_t *link, int horizon, char *err, size_t errlen);
 void act_offload_destroy(act_offload_t *a);
@@ -70,7 +74,7 @@ const fsdp_act_hooks_t *act_offload_hooks(act_offload_t *a);
 
 /* ---- forward ---- */
 
-/* Start a micro-step's forward: point xs[] at the ring. */
+/* Start a micro-step's forward: point the block inputs at the ring. */
 int act_offload_forward_begin(act_offload_t *a, char *err, size_t errlen);
 /* xs[l] has just been produced (by the embedding or block l - 1) and
  * block l's forward comes next: queue its copy out when its slot will be
@@ -81,15 +85,16 @@ int act_offload_produced(act_offload_t *a, int l, char *err, size_t errlen);
 /* ---- backward ---- */
 
 /* Before block l's backward: start the fetch of the input H blocks below,
- * queue the copies in whose gets arrived, point m->xs[l] at xs[l] (its get
- * waited for only if it has not arrived; its copy in ordered before the
- * compute queued next) and m->xs[l + 1] at scratch. */
+ * queue the copies in whose gets arrived, point block input l at its
+ * fetched bytes (its get waited for only if it has not arrived; its copy in
+ * ordered before the compute queued next) and block input l + 1 at
+ * scratch. */
 int act_offload_fetch(act_offload_t *a, int l, char *err, size_t errlen);
 /* After block l's backward is queued: its staging buffer may be refilled;
  * release xs[l]'s region (once its copy in is done) and free its blob. */
 int act_offload_release(act_offload_t *a, int l, char *err, size_t errlen);
-/* After the backward loop: wait for what is still in flight; xs[] back on
- * the ring. On the CPU backend a deferred copy still pending is an error
+/* After the backward loop: wait for what is still in flight; the block
+ * inputs back on the ring. On the CPU backend a deferred copy still pending is an error
  * ("copies still pending"). On an error path it only drops what it can. */
 int act_offload_backward_end(act_offload_t *a, char *err, size_t errlen);
 

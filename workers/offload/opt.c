@@ -1,6 +1,7 @@
-/* opt_offload.c: AdamW state in ballastd, streamed unit by unit, with a
- * step record for resuming; see opt_offload.h. Relies on fsdp.h for the
- * chunk layout and the collectives, offload_link.h for the session, the
+/* opt.c: AdamW state in ballastd, streamed unit by unit, with a step
+ * record for resuming; see opt.h. Relies on fsdp.h for the chunk layout
+ * and the collectives, link.h for everything that reaches ballastd
+ * (requests and every wait: the link counts the exposed ones), the
  * backend's asynchronous copies (backend.h, be_xfer_*) for the staged
  * path. Only a backend whose memory is host memory (the fp32 CPU backend)
  * runs AdamW on moments that lie in the pool (in place); every other
@@ -9,14 +10,12 @@
  * step_staged), and on a backend whose working copy is separate (bf16 on
  * CUDA) the fp32 master chunks live in ballastd only. */
 #include "workers/offload/opt.h"
-#include "clock.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "errbuf.h"
 #include "log.h"
@@ -59,7 +58,7 @@ struct opt_offload {
     oc_handle_t *put_h;    /* (n_units) commits in flight (of version `version`, or the one being written) */
     oc_buf_t *old, *nw;    /* (n_units) regions of the version read and the one written */
     oc_key_t *nkey;        /* (n_units) keys of the version written */
-    bool *old_held;        /* (n_units) old[u] is a read region not yet released (oc_get_done) */
+    bool *old_held;        /* (n_units) old[u] is a read region not yet released (offload_link_get_done) */
     bool *nw_held;         /* (n_units) nw[u] is reserved and not yet committed */
     bool in_place;         /* the CPU backend (fp32): AdamW runs on the moments in the pool */
     bool master_away;      /* f->master freed: the fp32 master chunks live in the blobs only */
@@ -104,17 +103,8 @@ bool opt_offload_master_away(const opt_offload_t *o) { return o->master_away; }
 
 bool opt_offload_durable(const opt_offload_t *o) { return o->durable; }
 
-/* be_xfer_wait on *x (then NULL); the time the host blocked is exposed
- * offload wait, counted like offload_link_wait counts its waits. */
-static void xfer_wait(opt_offload_t *o, be_xfer_t **x) {
-    if (!*x) return;
-    double t = clock_now_s();
-    be_xfer_wait(o->f->be, *x);
-    *x = NULL;
-    double w = clock_now_s() - t;
-    o->link->wait_s += w;
-    if (o->link->m_wait) metric_add(o->link->m_wait, w);
-}
+/* End copy *x (then NULL) through the link, which counts a blocking wait. */
+static void xfer_wait(opt_offload_t *o, be_xfer_t **x) { offload_link_xfer_wait(o->link, o->f->be, x); }
 
 /* ---- life cycle ---- */
 
@@ -124,13 +114,13 @@ opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_m
         errbuf_set(err, errlen, "opt_offload_create: mode must be host or nvme");
         return NULL;
     }
-    if (mode == OPT_OFFLOAD_HOST && !oc_is_shared(link->c))
+    if (mode == OPT_OFFLOAD_HOST && !offload_link_is_shared(link))
         log_warn("--optimizer-offload host: pinning needs shared-memory mode; over --offload-remote the state may spill");
     for (int u = 0; u < f->n_units; u++) {
-        if (blob_bytes(f, u) > oc_max_blob(link->c)) {
+        if (blob_bytes(f, u) > offload_link_max_blob(link)) {
             errbuf_set(err, errlen, "--optimizer-offload: unit %d needs blobs of %zu bytes but ballastd at %s takes at most "
                        "%llu (raise its --segment-bytes, or shard more with --hybrid-shard-degree)", u, blob_bytes(f, u),
-                       oc_addr(link->c), (unsigned long long)oc_max_blob(link->c));
+                       offload_link_addr(link), (unsigned long long)offload_link_max_blob(link));
             return NULL;
         }
     }
@@ -186,11 +176,14 @@ void opt_offload_destroy(opt_offload_t *o) {
 
 void opt_offload_drop_moments(opt_offload_t *o);
 
+/* host pins the current version in the pool (shared-memory mode only). */
+static bool pinning(const opt_offload_t *o) { return o->mode == OPT_OFFLOAD_HOST && offload_link_is_shared(o->link); }
+
 static int free_version(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
     if (v < 0) return 0;
     for (int u = 0; u < o->f->n_units; u++) {
         oc_key_t k = state_key(o, u, v);
-        if (o->mode == OPT_OFFLOAD_HOST && oc_is_shared(o->link->c)) oc_unpin(o->link->c, &k); /* may hold none */
+        if (pinning(o)) offload_link_unpin(o->link, &k); /* may hold none */
         if (offload_link_free(o->link, &k, err, errlen)) return -1;
     }
     return 0;
@@ -201,9 +194,8 @@ static int free_version(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
 static int read_record(opt_offload_t *o, int slot, oo_record_t *r, char *err, size_t errlen) {
     oc_key_t k = record_key(o, slot);
     uint64_t len = 0;
-    status_t st = oc_get_copy(o->link->c, &k, r, sizeof *r, &len);
-    if (st == STATUS_NOT_FOUND) return 0;
-    if (st != STATUS_OK) return offload_link_fail(err, errlen, "reading the step record");
+    int got = offload_link_get_copy(o->link, &k, r, sizeof *r, &len, "reading the step record", err, errlen);
+    if (got <= 0) return got;
     offload_link_count(o->link, 0, len);
     if (len != sizeof *r || memcmp(r->magic, OO_MAGIC, 8))
         return errbuf_set(err, errlen, "rank %u: the step record in ballastd (job blobs of another program or version) "
@@ -232,26 +224,24 @@ static int write_record(opt_offload_t *o, int64_t s, char *err, size_t errlen) {
     return 0;
 }
 
-/* Wait for every commit of the version being written; host: pin it. */
-static int finish_version(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
-    int rc = 0;
+/* host: pin every unit of version v (nothing otherwise). */
+static int pin_version(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
+    if (!pinning(o)) return 0;
     for (int u = 0; u < o->f->n_units; u++) {
-        if (!o->put_h[u]) continue;
-        oc_handle_t h = o->put_h[u];
-        o->put_h[u] = 0;
-        if (offload_link_wait(o->link, h, NULL, "storing optimizer state in ballastd", err, errlen)) rc = -1;
-    }
-    if (rc) return rc;
-    if (o->mode == OPT_OFFLOAD_HOST && oc_is_shared(o->link->c)) {
-        for (int u = 0; u < o->f->n_units; u++) {
-            oc_key_t k = state_key(o, u, v);
-            if (oc_pin(o->link->c, &k) != STATUS_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
-        }
+        oc_key_t k = state_key(o, u, v);
+        if (offload_link_pin(o->link, &k, "pinning optimizer state in ballastd", err, errlen)) return -1;
     }
     return 0;
 }
 
-static bool pinning(const opt_offload_t *o) { return o->mode == OPT_OFFLOAD_HOST && oc_is_shared(o->link->c); }
+/* Wait for every commit of the version being written; host: pin it. */
+static int finish_version(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
+    int rc = 0;
+    for (int u = 0; u < o->f->n_units; u++)
+        if (offload_link_wait(o->link, &o->put_h[u], NULL, "storing optimizer state in ballastd", err, errlen)) rc = -1;
+    if (rc) return rc;
+    return pin_version(o, v, err, errlen);
+}
 
 /* Not durable: unit u's blob of version v is acknowledged, so its blob of
  * version v - 1 goes at once (host: the new one pinned first). At most one
@@ -259,22 +249,20 @@ static bool pinning(const opt_offload_t *o) { return o->mode == OPT_OFFLOAD_HOST
 static int unit_replaced(opt_offload_t *o, int64_t v, int u, char *err, size_t errlen) {
     oc_key_t kn = state_key(o, u, v), ko = state_key(o, u, v - 1);
     if (pinning(o)) {
-        if (oc_pin(o->link->c, &kn) != STATUS_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
-        oc_unpin(o->link->c, &ko);   /* may hold none */
+        if (offload_link_pin(o->link, &kn, "pinning optimizer state in ballastd", err, errlen)) return -1;
+        offload_link_unpin(o->link, &ko);   /* may hold none */
     }
     return offload_link_free(o->link, &ko, err, errlen);
 }
 
 /* Not durable: take the commits of version v that are already acknowledged
- * (oc_wait with timeout 0 polls, never blocks) and free what they replace. */
+ * (offload_link_poll never blocks) and free what they replace. */
 static int reap_commits(opt_offload_t *o, int64_t v, char *err, size_t errlen) {
     for (int u = 0; u < o->f->n_units; u++) {
         if (!o->put_h[u]) continue;
-        status_t st = oc_wait(o->link->c, o->put_h[u], NULL, 0);
-        if (st == STATUS_DEADLINE_EXCEEDED) continue;
-        o->put_h[u] = 0;
-        if (st != STATUS_OK) return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
-        if (unit_replaced(o, v, u, err, errlen)) return -1;
+        int r = offload_link_poll(o->link, &o->put_h[u], NULL, "storing optimizer state in ballastd", err, errlen);
+        if (r < 0) return -1;
+        if (r > 0 && unit_replaced(o, v, u, err, errlen)) return -1;
     }
     return 0;
 }
@@ -294,9 +282,7 @@ static int collect_version(opt_offload_t *o, const char *when, char *err, size_t
     } else {
         for (int u = 0; u < o->f->n_units; u++) {
             if (!o->put_h[u]) continue;
-            oc_handle_t h = o->put_h[u];
-            o->put_h[u] = 0;
-            if (offload_link_wait(o->link, h, NULL, "storing optimizer state in ballastd", err, errlen) ||
+            if (offload_link_wait(o->link, &o->put_h[u], NULL, "storing optimizer state in ballastd", err, errlen) ||
                 unit_replaced(o, v, u, err, errlen))
                 return -1;
         }
@@ -342,8 +328,9 @@ static int store_initial(opt_offload_t *o, char *err, size_t errlen) {
         }
         if (f->init_host) memcpy((float *)b.ptr + 2 * c, f->init_host + off, c * sizeof(float));
         else f->be->to_host((float *)b.ptr + 2 * c, f->master + off, c * sizeof(float));
-        if (oc_put_commit_async(o->link->c, &k, &b, &o->put_h[u]) != STATUS_OK)
-            return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
+        if (offload_link_put_commit_async(o->link, &k, &b, &o->put_h[u], "storing optimizer state in ballastd", err,
+                                          errlen))
+            return -1;
         offload_link_count(o->link, blob_bytes(f, u), 0);
     }
     if (finish_version(o, v0, err, errlen) || write_record(o, v0, err, errlen)) return -1;
@@ -399,7 +386,7 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
     if (sum_none > 0)
         return errbuf_set(err, errlen, "--resume-from-service: ballastd at %s holds no optimizer state of job '%s' for %s "
                           "(was the run started with --optimizer-offload and the same --offload-job, and does ballastd "
-                          "keep the same --spill-dir?)", oc_addr(o->link->c), o->link->job,
+                          "keep the same --spill-dir?)", offload_link_addr(o->link), o->link->job,
                           best < 0 ? "this rank" : "another rank");
     int64_t c = (int64_t)floor(sum_best / o->world);
     double ok = best == c || best == c + 1, sum_ok;
@@ -417,15 +404,15 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
     for (int u = 0; u < f->n_units; u++) {
         oc_key_t k = state_key(o, u, c);
         oc_buf_t b;
-        if (oc_get(o->link->c, &k, &b) != STATUS_OK) return offload_link_fail(err, errlen, "reading optimizer state of the resumed step");
+        if (offload_link_get(o->link, &k, &b, "reading optimizer state of the resumed step", err, errlen)) return -1;
         if (b.len != blob_bytes(f, u)) {
-            oc_get_done(o->link->c, &k, &b);
+            offload_link_get_done(o->link, &k, &b, "releasing optimizer state", NULL, 0);
             return errbuf_set(err, errlen, "optimizer state of unit %d in ballastd has %llu bytes, expected %zu", u,
                               (unsigned long long)b.len, blob_bytes(f, u));
         }
         f->be->from_host(f->master + f->shard_off[u], (float *)b.ptr + 2 * f->chunk[u], f->chunk[u] * sizeof(float));
         offload_link_count(o->link, 0, f->chunk[u] * sizeof(float));
-        if (oc_get_done(o->link->c, &k, &b) != STATUS_OK) return offload_link_fail(err, errlen, "releasing optimizer state");
+        if (offload_link_get_done(o->link, &k, &b, "releasing optimizer state", err, errlen)) return -1;
     }
     /* versions other than c and c - 1 (partial or stale), and a record of
      * step c + 1 that the other ranks never matched, go */
@@ -438,12 +425,7 @@ int opt_offload_start(opt_offload_t *o, bool resume, int64_t *start, char *err, 
             if (offload_link_free(o->link, &k, err, errlen)) return -1;
         }
     }
-    if (o->mode == OPT_OFFLOAD_HOST && oc_is_shared(o->link->c)) {
-        for (int u = 0; u < f->n_units; u++) {
-            oc_key_t k = state_key(o, u, c);
-            if (oc_pin(o->link->c, &k) != STATUS_OK) return offload_link_fail(err, errlen, "pinning optimizer state in ballastd");
-        }
-    }
+    if (pin_version(o, c, err, errlen)) return -1;
     if (f->wact != (act_t *)f->master) fsdp_state_changed(f); /* the working copy follows the loaded master */
     o->version = c;
     o->recorded = c;   /* this rank's record of c is in its slot (a newer one was freed above) */
@@ -480,18 +462,25 @@ static void adamw_unit(fsdp_t *f, int u, float *m, float *v, float *p, float lr,
 /* Drop whatever of a failed step is still in flight: every copy handle
  * gets its wait, reads are released, reserved blobs aborted. */
 static void abort_step(opt_offload_t *o, int64_t s) {
-    oc_client_t *c = o->link->c;
+    offload_link_t *l = o->link;
     for (int i = 0; i < 2; i++) {
-        be_xfer_wait(o->f->be, o->stage[i].in);
-        be_xfer_wait(o->f->be, o->stage[i].out);
+        xfer_wait(o, &o->stage[i].in);
+        xfer_wait(o, &o->stage[i].out);
         o->stage[i] = (oo_stage_t){ .buf = o->stage[i].buf, .unit = -1 };
     }
     for (int u = 0; u < o->f->n_units; u++) {
         oc_key_t ko = state_key(o, u, s - 1), kn = state_key(o, u, s);
-        if (o->get_h[u]) { if (oc_wait(c, o->get_h[u], &o->old[u], -1) == STATUS_OK) oc_get_done(c, &ko, &o->old[u]); o->get_h[u] = 0; }
-        if (o->old_held[u]) { oc_get_done(c, &ko, &o->old[u]); o->old_held[u] = false; }
-        if (o->nw_held[u]) { oc_put_abort(c, &kn, &o->nw[u]); o->nw_held[u] = false; }
-        if (o->put_h[u]) { oc_wait(c, o->put_h[u], NULL, -1); o->put_h[u] = 0; }
+        if (o->get_h[u] && offload_link_wait(l, &o->get_h[u], &o->old[u], "reading optimizer state", NULL, 0) == 0)
+            offload_link_get_done(l, &ko, &o->old[u], "releasing optimizer state", NULL, 0);
+        if (o->old_held[u]) {
+            offload_link_get_done(l, &ko, &o->old[u], "releasing optimizer state", NULL, 0);
+            o->old_held[u] = false;
+        }
+        if (o->nw_held[u]) {
+            offload_link_put_abort(l, &kn, &o->nw[u]);
+            o->nw_held[u] = false;
+        }
+        offload_link_wait(l, &o->put_h[u], NULL, "storing optimizer state in ballastd", NULL, 0);
     }
 }
 
@@ -500,17 +489,15 @@ static void abort_step(opt_offload_t *o, int64_t s) {
  * reserve its blob of version s (nw[u]). */
 static int receive_unit(opt_offload_t *o, int64_t s, int u, char *err, size_t errlen) {
     fsdp_t *f = o->f;
-    oc_client_t *c = o->link->c;
-    oc_handle_t h = o->get_h[u];
-    o->get_h[u] = 0;
-    if (offload_link_wait(o->link, h, &o->old[u], "reading optimizer state from ballastd", err, errlen)) return -1;
+    if (offload_link_wait(o->link, &o->get_h[u], &o->old[u], "reading optimizer state from ballastd", err, errlen))
+        return -1;
     o->old_held[u] = true;
     if (o->old[u].len != blob_bytes(f, u))
         return errbuf_set(err, errlen, "optimizer state of unit %d in ballastd has %llu bytes, expected %zu", u,
                           (unsigned long long)o->old[u].len, blob_bytes(f, u));
     if (u + 1 < f->n_units) {
         oc_key_t kx = state_key(o, u + 1, s - 1);
-        if (oc_get_async(c, &kx, &o->get_h[u + 1]) != STATUS_OK) return offload_link_fail(err, errlen, "reading optimizer state");
+        if (offload_link_get_async(o->link, &kx, &o->get_h[u + 1], "reading optimizer state", err, errlen)) return -1;
     }
     oc_key_t kn = state_key(o, u, s);
     if (offload_link_put_alloc(o->link, &kn, blob_bytes(f, u), o->durable, &o->nw[u], err, errlen)) return -1;
@@ -520,13 +507,13 @@ static int receive_unit(opt_offload_t *o, int64_t s, int u, char *err, size_t er
 
 /* Unit u is done with: release its read region, commit its new blob. */
 static int release_unit(opt_offload_t *o, int64_t s, int u, char *err, size_t errlen) {
-    oc_client_t *c = o->link->c;
     oc_key_t ko = state_key(o, u, s - 1), kn = state_key(o, u, s);
     o->old_held[u] = false;
-    if (oc_get_done(c, &ko, &o->old[u]) != STATUS_OK) return offload_link_fail(err, errlen, "releasing optimizer state");
+    if (offload_link_get_done(o->link, &ko, &o->old[u], "releasing optimizer state", err, errlen)) return -1;
     o->nw_held[u] = false;
-    if (oc_put_commit_async(c, &kn, &o->nw[u], &o->put_h[u]) != STATUS_OK)
-        return offload_link_fail(err, errlen, "storing optimizer state in ballastd");
+    if (offload_link_put_commit_async(o->link, &kn, &o->nw[u], &o->put_h[u], "storing optimizer state in ballastd", err,
+                                      errlen))
+        return -1;
     offload_link_count(o->link, blob_bytes(o->f, u), 0);
     /* not durable: old blobs go as soon as their replacements are acknowledged */
     return o->durable ? 0 : reap_commits(o, s, err, errlen);
@@ -620,7 +607,6 @@ static int step_staged(opt_offload_t *o, int64_t s, float lr, float step_size, f
 
 int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, char *err, size_t errlen) {
     fsdp_t *f = o->f;
-    oc_client_t *c = o->link->c;
     if (o->version != s - 1)
         return errbuf_set(err, errlen, "optimizer offload: step %lld follows version %lld in ballastd", (long long)s,
                           (long long)o->version);
@@ -657,7 +643,7 @@ int opt_offload_step(opt_offload_t *o, int64_t s, double lr, float grad_scale, c
     float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
 
     oc_key_t k0 = state_key(o, 0, s - 1);
-    if (oc_get_async(c, &k0, &o->get_h[0]) != STATUS_OK) return offload_link_fail(err, errlen, "reading optimizer state");
+    if (offload_link_get_async(o->link, &k0, &o->get_h[0], "reading optimizer state", err, errlen)) return -1;
     int rc = o->in_place ? step_in_place(o, s, (float)lr, step_size, bc2_sqrt, grad_scale, err, errlen)
                          : step_staged(o, s, (float)lr, step_size, bc2_sqrt, grad_scale, err, errlen);
     if (rc) {
@@ -701,12 +687,12 @@ int opt_offload_load_moments(opt_offload_t *o, char *err, size_t errlen) {
         oc_key_t k = state_key(o, u, o->version);
         oc_buf_t b;
         size_t ch = f->chunk[u], off = f->shard_off[u];
-        if (oc_get(o->link->c, &k, &b) != STATUS_OK) {
+        if (offload_link_get(o->link, &k, &b, "reading optimizer state for a checkpoint", err, errlen)) {
             opt_offload_drop_moments(o);
-            return offload_link_fail(err, errlen, "reading optimizer state for a checkpoint");
+            return -1;
         }
         if (b.len != blob_bytes(f, u)) {
-            oc_get_done(o->link->c, &k, &b);
+            offload_link_get_done(o->link, &k, &b, "releasing optimizer state", NULL, 0);
             opt_offload_drop_moments(o);
             return errbuf_set(err, errlen, "optimizer state of unit %d in ballastd has %llu bytes, expected %zu", u,
                               (unsigned long long)b.len, blob_bytes(f, u));
@@ -715,7 +701,7 @@ int opt_offload_load_moments(opt_offload_t *o, char *err, size_t errlen) {
         f->be->from_host(f->opt.v + off, (float *)b.ptr + ch, ch * sizeof(float));
         if (master) f->be->from_host(f->master + off, (float *)b.ptr + 2 * ch, ch * sizeof(float));
         offload_link_count(o->link, 0, (master ? 3 : 2) * ch * sizeof(float));
-        oc_get_done(o->link->c, &k, &b);
+        offload_link_get_done(o->link, &k, &b, "releasing optimizer state", NULL, 0);
     }
     return 0;
 }

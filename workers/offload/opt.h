@@ -1,4 +1,4 @@
-/* opt_offload.h: optimizer-state offloading through ballastd
+/* opt.h: optimizer-state offloading through ballastd
  * (--optimizer-offload host|nvme) and resuming from it
  * (--resume-from-service).
  *
@@ -40,8 +40,9 @@
  * f->wact follows), and copied into the new blob, double buffered: unit
  * u + 1's blob copies in while unit u updates and unit u - 1's copies out,
  * and a blob is committed only after the host waited for its copy (see
- * opt_offload.c, step_staged). Host time in those waits counts as exposed
- * offload wait (offload_link_t.wait_s).
+ * opt.c, step_staged). Every request and wait goes through the link
+ * (link.h), which counts the host's time in those waits as exposed offload
+ * wait (offload_link_t.wait_s).
  *
  * Durable: version s - 2 is freed at the start of step s, after record
  * s - 1 is written and a sum over the ranks (one double) showed every rank

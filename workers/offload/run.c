@@ -1,5 +1,5 @@
-/* offload_run.c: a rank's memory savers from the worker flags; see
- * offload_run.h. */
+/* run.c: a rank's memory savers from the worker flags; see run.h. Reaches
+ * ballastd only through the link (link.h). */
 #include "workers/offload/run.h"
 
 #include <stdlib.h>
@@ -13,9 +13,9 @@
  * memory (a GPU) and the session maps the pool; a failure warns and
  * training goes on with pageable copies. */
 static void register_pool(offload_run_t *r, const backend_t *be, int rank) {
-    if (!be->host_register || !oc_is_shared(r->link.c)) return;
+    if (!be->host_register || !offload_link_is_shared(&r->link)) return;
     uint32_t n = 0;
-    const oc_segment_t *segs = oc_segments(r->link.c, &n);
+    const oc_segment_t *segs = offload_link_segments(&r->link, &n);
     if (!segs || n == 0) return;
     be_range_t *ranges = calloc(n, sizeof *ranges);
     if (!ranges) return;
@@ -30,12 +30,12 @@ static void register_pool(offload_run_t *r, const backend_t *be, int rank) {
         r->be = be;
 }
 
-bool offload_run_opt_durable(const train_opts_t *o) {
+bool offload_run_opt_durable(const offload_opts_t *o) {
     if (!o->opt_offload) return false;
     return o->opt_durable == 1 || (o->opt_durable == 0 && o->opt_offload == OPT_OFFLOAD_NVME);
 }
 
-int offload_run_check(const train_opts_t *o, char *err, size_t errlen) {
+int offload_run_check(const offload_opts_t *o, char *err, size_t errlen) {
     if (o->resume_from_service && !o->opt_offload)
         return errbuf_set(err, errlen, "--resume-from-service needs --optimizer-offload host|nvme (the state it resumes "
                           "from lives in ballastd only then)");
@@ -50,17 +50,17 @@ int offload_run_check(const train_opts_t *o, char *err, size_t errlen) {
     if (o->skip_nonfinite && o->opt_offload)
         return errbuf_set(err, errlen, "--skip-nonfinite with --optimizer-offload: the state in ballastd is versioned by "
                           "step and a skipped step has no version yet; drop one of the two");
-    if ((o->act_offload || o->opt_offload) && !o->offload_remote && (!o->offload_socket || !*o->offload_socket))
+    if ((o->act_offload || o->opt_offload) && !o->remote && (!o->socket || !*o->socket))
         return errbuf_set(err, errlen, "offload needs ballastd: give --offload-socket PATH or --offload-remote HOST:PORT");
     return 0;
 }
 
-int offload_run_open(offload_run_t *r, const train_opts_t *o, fsdp_t *f, int rank, int world, int64_t *start,
+int offload_run_open(offload_run_t *r, const offload_opts_t *o, fsdp_t *f, int rank, int world, int64_t *start,
                      char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
     if (!o->act_offload && !o->opt_offload) return 0;
     if (offload_run_check(o, err, errlen)) return -1;
-    if (offload_link_open(&r->link, o->offload_socket, o->offload_remote, o->offload_job, o->offload_token_file, rank, err, errlen)) return -1;
+    if (offload_link_open(&r->link, o->socket, o->remote, o->job, o->token_file, rank, err, errlen)) return -1;
     r->on = true;
     register_pool(r, f->be, rank);
     if (!offload_link_in_place(f->be))
@@ -80,7 +80,7 @@ int offload_run_open(offload_run_t *r, const train_opts_t *o, fsdp_t *f, int ran
 void offload_run_describe(const offload_run_t *r, const fsdp_t *f, FILE *out) {
     if (!r->on) return;
     fprintf(out, "offload: ballastd at %s (job %s, %s mode)", r->link.addr, r->link.job,
-            oc_is_shared(r->link.c) ? "shared-memory" : "remote");
+            offload_link_is_shared(&r->link) ? "shared-memory" : "remote");
     if (r->ao) {
         char b[32];
         const model_t *m = f->m;

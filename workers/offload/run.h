@@ -1,9 +1,10 @@
-/* offload_run.h: the memory savers of one training rank, set up from the
- * worker's flags: the ballastd session (offload_link.h), activation
- * offload (act_offload.h) and optimizer offload (opt_offload.h). This is
- * what train_dist.c calls; see docs/offload.md.
+/* run.h: the memory savers of one training rank, set up from the worker's
+ * flags: the ballastd session (link.h), activation offload (act.h) and
+ * optimizer offload (opt.h). The training loop (workers/train/dist.c) fills
+ * offload_opts_t from its options and calls these; see docs/offload.md.
  *
- * Functions return 0 or -1 with a message in err. */
+ * Functions return 0 or -1 with a message in err; messages name the
+ * worker's flags. */
 #ifndef BALLAST_OFFLOAD_RUN_H
 #define BALLAST_OFFLOAD_RUN_H
 
@@ -15,7 +16,22 @@
 #include "workers/parallel/fsdp.h"
 #include "workers/offload/link.h"
 #include "workers/offload/opt.h"
-#include "workers/train/train.h"
+
+/* The worker flags the savers read (workers/train/train.c's option table
+ * defines them; the train layer copies them here). */
+typedef struct {
+    bool act_offload;          /* --activation-offload */
+    int64_t act_horizon;       /* --activation-loading-horizon H */
+    int opt_offload;           /* --optimizer-offload: opt_offload_mode_t (0 none, 1 host, 2 nvme) */
+    int opt_durable;           /* --optimizer-offload-durable: 0 auto (yes for nvme, no for host), 1 yes, 2 no */
+    const char *socket;        /* --offload-socket: ballastd's Unix socket ("unix:/path" or a path) */
+    const char *remote;        /* --offload-remote HOST:PORT (remote mode), NULL = off */
+    const char *job;           /* --offload-job: job name of the run's blobs */
+    const char *token_file;    /* --offload-token-file, NULL = none */
+    bool resume_from_service;  /* --resume-from-service */
+    bool resume;               /* --resume (from a checkpoint): refused with resume_from_service */
+    bool skip_nonfinite;       /* --skip-nonfinite: refused with optimizer offload */
+} offload_opts_t;
 
 typedef struct {
     bool on;                   /* any saver on (the link is open) */
@@ -28,10 +44,10 @@ typedef struct {
 
 /* Whether the flags make the optimizer state durable
  * (--optimizer-offload-durable; auto = yes for nvme, no for host). */
-bool offload_run_opt_durable(const train_opts_t *o);
+bool offload_run_opt_durable(const offload_opts_t *o);
 
 /* Check the flag combination (no service contact). */
-int offload_run_check(const train_opts_t *o, char *err, size_t errlen);
+int offload_run_check(const offload_opts_t *o, char *err, size_t errlen);
 
 /* Open the session and the savers the flags ask for, on f (built by
  * fsdp_create) of global rank `rank` among world. On a GPU backend in
@@ -41,7 +57,7 @@ int offload_run_check(const train_opts_t *o, char *err, size_t errlen);
  * optimizer is offloaded: *start gets the step to continue after (0 for a
  * fresh run; the resumed step with --resume-from-service). With no saver
  * on, it does nothing and leaves *start alone. */
-int offload_run_open(offload_run_t *r, const train_opts_t *o, fsdp_t *f, int rank, int world, int64_t *start,
+int offload_run_open(offload_run_t *r, const offload_opts_t *o, fsdp_t *f, int rank, int world, int64_t *start,
                      char *err, size_t errlen);
 
 /* One line describing what is offloaded (rank 0 prints it). */

@@ -324,7 +324,7 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
         if (l + 1 < L && (rc = gather_unit(f, l + 1, f->gbuf[(l + 1) % 2], &g, err, errlen))) return rc;
         if (f->ao && f->ao->produced(f->ao->ctx, l, err, errlen)) { rc = -EIO; goto fail; }
         if (be->op_scope) be->op_scope(l); /* per-block FP8 scaling state in the shared buffers */
-        model_block_forward(m, f->gbuf[l % 2], m->xs[l], m->xs[l + 1], &m->acts[m->act_ckpt ? 0 : l]);
+        model_block_forward(m, f->gbuf[l % 2], model_block_input(m, l), model_block_input(m, l + 1), &m->acts[m->act_ckpt ? 0 : l]);
     }
     if (be->op_scope) be->op_scope(-1);
     *loss_sum = model_head_forward(m, norm, lm);
@@ -341,11 +341,11 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
         /* activation offload: xs[l] back from ballastd, l - H requested */
         if (f->ao && f->ao->fetch(f->ao->ctx, l, err, errlen)) { rc = -EIO; goto fail; }
         if (be->op_scope) be->op_scope(l);
-        if (m->act_ckpt) model_block_forward(m, bp, m->xs[l], m->xs[l + 1], a);
+        if (m->act_ckpt) model_block_forward(m, bp, model_block_input(m, l), model_block_input(m, l + 1), a);
         int i = l % 2;
         if ((rc = drain_rs(f, i, err, errlen))) goto fail;
         be->memset0(f->bgrad[i], (size_t)f->S * f->chunk[l] * sizeof(float));
-        model_block_backward(m, bp, f->bgrad[i], m->xs[l], a, m->dx);
+        model_block_backward(m, bp, f->bgrad[i], model_block_input(m, l), a, m->dx);
         /* norm gradients cover this rank's rows only: sum them over the TP group */
         if (f->T > 1)
             tp_all_reduce(&m->tp, f->bgrad[i] + m->tp.blk_off[BLK_ATTN_NORM], 2 * (size_t)m->cfg.dim);

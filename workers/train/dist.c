@@ -103,6 +103,15 @@ static int gpu_setup(const train_opts_t *o, int rank, int world, const backend_t
     return 0;
 }
 
+/* The flags of the memory savers, for workers/offload/run.h. */
+static offload_opts_t offload_opts(const train_opts_t *o) {
+    return (offload_opts_t){ .act_offload = o->act_offload, .act_horizon = o->act_horizon,
+                             .opt_offload = o->opt_offload, .opt_durable = o->opt_durable,
+                             .socket = o->offload_socket, .remote = o->offload_remote, .job = o->offload_job,
+                             .token_file = o->offload_token_file, .resume_from_service = o->resume_from_service,
+                             .resume = o->resume, .skip_nonfinite = o->skip_nonfinite };
+}
+
 /* With device buffers on the shm backend: put each communicator behind
  * host staging. 0, or -1 with a message. */
 static int stage_comms(dist_t *d, const backend_t *be, char *err, size_t errlen) {
@@ -117,6 +126,7 @@ static int stage_comms(dist_t *d, const backend_t *be, char *err, size_t errlen)
 int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rdzv_addr) {
     char err[5000];
     int status = 1;
+    offload_opts_t oopt = offload_opts(o);
     bool on_gpu = o->backend == 1;
     const backend_t *be = NULL;
     int device = 0;
@@ -135,7 +145,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         log_error("rank %d: --dump-grads works with one process only; use --dump-params", rank);
         return 1;
     }
-    if (offload_run_check(o, err, sizeof err)) { log_error("%s", err); return 1; }
+    if (offload_run_check(&oopt, err, sizeof err)) { log_error("%s", err); return 1; }
     log_set_rank(rank);
     llama_config_t cfg;
     if (train_resolve_config(o, &cfg, err, sizeof err)) { log_error("%s", err); return 1; }
@@ -260,7 +270,7 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         }
     }
     /* offload: the ballastd session; --resume-from-service sets start */
-    if (offload_run_open(&orun, o, &fs, rank, world, &start, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
+    if (offload_run_open(&orun, &oopt, &fs, rank, world, &start, err, sizeof err)) { log_error("rank %d: %s", rank, err); goto out; }
     if (o->resume_from_service && rank == 0) log_info("resumed from ballastd (job %s) after step %lld", o->offload_job, (long long)start);
 
     if (rank == 0) {
