@@ -22,6 +22,16 @@ int64_t clock_now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+int clock_cond_init(pthread_cond_t *cv) {
+    pthread_condattr_t a;
+    int rc = pthread_condattr_init(&a);
+    if (rc) return rc;
+    rc = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    if (!rc) rc = pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+    return rc;
+}
+
 struct timespec clock_after(double s) {
     struct timespec ts = now_ts();
     if (s < 0) s = 0;

@@ -4,6 +4,7 @@
 #ifndef BALLAST_CLOCK_H
 #define BALLAST_CLOCK_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -15,5 +16,9 @@ int64_t clock_now_ns(void);
 /* The CLOCK_MONOTONIC time `s` seconds from now, as a timespec for waits
  * on a monotonic clock (pthread_condattr_setclock, sem_clockwait). */
 struct timespec clock_after(double s);
+/* pthread_cond_init on this clock, so that pthread_cond_timedwait takes
+ * clock_after() deadlines and a change of the wall clock moves no wait.
+ * 0 or an errno. */
+int clock_cond_init(pthread_cond_t *cv);
 
 #endif

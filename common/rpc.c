@@ -21,6 +21,7 @@
  * after the last call is gone, because starting a batch on a shut-down queue
  * is fatal in gRPC. */
 #include "rpc.h"
+#include "clock.h"
 #include "errbuf.h"
 
 #include <errno.h>
@@ -500,7 +501,7 @@ rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t er
         return NULL;
     }
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    clock_cond_init(&s->cv);
     atomic_init(&s->calls, 0);
 
     grpc_init();
@@ -672,7 +673,7 @@ int rpc_server_start(rpc_server_t *s, char *err, size_t errlen) {
 }
 
 /* Wait until the shutdown notification came and no call is live, or until
- * abs_deadline (CLOCK_REALTIME; NULL = forever). True when both happened. */
+ * abs_deadline (common/clock.h's clock; NULL = forever). True when both happened. */
 static bool wait_quiet(rpc_server_t *s, const struct timespec *abs_deadline) {
     bool done;
     pthread_mutex_lock(&s->mu);
@@ -699,11 +700,7 @@ void rpc_server_stop(rpc_server_t *s, int grace_ms) {
     for (int i = 0; i < s->nthreads; i++) any_thread |= s->threads[i].started;
     if (s->started && any_thread) {
         grpc_server_shutdown_and_notify(s->gs, s->threads[0].cq, &s->shutdown_tag);
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        int64_t ns = dl.tv_nsec + (int64_t)(grace_ms > 0 ? grace_ms : 0) * 1000000;
-        dl.tv_sec += ns / 1000000000;
-        dl.tv_nsec = ns % 1000000000;
+        struct timespec dl = clock_after((grace_ms > 0 ? grace_ms : 0) * 1e-3);
         if (!wait_quiet(s, &dl)) {
             grpc_server_cancel_all_calls(s->gs);
             wait_quiet(s, NULL);

@@ -594,11 +594,7 @@ static status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, bool al
         if (now >= deadline) break;
         uint64_t wait = deadline - now;
         if (wait > 50) wait = 50;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)(wait * 1000000);
-        ts.tv_sec += ts.tv_nsec / 1000000000;
-        ts.tv_nsec %= 1000000000;
+        struct timespec ts = clock_after((double)wait * 1e-3);
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
     pool_stats_t ps;
@@ -862,7 +858,7 @@ int store_open(store_t **out, const store_config_t *cfg, char *err, size_t errle
     if (!s->cfg.evict_wait_ms) s->cfg.evict_wait_ms = 5000;
     s->lock_fd = -1;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    clock_cond_init(&s->cv);
     pthread_mutex_init(&s->mmu, NULL);
     pthread_cond_init(&s->mcv, NULL);
     pthread_cond_init(&s->pf_cv, NULL);

@@ -87,11 +87,7 @@ rdzv_store_t *rdzv_store_new(size_t max_keys, size_t max_value, int max_blocked)
     rdzv_store_t *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &a);
-    pthread_condattr_destroy(&a);
+    clock_cond_init(&s->cv);
     s->max_keys = max_keys;
     s->max_value = max_value;
     s->max_blocked = max_blocked;

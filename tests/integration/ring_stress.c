@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     char err[256] = "";
-    traffic_stats_t st;
+    traffic_stats_t st = { 0 };
     double a = clock_now_s();
     int rc = strcmp(argv[1], "fork") == 0 ? traffic_fork(n, cap, seed, &st, err, sizeof err)
                                           : traffic_threads(n, cap, seed, &st, err, sizeof err);

@@ -136,11 +136,7 @@ static void *hb_main(void *arg) {
     if (period < 0.01) period = 0.01;
     pthread_mutex_lock(&c->mu);
     while (!c->hb_stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double t = ts.tv_sec + ts.tv_nsec * 1e-9 + period;
-        ts.tv_sec = (time_t)t;
-        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        struct timespec ts = clock_after(period);
         pthread_cond_timedwait(&c->hb_cv, &c->mu, &ts);
         if (c->hb_stop) break;
         pthread_mutex_unlock(&c->mu);
@@ -321,8 +317,8 @@ status_t oc_open(const oc_options_t *o, oc_client_t **out) {
     if (!c) return fail(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->push_mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    pthread_cond_init(&c->hb_cv, NULL);
+    clock_cond_init(&c->cv);
+    clock_cond_init(&c->hb_cv);
     c->ringseg.fd = -1;
     for (int i = 0; i < RP_FD_COUNT; i++) c->efd[i] = -1;
     snprintf(c->addr, sizeof c->addr, "%s", o->addr);
@@ -573,10 +569,7 @@ static status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **priv
             }
             pthread_cond_broadcast(&c->cv);
         } else if (!poll) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += (long)wait_ms * 1000000;
-            while (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+            struct timespec ts = clock_after((double)wait_ms * 1e-3);
             pthread_cond_timedwait(&c->cv, &c->mu, &ts);
         }
         polled = poll;
