@@ -228,7 +228,7 @@ int fsdp_ckpt_save(fsdp_t *f, const char *dir, const ckpt_meta_t *meta, int rank
     }
     if (agree(f, failed, "creating the checkpoint directory", err, errlen)) return -EIO;
 
-    bool writer = comm_index(f->replica) == 0;
+    bool writer = f->ridx == 0; /* replica 0 (a group of one rank may have no communicator) */
     double info[2] = { 0, 0 };   /* crc32, bytes: exact in a double */
     if (writer) {
         snprintf(path, sizeof path, "%s/" FSDP_SHARD_FMT, tmp, f->sidx * f->T + f->tidx, f->S * f->T);

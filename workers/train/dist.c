@@ -107,6 +107,7 @@ static int gpu_setup(const train_opts_t *o, int rank, int world, const backend_t
  * host staging. 0, or -1 with a message. */
 static int stage_comms(dist_t *d, const backend_t *be, char *err, size_t errlen) {
     for (int k = 0; k < GROUP_NKINDS; k++) {
+        if (!d->comm[k]) continue; /* a group of one rank */
         comm_t *w = NULL;
         if (comm_stage_wrap(&w, d->comm[k], be, err, errlen)) return -1;
         d->comm[k] = w;
@@ -163,8 +164,8 @@ int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rd
         groups_free(&d.groups);
         return 1;
     }
-    if (on_gpu) log_info("rank %d: GPU %d, collectives %s", rank, device, comm_backend(d.comm[GROUP_SHARD]));
-    else if (stage) log_info("rank %d: %s backend, collectives %s", rank, be->name, comm_backend(d.comm[GROUP_SHARD]));
+    if (on_gpu) log_info("rank %d: GPU %d, collectives %s", rank, device, dist_comm_name(&d));
+    else if (stage) log_info("rank %d: %s backend, collectives %s", rank, be->name, dist_comm_name(&d));
     const groups_t *g = &d.groups;
     int dp = world / g->T, dp_rank = g->replica * g->S + g->shard;
     int B = (int)o->micro_batch, T = (int)o->seq_len, A = 0;
