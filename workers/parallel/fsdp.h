@@ -63,7 +63,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "workers/ckpt/ckpt.h"
 #include "workers/comm/comm.h"
 #include "workers/model/model.h"
 #include "workers/model/optim.h"
@@ -202,31 +201,6 @@ int fsdp_segments(const fsdp_t *f, int sidx, model_tensor_t *segs, size_t *start
  * the optimizer's step count. Local, no collective. */
 void fsdp_set_full_state(fsdp_t *f, const float *params, const float *exp_avg, const float *exp_avg_sq,
                          int64_t step);
-
-/* Sharded checkpoints (workers/ckpt/sharded.c, format in docs/parallel.md).
- * Collective over every rank. Save: DIR/step-NNNNNNNN/ with one file per
- * (shard index, TP rank) pair, file index shard * T + tp
- * (shard-IIIII-of-NNNNN.safetensors with NNNNN = S * T, written by the ranks
- * of replica 0: each tensor part as NAME, NAME.exp_avg, NAME.exp_avg_sq,
- * 1-D), config.json and a manifest whose layout is (world, S, T) and whose
- * shards list each part's TP split (dimension, rank, local shape) and flat
- * element range in the TP-local tensor; rank 0 writes the manifest and
- * renames the directory once every file is complete. */
-int fsdp_ckpt_save(fsdp_t *f, const char *dir, const ckpt_meta_t *meta, int rank, int world, char *err,
-                   size_t errlen);
-/* Load a step directory. Same S and T (any number of replicas): every rank
- * reads its own file. Another layout: every rank reads every part,
- * rebuilds the full weights and moments (fsdp_ckpt_read_full) and keeps its
- * TP slice and chunk (fsdp_set_full_state). Sizes and crc32 are checked. */
-int fsdp_ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen);
-
-/* The full tensors of a checkpoint of any layout (sharded or not) in m's
- * full layout (m may come from model_layout): weights into params, the
- * AdamW moments into exp_avg / exp_avg_sq when not NULL, the optimizer step
- * into *step when not NULL. Every element must be covered by some part.
- * Returns 0 or -1 with a message. */
-int fsdp_ckpt_read_full(const char *path, const model_t *m, float *params, float *exp_avg, float *exp_avg_sq,
-                        int64_t *step, char *err, size_t errlen);
 
 /* All-gather n 4-byte words of host memory per rank of group c into host
  * out (size(c) * n words), bit for bit, through backend memory (which the
