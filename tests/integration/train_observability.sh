@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # train_observability.sh: what a real ballast-worker run shows.
 #   - the JSON log starts with the settings record (entropy floor of the
-#     synthetic corpus included), then one record per step with the fields of
-#     docs/observability.md, and `ballast report` plots exactly those losses;
+#     synthetic corpus included), then the layout record (world 1), then one
+#     record per step with the fields of docs/observability.md, and `ballast
+#     report` plots exactly those losses;
 #   - /metrics of a running worker (127.0.0.1, a free port): counters move
 #     between two scrapes, tokens_total = steps x tokens per step;
 #   - a NaN loss (weights loaded from a checkpoint with a NaN in them) stops
@@ -33,8 +34,11 @@ t_check "log: settings record, then 12 steps with the documented fields" $PY - "
 import json, sys
 import jsonlog
 lines = jsonlog.records(sys.argv[1])
-h, steps = lines[0], lines[1:]
+h, lay, steps = lines[0], lines[1], lines[2:]
 assert h["kind"] == "settings", h
+# then the layout record: one process is world 1 = 1 x 1 x 1, the whole model's state on it
+assert lay["kind"] == "layout" and (lay["world"], lay["replicas"], lay["shard_degree"], lay["tensor_parallel_degree"]) == (1, 1, 1, 1), lay
+assert lay["state_bytes_per_rank"] == lay["model_state_bytes"] and lay["offload_staging_bytes"] == 0, lay
 assert h["settings"]["steps"] == "12" and h["settings"]["micro-batch"] == "4", h["settings"]
 assert h["entropy_nats"] == json.load(open(sys.argv[2]))["entropy_nats"], "entropy floor from the corpus side file"
 assert h["n_gpus"] == 1 and h["device"] == "cpu" and h["peak_tflops"] is None and h["tokens_per_step"] == 128
@@ -58,7 +62,7 @@ t_check "the report plots the logged losses and the floor" $PY - "$D/run.jsonl" 
 import re, sys
 import jsonlog
 recs = jsonlog.records(sys.argv[1])
-floor, steps = recs[0]["entropy_nats"], recs[1:]
+floor, steps = recs[0]["entropy_nats"], [r for r in recs[1:] if "step" in r]
 h = open(sys.argv[2]).read()
 svg = re.search(r'<svg [^>]*data-plot="loss"[^>]*>(.*?)</svg>', h, re.S).group(1)
 pts = [tuple(map(float, p.split(","))) for p in

@@ -1,14 +1,17 @@
 /* test_dist.c: ranks joining a job through dist_init (forked processes,
  * rank 0 serving the rendezvous store on a unix socket): every group's
  * communicator works (an all-reduce per group checked against the serial
- * reference over that group's members), S = 0 falls back to full
- * sharding, and a rank that never arrives is named in every other rank's
- * error within the rendezvous timeout. */
+ * reference over that group's members), a group of one rank has none,
+ * S = 0 falls back to full sharding, and a rank that never arrives is
+ * named in every other rank's error within the rendezvous timeout. One
+ * process joins alone: no store, no socket, no collective backend. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clock.h"
 
@@ -42,6 +45,16 @@ static int rank_main(int rank, int n, void *argp) {
     size_t len = 333;
     for (int k = 0; k < GROUP_NKINDS && !bad; k++) {
         const group_t *g = &d.groups.group[k];
+        if (g->n == 1) {
+            /* a group of one rank: no communicator, its collectives are identities */
+            if (d.comm[k]) {
+                snprintf(a->msg[rank], COMM_ERR_LEN, "%s group of one rank has a communicator", group_kind_name(k));
+                bad = 1;
+            } else {
+                a->checked[rank]++;
+            }
+            continue;
+        }
         float *in[64], out[333], ref[333];
         for (int i = 0; i < g->n; i++) {
             in[i] = malloc(len * 4);
@@ -87,6 +100,35 @@ Test(dist, eight_ranks_hybrid_2x2) {
         cr_expect_eq(a.S_seen[r], 2);
     }
     cr_assert_eq(failed, 0);
+}
+
+Test(dist, groups_of_one_rank_have_no_communicator) {
+    /* S 1, T 1 of 4: the TP and shard groups are each rank alone, the replica group all four */
+    arg_t a = make_arg(1, 1, -1, 30);
+    int failed = cc_run_ranks(4, rank_main, &a, 60, NULL);
+    for (int r = 0; r < 4; r++) cr_expect_eq(a.checked[r], 3, "rank %d verified %d of 3 groups: %s", r, a.checked[r], a.msg[r]);
+    cr_assert_eq(failed, 0);
+}
+
+Test(dist, one_process_joins_alone) {
+    char dir[] = "/tmp/ballast-test-dist-solo-XXXXXX", addr[128];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(addr, sizeof addr, "unix:%s/rdzv.sock", dir);
+    /* --comm nccl on the CPU would be refused by comm_select: one process selects nothing */
+    dist_opts_t o = { .world = 1, .rank = 0, .S = 0, .T = 1, .comm = COMM_NCCL, .rdzv_addr = addr,
+                      .rdzv_serve = true, .job_id = "t", .rdzv_timeout_s = 1 };
+    dist_t d;
+    char err[COMM_ERR_LEN] = "";
+    cr_assert_eq(dist_init(&d, &o, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(d.groups.R * d.groups.S * d.groups.T, 1);
+    for (int k = 0; k < GROUP_NKINDS; k++) cr_expect_null(d.comm[k], "%s group", group_kind_name(k));
+    cr_expect_null(d.server);
+    cr_expect_null(d.rdzv);
+    cr_expect_str_eq(dist_comm_name(&d), "none");
+    struct stat st;
+    cr_expect_neq(stat(addr + 5, &st), 0, "a socket was created at %s", addr + 5);
+    cr_expect_eq(dist_destroy(&d, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(rmdir(dir), 0, "%s is not empty", dir);
 }
 
 Test(dist, shard_degree_zero_is_full_sharding_without_a_memory_figure) {

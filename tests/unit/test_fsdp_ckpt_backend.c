@@ -9,7 +9,7 @@
  * with shm collectives behind host staging (the GPU ranks' set-up), and on
  * the plain CPU backend with direct shm collectives. Each saves it; then
  *   - the two checkpoints are the same bytes, file by file;
- *   - fsdp_ckpt_read_full gives back the full random tensors bit for bit;
+ *   - ckpt_read_full gives back the full random tensors bit for bit;
  *   - a fresh scrambled fsdp_t of the same layout, holding other random
  *     state, loads it: its state read through to_host is the saved one's;
  *   - one process (shard degree 1, the resharding path) loads it on the
@@ -31,6 +31,7 @@
 #include "workers/backend/backend.h"
 #include "tests/lib/backend_scrambled.h"
 #include "workers/comm/stage.h"
+#include "workers/ckpt/sharded.h"
 #include "workers/parallel/fsdp.h"
 #include "workers/model/model.h"
 #include "workers/ckpt/safetensors.h"
@@ -195,8 +196,8 @@ static int rank_main(int rank, int n, void *argp) {
                 S.f.shard_total);
         return 1;
     }
-    if (fsdp_ckpt_save(&S.f, ds, &meta, rank, n, err, sizeof err)) { fprintf(stderr, "rank %d: save (scrambled): %s\n", rank, err); return 1; }
-    if (fsdp_ckpt_save(&C.f, dc, &meta, rank, n, err, sizeof err)) { fprintf(stderr, "rank %d: save (cpu): %s\n", rank, err); return 1; }
+    if (ckpt_save(&S.f, ds, &meta, rank, n, err, sizeof err)) { fprintf(stderr, "rank %d: save (scrambled): %s\n", rank, err); return 1; }
+    if (ckpt_save(&C.f, dc, &meta, rank, n, err, sizeof err)) { fprintf(stderr, "rank %d: save (cpu): %s\n", rank, err); return 1; }
     /* every file of the step directory: the same bytes from both backends */
     const char *files[] = { "manifest.json", "config.json", "shard-00000-of-00003.safetensors",
                             "shard-00001-of-00003.safetensors", "shard-00002-of-00003.safetensors" };
@@ -215,7 +216,7 @@ static int rank_main(int rank, int n, void *argp) {
     snprintf(path, sizeof path, "%s/step-%08d", ds, STEP);
     float *rp = malloc(np * 4), *rm = malloc(np * 4), *rv = malloc(np * 4);
     int64_t step = -1;
-    if (fsdp_ckpt_read_full(path, &S.m, rp, rm, rv, &step, err, sizeof err)) { fprintf(stderr, "read_full: %s\n", err); return 1; }
+    if (ckpt_read_full(path, &S.m, rp, rm, rv, &step, err, sizeof err)) { fprintf(stderr, "read_full: %s\n", err); return 1; }
     if (step != STEP || memcmp(rp, p, np * 4) || memcmp(rm, mo, np * 4) || memcmp(rv, v, np * 4)) {
         fprintf(stderr, "rank %d: the checkpoint's full tensors are not the saved ones (step %lld)\n", rank,
                 (long long)step);
@@ -233,7 +234,7 @@ static int rank_main(int rank, int n, void *argp) {
         fprintf(stderr, "rank %d: the fresh state is partly the saved one before loading\n", rank);
         return 1;
     }
-    if (fsdp_ckpt_load(&L.f, path, err, sizeof err)) { fprintf(stderr, "rank %d: load: %s\n", rank, err); return 1; }
+    if (ckpt_load(&L.f, path, err, sizeof err)) { fprintf(stderr, "rank %d: load: %s\n", rank, err); return 1; }
     if (same_state("same-layout load", &S.f, &L.f)) return 1;
     a->done[rank]++;
     teardown(&L);
@@ -245,7 +246,7 @@ static int rank_main(int rank, int n, void *argp) {
         if (build(&R, scr, staged(open_solo("one-s"), scr), open_solo("one-r"), p2, m2, v2, 0) ||
             build(&Ref, cpu, open_solo("ref-s"), open_solo("ref-r"), p, mo, v, STEP))
             return 1;
-        if (fsdp_ckpt_load(&R.f, path, err, sizeof err)) { fprintf(stderr, "reshard load: %s\n", err); return 1; }
+        if (ckpt_load(&R.f, path, err, sizeof err)) { fprintf(stderr, "reshard load: %s\n", err); return 1; }
         if (same_state("resharded load (S 3 -> 1)", &Ref.f, &R.f)) return 1;
         a->done[rank]++;
 
@@ -255,7 +256,7 @@ static int rank_main(int rank, int n, void *argp) {
         R.f.opt.m = NULL;
         char d1[600];
         snprintf(d1, sizeof d1, "%s/nomoments", a->dir);
-        int rc = fsdp_ckpt_save(&R.f, d1, &meta, 0, 1, err, sizeof err);
+        int rc = ckpt_save(&R.f, d1, &meta, 0, 1, err, sizeof err);
         R.f.opt.m = keep;
         if (rc == 0 || !strstr(err, "exp_avg are not in memory")) {
             fprintf(stderr, "save without moments: rc %d, message: %s\n", rc, err);

@@ -1,6 +1,8 @@
-/* ckpt.c: checkpoint directories (manifest + safetensors shards) and
- * Hugging Face model directories; see ckpt.h. Relies on safetensors.h for
- * the file format and jansson for JSON. */
+/* ckpt.c: the checkpoint format; see ckpt.h. The manifest writer, the
+ * readers of its fields and files, and the rebuilding of full tensors from
+ * the parts of any layout. Relies on safetensors.h for the shard files and
+ * jansson for JSON; knows nothing of how a run holds its state
+ * (workers/ckpt/sharded.c builds on this). */
 #include "workers/ckpt/ckpt.h"
 
 #include <dirent.h>
@@ -12,13 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "errbuf.h"
 #include "workers/data/data.h"
-#include "workers/parallel/fsdp.h"
-#include "workers/ckpt/safetensors.h"
 
-#define SHARD_FMT "shard-%05d-of-%05d.safetensors"
+static const char *const SUFFIX[3] = { "", ".exp_avg", ".exp_avg_sq" };
 
-/* ---- helpers ---- */
+/* ---- files ---- */
 
 int ckpt_file_crc32(const char *path, uint32_t *crc, uint64_t *size) {
     static uint32_t table[256];
@@ -79,106 +80,76 @@ static void rm_rf(const char *path) {
 
 static const char *order_name(int o) { return o == DATA_SEQUENTIAL ? "sequential" : "shuffled"; }
 
-/* ---- save ---- */
+int ckpt_mkdirs(const char *path, char *err, size_t errlen) { return mkdir_p(path, err, errlen); }
+void ckpt_remove_tree(const char *path) { rm_rf(path); }
 
-/* Add every tensor of the table (weights, then moments) to a writer. */
-static int add_tensors(st_writer_t *w, const model_t *m, const float *host, const char *suffix) {
-    for (int i = 0; i < m->n_tensors; i++) {
-        const model_tensor_t *t = &m->tensors[i];
-        char name[MODEL_NAME_LEN + 16];
-        snprintf(name, sizeof name, "%s%s", t->name, suffix);
-        if (st_writer_add_f32(w, name, ST_F32, t->shape, t->ndim, host + t->offset)) return -1;
-    }
+/* ---- the manifest: the one writer ---- */
+
+static json_t *shape_json(int ndim, const int64_t *shape) {
+    return ndim == 2 ? json_pack("[II]", (json_int_t)shape[0], (json_int_t)shape[1]) : json_pack("[I]", (json_int_t)shape[0]);
+}
+
+static json_t *part_json(const ckpt_part_t *p) {
+    const model_tensor_t *t = p->full;
+    return json_pack("{s:s, s:o, s:i, s:i, s:i, s:o, s:[I,I], s:b}", "name", t->name, "shape",
+                     shape_json(t->ndim, t->shape), "tp_dim", t->tp_dim, "tp_rank", p->tp_rank, "tp_size", p->tp_size,
+                     "local_shape", shape_json(t->ndim, p->local_shape), "range", (json_int_t)p->start,
+                     (json_int_t)p->end, "decay", t->decay);
+}
+
+static json_t *shard_json(const ckpt_shard_t *sh, int S, int T) {
+    json_t *tensors = json_array();
+    for (int i = 0; i < sh->n_parts; i++) json_array_append_new(tensors, part_json(&sh->parts[i]));
+    char file[64];
+    snprintf(file, sizeof file, CKPT_SHARD_FMT, sh->shard * T + sh->tp_rank, S * T);
+    return json_pack("{s:s, s:i, s:i, s:i, s:I, s:I, s:[s,s,s], s:o}", "file", file, "rank", sh->rank,
+                     "shard", sh->shard, "tp_rank", sh->tp_rank, "bytes", (json_int_t)sh->bytes, "crc32",
+                     (json_int_t)sh->crc32, "contents", "weights NAME (fp32, 1-D part)", "exp_avg NAME.exp_avg",
+                     "exp_avg_sq NAME.exp_avg_sq", "tensors", tensors);
+}
+
+int ckpt_write_manifest(const char *dir, const ckpt_meta_t *meta, int world, int S, int T,
+                        const ckpt_shard_t *shards, int n_shards, char *err, size_t errlen) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (llama_config_save_json(&meta->cfg, path, err, errlen)) return -1;
+    json_t *js = json_array();
+    for (int i = 0; i < n_shards; i++) json_array_append_new(js, shard_json(&shards[i], S, T));
+    const optim_config_t *oc = &meta->ocfg;
+    json_t *man = json_pack("{s:s, s:i, s:I, s:s, s:{s:i, s:i, s:i}, s:{s:s, s:s, s:I, s:i, s:i, s:i, s:i, s:I},"
+                            " s:{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s, s:I, s:I, s:I},"
+                            " s:{s:I, s:I}, s:o}",
+                            "format", "ballast-checkpoint", "version", 1, "step", (json_int_t)meta->step,
+                            "config", "config.json",
+                            "layout", "world", world, "shard_degree", S, "tensor_parallel_degree", T,
+                            "data", "path", meta->data, "order", order_name(meta->data_order),
+                            "seed", (json_int_t)meta->data_seed, "micro_batch", meta->B, "seq_len", meta->T,
+                            "grad_accum", meta->accum, "dp", meta->dp, "next_step", (json_int_t)meta->step,
+                            "optimizer", "type", "adamw", "lr", oc->lr, "min_lr", oc->min_lr, "beta1", oc->beta1,
+                            "beta2", oc->beta2, "eps", oc->eps, "weight_decay", oc->weight_decay,
+                            "grad_clip", oc->grad_clip, "schedule", oc->schedule == LR_COSINE ? "cosine" : "constant",
+                            "warmup_steps", (json_int_t)oc->warmup_steps, "total_steps", (json_int_t)oc->total_steps,
+                            "step", (json_int_t)meta->step,
+                            "rng", "init_seed", (json_int_t)meta->init_seed, "data_seed", (json_int_t)meta->data_seed,
+                            "shards", js);
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    int rc = man ? json_dump_file(man, path, JSON_INDENT(2)) : -1;
+    json_decref(man);
+    if (rc) return errbuf_set(err, errlen, "%s: cannot write the manifest", path);
     return 0;
 }
 
-static json_t *manifest_json(const ckpt_meta_t *meta, const model_t *m, const char *shard, uint32_t crc,
-                             uint64_t bytes) {
-    const optim_config_t *oc = &meta->ocfg;
-    json_t *tensors = json_array();
-    for (int i = 0; i < m->n_tensors; i++) {
-        const model_tensor_t *t = &m->tensors[i];
-        json_t *shape = t->ndim == 2 ? json_pack("[II]", (json_int_t)t->shape[0], (json_int_t)t->shape[1])
-                                     : json_pack("[I]", (json_int_t)t->shape[0]);
-        json_array_append_new(tensors, json_pack("{s:s, s:o, s:[I,I], s:b}", "name", t->name, "shape", shape,
-                                                 "range", (json_int_t)0, (json_int_t)t->numel, "decay", t->decay));
-    }
-    json_t *shards = json_pack("[{s:s, s:i, s:I, s:I, s:[s,s,s], s:o}]", "file", shard, "rank", 0,
-                               "bytes", (json_int_t)bytes, "crc32", (json_int_t)crc,
-                               "contents", "weights NAME (fp32)", "exp_avg NAME.exp_avg", "exp_avg_sq NAME.exp_avg_sq",
-                               "tensors", tensors);
-    return json_pack("{s:s, s:i, s:I, s:s, s:{s:i, s:i, s:i}, s:{s:s, s:s, s:I, s:i, s:i, s:i, s:i, s:I},"
-                     " s:{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s, s:I, s:I, s:I},"
-                     " s:{s:I, s:I}, s:o}",
-                     "format", "ballast-checkpoint", "version", 1, "step", (json_int_t)meta->step,
-                     "config", "config.json",
-                     "layout", "world", 1, "shard_degree", 1, "tensor_parallel_degree", 1,
-                     "data", "path", meta->data, "order", order_name(meta->data_order),
-                     "seed", (json_int_t)meta->data_seed, "micro_batch", meta->B, "seq_len", meta->T,
-                     "grad_accum", meta->accum, "dp", meta->dp, "next_step", (json_int_t)meta->step,
-                     "optimizer", "type", "adamw", "lr", oc->lr, "min_lr", oc->min_lr, "beta1", oc->beta1,
-                     "beta2", oc->beta2, "eps", oc->eps, "weight_decay", oc->weight_decay, "grad_clip", oc->grad_clip,
-                     "schedule", oc->schedule == LR_COSINE ? "cosine" : "constant",
-                     "warmup_steps", (json_int_t)oc->warmup_steps, "total_steps", (json_int_t)oc->total_steps,
-                     "step", (json_int_t)meta->step,
-                     "rng", "init_seed", (json_int_t)meta->init_seed, "data_seed", (json_int_t)meta->data_seed,
-                     "shards", shards);
+/* ---- reading ---- */
+
+/* The parsed manifest of step directory path (its file name into man), or
+ * NULL with a message. */
+static json_t *load_manifest(const char *path, char *man, size_t manlen, char *err, size_t errlen) {
+    snprintf(man, manlen, "%s/manifest.json", path);
+    json_error_t je;
+    json_t *root = json_load_file(man, 0, &je);
+    if (!root) errbuf_set(err, errlen, "%s: not a readable JSON manifest (%s)", man, je.text);
+    return root;
 }
-
-int ckpt_save(const char *dir, const ckpt_meta_t *meta, const model_t *m, const optim_t *o, char *err, size_t errlen) {
-    char final[4096], tmp[4200], path[4400];
-    snprintf(final, sizeof final, "%s/step-%08lld", dir, (long long)meta->step);
-    snprintf(tmp, sizeof tmp, "%s.tmp", final);
-    if (mkdir_p(dir, err, errlen)) return -1;
-    rm_rf(tmp);
-    if (mkdir_p(tmp, err, errlen)) return -1;
-
-    size_t n = m->n_params;
-    float *host = malloc(n * sizeof(float));
-    if (!host) { snprintf(err, errlen, "out of memory staging a checkpoint"); return -1; }
-    st_writer_t *w = st_writer_new();
-    int rc = -1;
-    if (!w) { snprintf(err, errlen, "out of memory staging a checkpoint"); goto out; }
-    /* the writer copies, so one staging buffer serves the three states */
-    model_get_params(m, host);
-    if (add_tensors(w, m, host, "")) goto nomem;
-    o->be->to_host(host, o->m, n * sizeof(float));
-    if (add_tensors(w, m, host, ".exp_avg")) goto nomem;
-    o->be->to_host(host, o->v, n * sizeof(float));
-    if (add_tensors(w, m, host, ".exp_avg_sq")) goto nomem;
-    char stepbuf[32];
-    snprintf(stepbuf, sizeof stepbuf, "%lld", (long long)meta->step);
-    st_writer_set_metadata(w, "format", "ballast-checkpoint-shard");
-    st_writer_set_metadata(w, "step", stepbuf);
-    st_writer_set_metadata(w, "rank", "0");
-    char shard[64];
-    snprintf(shard, sizeof shard, SHARD_FMT, 0, 1);
-    snprintf(path, sizeof path, "%s/%s", tmp, shard);
-    if (st_writer_save(w, path, err, errlen)) goto out;
-
-    uint32_t crc;
-    uint64_t bytes;
-    if (ckpt_file_crc32(path, &crc, &bytes)) { snprintf(err, errlen, "%s: cannot read back: %s", path, strerror(errno)); goto out; }
-    snprintf(path, sizeof path, "%s/config.json", tmp);
-    if (llama_config_save_json(&meta->cfg, path, err, errlen)) goto out;
-    json_t *man = manifest_json(meta, m, shard, crc, bytes);
-    snprintf(path, sizeof path, "%s/manifest.json", tmp);
-    int jr = man ? json_dump_file(man, path, JSON_INDENT(2)) : -1;
-    json_decref(man);
-    if (jr) { snprintf(err, errlen, "%s: cannot write manifest", path); goto out; }
-    rm_rf(final);
-    if (rename(tmp, final)) { snprintf(err, errlen, "%s: cannot rename to %s: %s", tmp, final, strerror(errno)); goto out; }
-    rc = 0;
-    goto out;
-nomem:
-    snprintf(err, errlen, "out of memory staging a checkpoint");
-out:
-    if (w) st_writer_free(w);
-    free(host);
-    return rc;
-}
-
-/* ---- find and read ---- */
 
 int ckpt_find_latest(const char *dir, char *path, size_t len, char *err, size_t errlen) {
     DIR *d = opendir(dir);
@@ -258,162 +229,180 @@ out:
     return rc;
 }
 
-/* Read weights (and moments when host_m/host_v are given) from a step
- * directory into host buffers in m's layout, checking the shard's size and
- * crc32 against the manifest first. */
-static int ckpt_read_host(const char *path, const model_t *m, float *host_p, float *host_m, float *host_v,
-                          int64_t *step, char *err, size_t errlen) {
-    char p[4400];
-    snprintf(p, sizeof p, "%s/manifest.json", path);
-    json_error_t je;
-    json_t *root = json_load_file(p, 0, &je);
-    if (!root) { snprintf(err, errlen, "%s: not a readable JSON manifest (%s)", p, je.text); return -1; }
-    int rc = -1;
-    st_t *st = NULL;
-    json_t *shards = json_object_get(root, "shards");
-    json_t *sh0 = json_is_array(shards) ? json_array_get(shards, 0) : NULL;
-    json_t *file = sh0 ? json_object_get(sh0, "file") : NULL;
-    if (!file || !json_is_string(file) || json_array_size(shards) != 1 || strchr(json_string_value(file), '/')) {
-        snprintf(err, errlen, "%s: expected exactly one shard with a plain file name (this build reads 1-rank checkpoints)", p);
-        goto out;
+int ckpt_read_layout(const char *path, ckpt_layout_t *lay, char *err, size_t errlen) {
+    memset(lay, 0, sizeof *lay);
+    char man[4400];
+    json_t *root = load_manifest(path, man, sizeof man, err, errlen);
+    if (!root) return -1;
+    json_t *layout = json_object_get(root, "layout"), *shards = json_object_get(root, "shards");
+    lay->step = (int64_t)json_integer_value(json_object_get(root, "step"));
+    lay->world = (int)json_integer_value(json_object_get(layout, "world"));
+    lay->S = (int)json_integer_value(json_object_get(layout, "shard_degree"));
+    lay->T = (int)json_integer_value(json_object_get(layout, "tensor_parallel_degree"));
+    lay->n_shards = json_is_array(shards) ? (int)json_array_size(shards) : 0;
+    int rc = 0;
+    if (!json_is_object(layout) || lay->S < 1 || lay->T < 1 || lay->n_shards < 1) {
+        rc = errbuf_set(err, errlen, "%s: no layout or shards", man);
+    } else if (lay->n_shards != lay->S * lay->T) {
+        rc = errbuf_set(err, errlen, "%s: layout (S %d, T %d) needs %d shard files, the manifest lists %d", man,
+                        lay->S, lay->T, lay->S * lay->T, lay->n_shards);
     }
-    if (step) *step = (int64_t)json_integer_value(json_object_get(root, "step"));
-    char sp[4600];
-    snprintf(sp, sizeof sp, "%s/%s", path, json_string_value(file));
+    /* the one-process form: whole tensors, no TP split fields */
+    for (int i = 0; !rc && i < lay->n_shards; i++) {
+        json_t *parts = json_object_get(json_array_get(shards, (size_t)i), "tensors");
+        for (size_t k = 0; k < json_array_size(parts); k++)
+            if (!json_object_get(json_array_get(parts, k), "tp_size")) lay->whole_tensors = true;
+    }
+    json_decref(root);
+    return rc;
+}
+
+/* The file of one manifest shard entry, checked against its size and
+ * crc32: its path into sp. 0, or -1 with a message. */
+static int open_shard(const char *path, const char *man, json_t *sh, int i, char *sp, size_t splen, st_t **st,
+                      char *err, size_t errlen) {
+    json_t *file = json_is_object(sh) ? json_object_get(sh, "file") : NULL;
+    if (!file || !json_is_string(file) || strchr(json_string_value(file), '/'))
+        return errbuf_set(err, errlen, "%s: shard %d has no plain file name", man, i), -1;
+    snprintf(sp, splen, "%s/%s", path, json_string_value(file));
     uint32_t crc;
     uint64_t bytes;
-    if (ckpt_file_crc32(sp, &crc, &bytes)) { snprintf(err, errlen, "%s: cannot read: %s", sp, strerror(errno)); goto out; }
-    json_int_t want_bytes = json_integer_value(json_object_get(sh0, "bytes"));
-    json_int_t want_crc = json_integer_value(json_object_get(sh0, "crc32"));
-    if ((json_int_t)bytes != want_bytes || (json_int_t)crc != want_crc) {
-        snprintf(err, errlen, "%s: size %llu / crc32 %08x, manifest says %lld / %08llx: the shard is damaged or from another checkpoint",
-                 sp, (unsigned long long)bytes, crc, (long long)want_bytes, (unsigned long long)want_crc);
-        goto out;
+    if (ckpt_file_crc32(sp, &crc, &bytes))
+        return errbuf_set(err, errlen, "%s: cannot read: %s", sp, strerror(errno)), -1;
+    json_int_t want_bytes = json_integer_value(json_object_get(sh, "bytes"));
+    json_int_t want_crc = json_integer_value(json_object_get(sh, "crc32"));
+    if ((json_int_t)bytes != want_bytes || (json_int_t)crc != want_crc)
+        return errbuf_set(err, errlen, "%s: size %llu / crc32 %08x, manifest says %lld / %08llx: the shard is damaged "
+                          "or from another checkpoint", sp, (unsigned long long)bytes, crc, (long long)want_bytes,
+                          (unsigned long long)want_crc), -1;
+    return st_open(sp, st, err, errlen) ? -1 : 0;
+}
+
+int ckpt_open_shard(const char *path, int i, st_t **st, char *sp, size_t splen, char *err, size_t errlen) {
+    char man[4400];
+    json_t *root = load_manifest(path, man, sizeof man, err, errlen);
+    if (!root) return -1;
+    json_t *shards = json_object_get(root, "shards");
+    int rc = open_shard(path, man, json_is_array(shards) ? json_array_get(shards, (size_t)i) : NULL, i, sp, splen, st,
+                        err, errlen);
+    json_decref(root);
+    return rc;
+}
+
+/* ---- full tensors from the parts of any layout ---- */
+
+/* A JSON array of 1 or 2 positive integers into shape[2] (shape[1] = 1 for 1-D). */
+static int json_shape(json_t *a, int64_t shape[2]) {
+    size_t n = json_is_array(a) ? json_array_size(a) : 0;
+    if (n < 1 || n > 2) return -1;
+    shape[1] = 1;
+    for (size_t k = 0; k < n; k++) {
+        json_t *v = json_array_get(a, k);
+        if (!json_is_integer(v) || json_integer_value(v) <= 0) return -1;
+        shape[k] = json_integer_value(v);
     }
-    if (st_open(sp, &st, err, errlen)) goto out;
-    const char *suffix[3] = { "", ".exp_avg", ".exp_avg_sq" };
-    float *dst[3] = { host_p, host_m, host_v };
-    for (int s = 0; s < 3; s++) {
+    return 0;
+}
+
+/* One part of a manifest: validate it against the model's full tensor and
+ * scatter the file's elements (weights and moments) into the full arrays. */
+static int read_part(st_t *st, const char *sp, const char *man, json_t *pj, const model_t *m, float *dst[3],
+                     uint8_t *covered, char *err, size_t errlen) {
+    const char *name = json_string_value(json_object_get(pj, "name"));
+    const model_tensor_t *full = name ? model_find(m, name) : NULL;
+    if (!full)
+        return errbuf_set(err, errlen, "%s: part %s is not a tensor of this model (another config?)", man,
+                          name ? name : "(no name)"), -1;
+    int64_t shape[2], lshape[2];
+    if (json_shape(json_object_get(pj, "shape"), shape) || shape[0] != full->shape[0] || shape[1] != full->shape[1])
+        return errbuf_set(err, errlen, "%s: %s has another shape than the model's (%lld x %lld): another config?", man,
+                          name, (long long)full->shape[0], (long long)full->shape[1]), -1;
+    /* the one-process form lists whole tensors: no TP fields */
+    json_t *jt = json_object_get(pj, "tp_size");
+    int tsz = jt ? (int)json_integer_value(jt) : 1, trk = (int)json_integer_value(json_object_get(pj, "tp_rank"));
+    int tdim = jt ? (int)json_integer_value(json_object_get(pj, "tp_dim")) : full->tp_dim;
+    if (!jt) memcpy(lshape, shape, sizeof lshape);
+    else if (json_shape(json_object_get(pj, "local_shape"), lshape)) lshape[0] = -1;
+    int64_t want0 = shape[0], want1 = shape[1];
+    if (tsz > 1 && tdim == 0) want0 = full->block < 0 ? (shape[0] + tsz - 1) / tsz : shape[0] / tsz;
+    if (tsz > 1 && tdim == 1) want1 = shape[1] / tsz;
+    if (tsz < 1 || trk < 0 || trk >= tsz || tdim != full->tp_dim || lshape[0] != want0 || lshape[1] != want1)
+        return errbuf_set(err, errlen, "%s: %s: tensor-parallel split (dim %d, rank %d of %d, local shape %lld x %lld) "
+                          "does not fit the tensor", man, name, tdim, trk, tsz, (long long)lshape[0],
+                          (long long)lshape[1]), -1;
+    json_t *rg = json_object_get(pj, "range");
+    json_int_t a = json_integer_value(json_array_get(rg, 0)), b = json_integer_value(json_array_get(rg, 1));
+    if (!json_is_array(rg) || json_array_size(rg) != 2 || a < 0 || b <= a || b > lshape[0] * lshape[1])
+        return errbuf_set(err, errlen, "%s: %s: range is not inside the %lld elements of the part", man, name,
+                          (long long)(lshape[0] * lshape[1])), -1;
+    size_t n = (size_t)(b - a);
+    float *buf = malloc(n * sizeof(float));
+    if (!buf) return errbuf_set(err, errlen, "out of memory reading %s", sp), -1;
+    int rc = 0;
+    for (int s = 0; s < 3 && !rc; s++) {
         if (!dst[s]) continue;
-        for (int i = 0; i < m->n_tensors; i++) {
-            const model_tensor_t *t = &m->tensors[i];
-            char name[MODEL_NAME_LEN + 16];
-            snprintf(name, sizeof name, "%s%s", t->name, suffix[s]);
-            if (!st_find(st, name)) { snprintf(err, errlen, "%s: tensor %s is missing", sp, name); goto out; }
-            if (st_read_f32(st, name, t->shape, t->ndim, dst[s] + t->offset, err, errlen)) goto out;
+        char nm[MODEL_NAME_LEN + 16];
+        snprintf(nm, sizeof nm, "%s%s", name, SUFFIX[s]);
+        const st_info_t *info = st_find(st, nm);
+        int64_t cnt = 1;
+        for (int k = 0; info && k < info->ndim; k++) cnt *= info->shape[k];
+        if (!info || cnt != (int64_t)n) {
+            errbuf_set(err, errlen, "%s: tensor %s is missing or has %lld elements, the manifest says %zu", sp, nm,
+                       (long long)(info ? cnt : 0), n);
+            rc = -1;
+            break;
+        }
+        if (st_read_f32(st, nm, info->shape, info->ndim, buf, err, errlen)) { rc = -1; break; }
+        for (size_t j = 0; j < n; j++) {
+            int64_t k = model_tp_full_index(full, lshape, trk, (size_t)a + j);
+            if (k < 0) continue;   /* vocab padding */
+            dst[s][full->offset + (size_t)k] = buf[j];
+            if (s == 0) covered[full->offset + (size_t)k] = 1;
         }
     }
+    free(buf);
+    return rc;
+}
+
+int ckpt_read_full(const char *path, const model_t *m, float *params, float *exp_avg, float *exp_avg_sq,
+                   int64_t *step, char *err, size_t errlen) {
+    char man[4400], sp[4600];
+    json_t *root = load_manifest(path, man, sizeof man, err, errlen);
+    if (!root) return -1;
+    int rc = -1;
+    uint8_t *covered = calloc(m->n_params, 1);
+    json_t *shards = json_object_get(root, "shards");
+    if (!covered) { errbuf_set(err, errlen, "out of memory"); goto out; }
+    if (!json_is_array(shards) || !json_array_size(shards)) { errbuf_set(err, errlen, "%s: no shards", man); goto out; }
+    float *dst[3] = { params, exp_avg, exp_avg_sq };
+    for (size_t i = 0; i < json_array_size(shards); i++) {
+        json_t *sh = json_array_get(shards, i), *parts = json_object_get(sh, "tensors");
+        st_t *st = NULL;
+        if (open_shard(path, man, sh, (int)i, sp, sizeof sp, &st, err, errlen)) goto out;
+        int bad = !json_is_array(parts);
+        if (bad) errbuf_set(err, errlen, "%s: shard %zu lists no tensors", man, i);
+        for (size_t k = 0; !bad && k < json_array_size(parts); k++)
+            bad = read_part(st, sp, man, json_array_get(parts, k), m, dst, covered, err, errlen) != 0;
+        st_close(st);
+        if (bad) goto out;
+    }
+    for (int i = 0; i < m->n_tensors; i++) {
+        const model_tensor_t *t = &m->tensors[i];
+        for (size_t j = 0; j < t->numel; j++)
+            if (!covered[t->offset + j]) {
+                errbuf_set(err, errlen, "%s: element %zu of %s is in no shard: the checkpoint is incomplete", man, j,
+                           t->name);
+                goto out;
+            }
+    }
+    if (step) *step = (int64_t)json_integer_value(json_object_get(root, "step"));
     rc = 0;
 out:
-    if (st) st_close(st);
+    free(covered);
     json_decref(root);
     return rc;
 }
 
-static bool same_config(const llama_config_t *a, const llama_config_t *b) {
-    return a->dim == b->dim && a->n_layers == b->n_layers && a->n_heads == b->n_heads &&
-           a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim && a->ffn_dim == b->ffn_dim &&
-           a->vocab == b->vocab && a->tie_embeddings == b->tie_embeddings;
-}
-
-/* Number of shard files the manifest of step directory path lists; 0 when
- * it cannot be read (the reader that follows says why). */
-static size_t ckpt_shard_count(const char *path) {
-    char p[4400];
-    snprintf(p, sizeof p, "%s/manifest.json", path);
-    json_t *root = json_load_file(p, 0, NULL);
-    json_t *shards = root ? json_object_get(root, "shards") : NULL;
-    size_t n = json_is_array(shards) ? json_array_size(shards) : 0;
-    json_decref(root);
-    return n;
-}
-
-int ckpt_load(const char *path, model_t *m, optim_t *o, char *err, size_t errlen) {
-    ckpt_meta_t meta;
-    if (ckpt_read_meta(path, &meta, err, errlen)) return -1;
-    if (!same_config(&meta.cfg, &m->cfg)) {
-        snprintf(err, errlen, "%s: the checkpoint's model (dim %d, %d layers, vocab %d) differs from --model (dim %d, %d layers, vocab %d)",
-                 path, meta.cfg.dim, meta.cfg.n_layers, meta.cfg.vocab, m->cfg.dim, m->cfg.n_layers, m->cfg.vocab);
-        return -1;
-    }
-    size_t n = m->n_params;
-    float *hp = malloc(n * sizeof(float)), *hm = malloc(n * sizeof(float)), *hv = malloc(n * sizeof(float));
-    int rc = -1;
-    int64_t step = 0;
-    if (!hp || !hm || !hv) { snprintf(err, errlen, "out of memory loading %s", path); goto out; }
-    /* a checkpoint of several shards (a sharded or tensor-parallel run) goes
-     * through the resharding reader, which rebuilds the full tensors */
-    if (ckpt_shard_count(path) > 1 ? fsdp_ckpt_read_full(path, m, hp, hm, hv, &step, err, errlen)
-                                   : ckpt_read_host(path, m, hp, hm, hv, &step, err, errlen))
-        goto out;
-    model_set_params(m, hp);
-    o->be->from_host(o->m, hm, n * sizeof(float));
-    o->be->from_host(o->v, hv, n * sizeof(float));
-    o->step = step;
-    rc = 0;
-out:
-    free(hp); free(hm); free(hv);
-    return rc;
-}
-
-/* ---- Hugging Face directories ---- */
-
-int ckpt_load_hf(const char *dir, model_t *m, char *err, size_t errlen) {
-    float *host = malloc(m->n_params * sizeof(float));
-    if (!host) return snprintf(err, errlen, "out of memory loading %s", dir), -1;
-    int rc = ckpt_read_hf_host(dir, m, host, err, errlen);
-    if (!rc) model_set_params(m, host);
-    free(host);
-    return rc;
-}
-
-int ckpt_read_hf_host(const char *dir, const model_t *m, float *host, char *err, size_t errlen) {
-    st_t *st = NULL;
-    if (st_open(dir, &st, err, errlen)) return -1;
-    int rc = -1;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const model_tensor_t *t = &m->tensors[i];
-        if (!st_find(st, t->name)) {
-            snprintf(err, errlen, "%s: tensor %s is missing (is this a Llama checkpoint of the same shape?)", dir, t->name);
-            goto out;
-        }
-        if (st_read_f32(st, t->name, t->shape, t->ndim, host + t->offset, err, errlen)) goto out;
-    }
-    rc = 0;
-out:
-    st_close(st);
-    return rc;
-}
-
-int ckpt_write_hf(const char *out_dir, const model_t *m, const float *host, int dtype, char *err, size_t errlen) {
-    if (mkdir_p(out_dir, err, errlen)) return -1;
-    char p[4400];
-    snprintf(p, sizeof p, "%s/config.json", out_dir);
-    if (llama_config_save_json(&m->cfg, p, err, errlen)) return -1;
-    st_writer_t *w = st_writer_new();
-    if (!w) { snprintf(err, errlen, "out of memory"); return -1; }
-    int rc = -1;
-    for (int i = 0; i < m->n_tensors; i++) {
-        const model_tensor_t *t = &m->tensors[i];
-        if (st_writer_add_f32(w, t->name, (st_dtype_t)dtype, t->shape, t->ndim, host + t->offset)) {
-            snprintf(err, errlen, "out of memory adding %s", t->name);
-            goto out;
-        }
-    }
-    st_writer_set_metadata(w, "format", "pt");
-    snprintf(p, sizeof p, "%s/model.safetensors", out_dir);
-    rc = st_writer_save(w, p, err, errlen);
-out:
-    st_writer_free(w);
-    return rc;
-}
-
-/* Exported for `ballast ckpt export`: weights of a step directory into host
- * memory in m's layout (m from model_layout). */
 int ckpt_read_weights(const char *path, const model_t *m, float *host, char *err, size_t errlen) {
-    /* any layout: one file, or the parts of a sharded / tensor-parallel run */
-    return fsdp_ckpt_read_full(path, m, host, NULL, NULL, NULL, err, errlen);
+    return ckpt_read_full(path, m, host, NULL, NULL, NULL, err, errlen);
 }
-
-int ckpt_mkdirs(const char *path, char *err, size_t errlen) { return mkdir_p(path, err, errlen); }
-void ckpt_remove_tree(const char *path) { rm_rf(path); }

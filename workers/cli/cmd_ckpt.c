@@ -9,6 +9,7 @@
 #include "log.h"
 #include "options.h"
 #include "workers/ckpt/ckpt.h"
+#include "workers/ckpt/hf.h"
 #include "workers/cli/cli.h"
 #include "workers/model/model.h"
 #include "workers/ckpt/safetensors.h"

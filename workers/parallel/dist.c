@@ -26,6 +26,8 @@ int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen) {
     char e[COMM_ERR_LEN];
     if (groups_build(&d->groups, o->world, o->rank, o->S, o->T, o->chooser, o->chooser_user, err, errlen))
         return -EINVAL;
+    d->kind = COMM_AUTO;
+    if (o->world == 1) return 0; /* every group is this rank alone: nothing to reach */
     int kind = comm_select(o->comm, o->on_gpu, err, errlen);
     if (kind < 0) {
         groups_free(&d->groups);
@@ -74,6 +76,7 @@ int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen) {
     /* same order on every rank (TP, shard, replica): no cyclic waits */
     for (int k = 0; k < GROUP_NKINDS; k++) {
         const group_t *g = &d->groups.group[k];
+        if (g->n == 1) continue; /* a group of one rank: its collectives are identities */
         char name[32];
         group_name(g, name, sizeof name);
         comm_config_t cfg;
@@ -98,6 +101,14 @@ fail:
     teardown(d);
     return rc ? rc : -EIO;
 }
+
+const char *dist_comm_name(const dist_t *d) {
+    for (int k = 0; k < GROUP_NKINDS; k++)
+        if (d->comm[k]) return comm_backend(d->comm[k]);
+    return "none";
+}
+
+void dist_abort(dist_t *d) { teardown(d); }
 
 int dist_destroy(dist_t *d, char *err, size_t errlen) {
     int rc = 0;

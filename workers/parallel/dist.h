@@ -3,7 +3,13 @@
  * check that every rank arrived within --rdzv-timeout (naming the missing
  * ones), and open one communicator per group (TP, shard, replica) with the
  * backend --comm selects. The worker's flags map one to one onto
- * dist_opts_t; see docs/comm.md. */
+ * dist_opts_t; see docs/comm.md.
+ *
+ * A group of one rank gets no communicator (its comm[] entry is NULL):
+ * every collective over it is an identity, which the users (fsdp.c, tp.c)
+ * run as a local copy or skip. A world of one process is all such groups,
+ * so it starts no store, opens no socket and selects no collective
+ * backend: dist_init only builds its groups. */
 #ifndef BALLAST_DIST_H
 #define BALLAST_DIST_H
 
@@ -38,21 +44,32 @@ typedef struct {
     groups_t groups;             /* this rank's layout and groups */
     rdzv_server_t *server;       /* rank 0's in-process store, or NULL */
     rdzv_client_t *rdzv;         /* this rank's client */
-    comm_t *comm[GROUP_NKINDS];  /* one communicator per group, indexed by group_kind_t */
-    comm_kind_t kind;            /* the backend in use */
+    comm_t *comm[GROUP_NKINDS];  /* one communicator per group, indexed by group_kind_t;
+                                    NULL for a group of one rank */
+    comm_kind_t kind;            /* the backend in use; COMM_AUTO when no group has two
+                                    ranks (world 1) and none was selected */
     double rdzv_timeout_s;
 } dist_t;
 
 /* Join the job. Returns 0, or a negative errno with a message: impossible
  * (world, S, T); the store cannot be served or reached; ranks missing after
  * rdzv_timeout_s (named); a communicator that cannot be set up. On error
- * everything started is torn down. */
+ * everything started is torn down. With world 1 nothing but the groups is
+ * set up (rdzv_addr, comm and the timeouts are not looked at). */
 int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen);
+
+/* The collectives' name for messages: "shm", "nccl", "shm+stage" (the
+ * first communicator's backend), or "none" without any (world 1). */
+const char *dist_comm_name(const dist_t *d);
 
 /* Leave: close the communicators, meet every rank at a last barrier (so
  * rank 0 keeps serving until all are done with the store), stop the
  * store on rank 0. Returns the barrier's status (0, or -ETIMEDOUT naming
  * ranks that never left) with a message. */
 int dist_destroy(dist_t *d, char *err, size_t errlen);
+
+/* Leave after a failure: close everything without the last barrier, so
+ * that the peers see this process go instead of waiting for it. */
+void dist_abort(dist_t *d);
 
 #endif

@@ -1,7 +1,9 @@
 /* fsdp.c: hybrid sharding of the model's flat units over a shard group and
  * gradient averaging across a replica group; see fsdp.h. Relies on model.h
  * for the per-block pieces, optim.h for AdamW and comm.h for the
- * collectives. */
+ * collectives. A group of one rank has no communicator (NULL) or one of
+ * size 1: its collectives are identities, run here as local copies or
+ * skipped (group_n). */
 #include "workers/parallel/fsdp.h"
 
 #include <errno.h>
@@ -62,6 +64,24 @@ static int wait_req(comm_req_t **r, char *err, size_t errlen) {
     return rc;
 }
 
+/* ---- groups that may be one rank ---- */
+
+/* Ranks of group c: 1 without a communicator (a group of one rank). */
+static int group_n(const comm_t *c) { return c ? comm_size(c) : 1; }
+static int group_index(const comm_t *c) { return c ? comm_index(c) : 0; }
+
+static size_t dtype_bytes(comm_dtype_t dt) { return dt == COMM_BF16 ? 2 : 4; }
+
+/* comm_all_gather, and over one rank the identity: a copy in backend
+ * memory when send and recv differ (*req NULL then). */
+static int all_gather(const backend_t *be, comm_t *c, const void *send, void *recv, size_t count, comm_dtype_t dt,
+                      comm_req_t **req, char *err, size_t errlen) {
+    if (group_n(c) > 1) return comm_all_gather(c, send, recv, count, dt, req, err, errlen);
+    *req = NULL;
+    if (send != recv && count) be->copy(recv, send, count * dtype_bytes(dt));
+    return 0;
+}
+
 /* be->free of a buffer that may be NULL */
 static void bfree(const backend_t *be, void *p) {
     if (be && p) be->free(p);
@@ -78,6 +98,7 @@ void fsdp_destroy(fsdp_t *f) {
         bfree(be, f->bgrad[i]);
         bfree(be, f->rs_out[i]);
     }
+    if (f->direct) f->rest_full = NULL, f->rest_grad = NULL; /* views of wact and grad */
     for (int i = 0; i < 2; i++) {
         bfree(be, f->rs16_in[i]);
         bfree(be, f->rs16_out[i]);
@@ -121,12 +142,31 @@ static float *chunks_host(const fsdp_t *f, const float *full) {
     return host;
 }
 
-/* dst (shard_total, backend memory) = this rank's chunks of full, built on
- * the host and copied over once. */
+/* dst (shard_total, backend memory) = this rank's chunks of full. With
+ * T > 1 they are built on the host (the TP slice cut first) and copied over
+ * once; with T = 1 each chunk is at most three runs of full (a block, or
+ * embed | final norm | lm_head), copied straight in, so no host copy of the
+ * state is made (at S = 1 it would be the whole model's). */
 static void set_chunks(fsdp_t *f, const float *full, float *dst) {
-    float *host = chunks_host(f, full);
-    f->be->from_host(dst, host, f->shard_total * sizeof(float));
-    free(host);
+    if (f->T > 1) {
+        float *host = chunks_host(f, full);
+        f->be->from_host(dst, host, f->shard_total * sizeof(float));
+        free(host);
+        return;
+    }
+    const model_tp_t *tp = &f->m->tp;
+    int L = f->n_units - 1;
+    for (int u = 0; u < f->n_units; u++) {
+        size_t lo = (size_t)f->sidx * f->chunk[u], hi = lo + f->chunk[u] < f->numel[u] ? lo + f->chunk[u] : f->numel[u];
+        /* the unit's runs: elements [rs, re) of the unit are at ro.. in full */
+        size_t rs[3] = { 0, f->rest_norm, f->rest_lm }, re[3] = { f->rest_norm, f->rest_lm, f->numel[u] },
+               ro[3] = { tp->embed_off, tp->norm_off, tp->lm_head_off };
+        if (u < L) rs[0] = 0, re[0] = f->numel[u], ro[0] = tp->blocks_off + (size_t)u * tp->block_numel, re[1] = re[2] = 0;
+        for (int k = 0; k < 3; k++) {
+            size_t a = lo > rs[k] ? lo : rs[k], b = hi < re[k] ? hi : re[k];
+            if (a < b) f->be->from_host(dst + f->shard_off[u] + (a - lo), full + ro[k] + (a - rs[k]), (b - a) * sizeof(float));
+        }
+    }
 }
 
 /* The working copy (act storage) from host chunks without a backend fp32
@@ -174,8 +214,11 @@ int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t 
     f->be = m->be;
     f->shard = shard;
     f->replica = replica;
-    f->S = comm_size(shard);
-    f->sidx = comm_index(shard);
+    f->S = group_n(shard);
+    f->sidx = group_index(shard);
+    f->R = group_n(replica);
+    f->ridx = group_index(replica);
+    f->direct = f->S == 1;
     f->tp = m->tp.comm;
     f->T = m->tp.size;
     f->tidx = m->tp.rank;
@@ -205,14 +248,23 @@ int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t 
     f->master = no_master ? NULL : be->alloc(f->shard_total * sizeof(float));
     f->wact = ab == sizeof(float) ? (act_t *)f->master : be->alloc(f->shard_total * ab);
     f->grad = be->alloc(f->shard_total * sizeof(float));
-    f->rest_full = be->alloc(S * f->chunk[L] * ab);
-    f->rest_grad = be->alloc(S * f->chunk[L] * sizeof(float));
-    if ((!no_master && !f->master) || !f->wact || !f->grad || !f->rest_full || !f->rest_grad) goto nomem;
-    for (int i = 0; i < 2; i++) {
-        f->gbuf[i] = be->alloc(S * maxc * ab);
-        f->bgrad[i] = be->alloc(S * maxc * sizeof(float));
-        f->rs_out[i] = be->alloc((maxc ? maxc : 1) * sizeof(float));
-        if (!f->gbuf[i] || !f->bgrad[i] || !f->rs_out[i]) goto nomem;
+    if ((!no_master && !f->master) || !f->wact || !f->grad) goto nomem;
+    if (f->direct) {
+        /* S = 1: a unit's chunk is the unit; the blocks and the rest are
+         * read from the working copy and their gradients summed in the
+         * chunks, with no gathered copy or reduce-scatter buffer */
+        f->rest_full = be_act_at(be, f->wact, f->shard_off[L]);
+        f->rest_grad = f->grad + f->shard_off[L];
+    } else {
+        f->rest_full = be->alloc(S * f->chunk[L] * ab);
+        f->rest_grad = be->alloc(S * f->chunk[L] * sizeof(float));
+        if (!f->rest_full || !f->rest_grad) goto nomem;
+        for (int i = 0; i < 2; i++) {
+            f->gbuf[i] = be->alloc(S * maxc * ab);
+            f->bgrad[i] = be->alloc(S * maxc * sizeof(float));
+            f->rs_out[i] = be->alloc((maxc ? maxc : 1) * sizeof(float));
+            if (!f->gbuf[i] || !f->bgrad[i] || !f->rs_out[i]) goto nomem;
+        }
     }
     f->n_segs = fsdp_segments(f, f->sidx, f->segs, NULL);
     if (ocfg->state_elsewhere) {
@@ -268,8 +320,19 @@ static comm_dtype_t act_dtype(const fsdp_t *f) { return f->be->act_bytes == 2 ? 
 
 /* Start gathering unit u's working copy (act storage) into dst (S chunks). */
 static int gather_unit(fsdp_t *f, int u, act_t *dst, comm_req_t **req, char *err, size_t errlen) {
-    return comm_all_gather(f->shard, be_act_at(f->be, f->wact, f->shard_off[u]), dst, f->chunk[u], act_dtype(f), req,
-                           err, errlen);
+    return all_gather(f->be, f->shard, be_act_at(f->be, f->wact, f->shard_off[u]), dst, f->chunk[u], act_dtype(f), req,
+                      err, errlen);
+}
+
+/* Block l's gathered parameters: buffer l % 2, or (S = 1) its chunk of the
+ * working copy itself. */
+static const act_t *block_params(const fsdp_t *f, int l) {
+    return f->direct ? be_act_at(f->be, f->wact, f->shard_off[l]) : f->gbuf[l % 2];
+}
+
+/* Start the gather of block l into its buffer (nothing at S = 1). */
+static int fetch_block(fsdp_t *f, int l, comm_req_t **req, char *err, size_t errlen) {
+    return f->direct ? 0 : gather_unit(f, l, f->gbuf[l % 2], req, err, errlen);
 }
 
 /* The compute stream waits for collective *r (the host only on shm); the
@@ -291,6 +354,7 @@ static int drain_rs(fsdp_t *f, int i, char *err, size_t errlen) {
 
 int fsdp_begin_step(fsdp_t *f, char *err, size_t errlen) {
     f->be->memset0(f->grad, f->shard_total * sizeof(float));
+    if (f->direct) return 0; /* the rest unit is read and summed in place */
     f->be->memset0(f->rest_grad, (size_t)f->S * f->chunk[f->n_units - 1] * sizeof(float));
     comm_req_t *r = NULL;
     int rc = gather_unit(f, f->n_units - 1, f->rest_full, &r, err, errlen);
@@ -314,34 +378,48 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
           *dlm = m->cfg.tie_embeddings ? f->rest_grad : f->rest_grad + f->rest_lm;
     comm_req_t *g = NULL;
 
-    /* forward: block l in gbuf[l % 2], block l+1's gather in flight */
+    /* forward: block l in gbuf[l % 2], block l+1's gather in flight (S = 1:
+     * each block straight from the working copy) */
     /* activation offload: xs[] on its ring; each input sent as it appears */
     if (f->ao && f->ao->forward_begin(f->ao->ctx, err, errlen)) return -EIO;
     model_embed_forward(m, embed, tokens, targets);
-    if (L > 0 && (rc = gather_unit(f, 0, f->gbuf[0], &g, err, errlen))) return rc;
+    if (L > 0 && (rc = fetch_block(f, 0, &g, err, errlen))) return rc;
     for (int l = 0; l < L; l++) {
         if ((rc = use_req(f, &g, err, errlen))) goto fail;
-        if (l + 1 < L && (rc = gather_unit(f, l + 1, f->gbuf[(l + 1) % 2], &g, err, errlen))) return rc;
+        if (l + 1 < L && (rc = fetch_block(f, l + 1, &g, err, errlen))) return rc;
         if (f->ao && f->ao->produced(f->ao->ctx, l, err, errlen)) { rc = -EIO; goto fail; }
         if (be->op_scope) be->op_scope(l); /* per-block FP8 scaling state in the shared buffers */
-        model_block_forward(m, f->gbuf[l % 2], model_block_input(m, l), model_block_input(m, l + 1), &m->acts[m->act_ckpt ? 0 : l]);
+        model_block_forward(m, block_params(f, l), model_block_input(m, l), model_block_input(m, l + 1), &m->acts[m->act_ckpt ? 0 : l]);
     }
     if (be->op_scope) be->op_scope(-1);
     *loss_sum = model_head_forward(m, norm, lm);
     if (m->tp.rc) { rc = tp_failed(f, err, errlen); goto fail; }
+    if (f->logits_host) {
+        /* test hook: the logits before the backward overwrites them */
+        be->act_to_host(f->logits_host, m->logits, (size_t)m->B * m->T * (size_t)m->tp.V);
+        f->logits_host = NULL;
+    }
 
     /* backward: block L-1 is still gathered; block l-1's gather starts
      * before block l computes (its buffer held block l+1, now done) */
     model_head_backward(m, norm, lm, dnorm, dlm, loss_scale);
     for (int l = L - 1; l >= 0; l--) {
         if ((rc = use_req(f, &g, err, errlen))) goto fail;
-        if (l - 1 >= 0 && (rc = gather_unit(f, l - 1, f->gbuf[(l - 1) % 2], &g, err, errlen))) goto fail;
-        const act_t *bp = f->gbuf[l % 2];
+        if (l - 1 >= 0 && (rc = fetch_block(f, l - 1, &g, err, errlen))) goto fail;
+        const act_t *bp = block_params(f, l);
         block_acts_t *a = &m->acts[m->act_ckpt ? 0 : l];
         /* activation offload: xs[l] back from ballastd, l - H requested */
         if (f->ao && f->ao->fetch(f->ao->ctx, l, err, errlen)) { rc = -EIO; goto fail; }
         if (be->op_scope) be->op_scope(l);
         if (m->act_ckpt) model_block_forward(m, bp, model_block_input(m, l), model_block_input(m, l + 1), a);
+        if (f->direct) {
+            /* S = 1: the block's gradient accumulates in its chunk over the
+             * step; the TP sum of its norms waits for fsdp_end_step */
+            model_block_backward(m, bp, f->grad + f->shard_off[l], model_block_input(m, l), a, m->dx);
+            if (m->tp.rc) { rc = tp_failed(f, err, errlen); goto fail; }
+            if (f->ao && f->ao->release(f->ao->ctx, l, err, errlen)) { rc = -EIO; goto fail; }
+            continue;
+        }
         int i = l % 2;
         if ((rc = drain_rs(f, i, err, errlen))) goto fail;
         be->memset0(f->bgrad[i], (size_t)f->S * f->chunk[l] * sizeof(float));
@@ -387,12 +465,18 @@ int fsdp_end_step(fsdp_t *f, char *err, size_t errlen) {
     int u = f->n_units - 1, rc;
     comm_req_t *r = NULL;
     if (f->T > 1) {
-        /* the final norm's gradient covers this rank's rows only */
-        tp_all_reduce(&f->m->tp, f->rest_grad + f->rest_norm, (size_t)f->m->cfg.dim);
-        if (f->m->tp.rc || tp_release(&f->m->tp, err, errlen)) return tp_failed(f, err, errlen);
+        /* the final norm's gradient covers this rank's rows only; at S = 1
+         * the blocks' norms too (summed over the step in their chunks) */
+        model_tp_t *tp = &f->m->tp;
+        tp_all_reduce(tp, f->rest_grad + f->rest_norm, (size_t)f->m->cfg.dim);
+        for (int l = 0; f->direct && l < u; l++)
+            tp_all_reduce(tp, f->grad + f->shard_off[l] + tp->blk_off[BLK_ATTN_NORM], 2 * (size_t)f->m->cfg.dim);
+        if (tp->rc || tp_release(tp, err, errlen)) return tp_failed(f, err, errlen);
     }
     const backend_t *be = f->be;
-    if (shard_bf16(f)) {
+    if (f->direct) {
+        /* the rest unit's gradient is already its chunk */
+    } else if (shard_bf16(f)) {
         /* g16 = [ S chunks in | one chunk out ] */
         size_t in = (size_t)f->S * f->chunk[u];
         char *out16 = (char *)f->g16 + in * 2;
@@ -407,7 +491,7 @@ int fsdp_end_step(fsdp_t *f, char *err, size_t errlen) {
             return rc;
         if ((rc = wait_req(&r, err, errlen))) return rc;
     }
-    if (comm_size(f->replica) > 1) {
+    if (f->R > 1) {
         if (f->grad_dt == COMM_BF16) {
             be->to_bf16(f->g16, f->grad, f->shard_total);
             if ((rc = comm_all_reduce(f->replica, f->g16, f->g16, f->shard_total, COMM_BF16, COMM_SUM, &r, err,
@@ -427,6 +511,10 @@ int fsdp_end_step(fsdp_t *f, char *err, size_t errlen) {
 
 int fsdp_all_gather_host(const backend_t *be, comm_t *c, const void *in, size_t n, void *out, char *err,
                          size_t errlen) {
+    if (group_n(c) == 1) {
+        memmove(out, in, n * sizeof(float));
+        return 0;
+    }
     size_t in_b = n * sizeof(float), out_b = (size_t)comm_size(c) * in_b;
     char *buf = be->alloc(in_b + out_b);
     if (!buf) return errbuf_set(err, errlen, "out of memory"), -ENOMEM;
@@ -449,7 +537,7 @@ static int gather_doubles(const backend_t *be, comm_t *c, const double *x, size_
  * when all_ranks), added in global-rank order, rank = (replica * S + shard) * T + tp,
  * so every rank gets the same bits. */
 static int sum_groups(fsdp_t *f, double x, bool all_ranks, double *out, char *err, size_t errlen) {
-    int T = f->T, S = f->S, R = all_ranks ? comm_size(f->replica) : 1, rc = 0;
+    int T = f->T, S = f->S, R = all_ranks ? f->R : 1, rc = 0;
     double *tv = calloc((size_t)T, sizeof *tv), *sv = calloc((size_t)S * T, sizeof *sv),
            *all = calloc((size_t)R * S * T, sizeof *all);
     if (!tv || !sv || !all) { rc = -ENOMEM; errbuf_set(err, errlen, "out of memory"); goto out; }
@@ -499,30 +587,33 @@ void fsdp_optim_step(fsdp_t *f, double lr, float grad_scale) {
                grad_scale);
 }
 
-int fsdp_gather_params(fsdp_t *f, float *full, char *err, size_t errlen) {
+/* The full tensors (model layout, n_params floats) of the chunk arrays src
+ * (master or grad: shard_total floats in backend memory) of every rank:
+ * each unit gathered over the shard group, the TP slices over the TP
+ * group. Collective over both. */
+static int gather_full(fsdp_t *f, const float *src, float *full, char *err, size_t errlen) {
     const model_t *m = f->m;
     const backend_t *be = f->be;
     size_t nl = m->tp.n_params, maxc = 0;
     for (int u = 0; u < f->n_units; u++) if (f->chunk[u] > maxc) maxc = f->chunk[u];
     /* host: this rank's TP-local parameters and one gathered unit; backend:
-     * the unit's S chunks (the collectives take backend memory) */
+     * the unit's S chunks (the collectives take backend memory; at S = 1
+     * the chunk itself is the unit) */
     float *local = f->T > 1 ? calloc(nl, sizeof(float)) : full, *all = NULL, *dall = NULL;
-    float *host = malloc((size_t)f->S * maxc * sizeof(float)), *dbuf = be->alloc((size_t)f->S * maxc * sizeof(float));
+    float *host = malloc((size_t)f->S * maxc * sizeof(float)),
+          *dbuf = f->S > 1 ? be->alloc((size_t)f->S * maxc * sizeof(float)) : NULL;
     int rc = 0;
-    if (!local || !host || !dbuf) { rc = -ENOMEM; errbuf_set(err, errlen, "out of memory"); goto out; }
-    if (!f->master) {
-        rc = -EINVAL;
-        errbuf_set(err, errlen, "the fp32 master chunks are in ballastd (optimizer offload): bring them back first "
-                   "(offload_run_before_ckpt)");
-        goto out;
-    }
+    if (!local || !host || (f->S > 1 && !dbuf)) { rc = -ENOMEM; errbuf_set(err, errlen, "out of memory"); goto out; }
     for (int u = 0; u < f->n_units && !rc; u++) {
-        /* the fp32 master chunks, not the working copy */
-        comm_req_t *r = NULL;
-        rc = comm_all_gather(f->shard, f->master + f->shard_off[u], dbuf, f->chunk[u], COMM_F32, &r, err, errlen);
-        if (!rc) rc = wait_req(&r, err, errlen);
-        if (rc) break;
-        be->to_host(host, dbuf, (size_t)f->S * f->chunk[u] * sizeof(float));
+        const float *unit = src + f->shard_off[u];
+        if (f->S > 1) {
+            comm_req_t *r = NULL;
+            rc = comm_all_gather(f->shard, unit, dbuf, f->chunk[u], COMM_F32, &r, err, errlen);
+            if (!rc) rc = wait_req(&r, err, errlen);
+            if (rc) break;
+            unit = dbuf;
+        }
+        be->to_host(host, unit, (size_t)f->S * f->chunk[u] * sizeof(float));
         for (size_t i = 0; i < f->numel[u]; i++) local[unit_to_model(f, u, i)] = host[i];
     }
     if (!rc && f->T > 1) {
@@ -544,6 +635,18 @@ out:
     if (dbuf) be->free(dbuf);
     if (dall) be->free(dall);
     return rc;
+}
+
+int fsdp_gather_params(fsdp_t *f, float *full, char *err, size_t errlen) {
+    if (!f->master)
+        return errbuf_set(err, errlen, "the fp32 master chunks are in ballastd (optimizer offload): bring them back "
+                          "first (offload_run_before_ckpt)"), -EINVAL;
+    /* the fp32 master chunks, not the working copy */
+    return gather_full(f, f->master, full, err, errlen);
+}
+
+int fsdp_gather_grads(fsdp_t *f, float *full, char *err, size_t errlen) {
+    return gather_full(f, f->grad, full, err, errlen);
 }
 
 size_t fsdp_state_bytes(const fsdp_t *f) {

@@ -36,6 +36,17 @@
  * micro-step is 1 / (tokens of the global batch), so the sums give the
  * gradient of the global mean loss.
  *
+ * S = 1 (plain data parallelism, and one process: world 1 is R = S = T = 1)
+ * is direct: a unit's one chunk is the whole unit, so the blocks and the
+ * rest run straight from the working copy and their gradients accumulate
+ * in the gradient chunks over the step, with no gathered copies, no
+ * full-block gradient buffers and no reduce-scatter (the TP sums of the
+ * blocks' norm gradients move to fsdp_end_step). That costs what the whole
+ * model on one device costs: weights, gradient and moments, no more.
+ * A group of one rank may have no communicator (NULL: the TP, shard or
+ * replica group of dist.h when it is this rank alone); every collective
+ * over it is skipped or a local copy.
+ *
  * Every reduction of the shm backend runs in rank order, so every run gives
  * the same bits; against one process the results differ only by the order
  * of floating-point sums. Every buffer is backend memory (be->alloc): the
@@ -49,9 +60,9 @@
 #ifndef BALLAST_FSDP_H
 #define BALLAST_FSDP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
-#include "workers/ckpt/ckpt.h"
 #include "workers/comm/comm.h"
 #include "workers/model/model.h"
 #include "workers/model/optim.h"
@@ -75,9 +86,11 @@ typedef struct {
 typedef struct {
     model_t *m;                /* activations and layout; its full params/grads are dropped */
     const backend_t *be;       /* the model's backend; every buffer below is its memory */
-    comm_t *shard, *replica;   /* shard group (S ranks), replica group (R ranks) */
+    comm_t *shard, *replica;   /* shard group (S ranks), replica group (R ranks); NULL for one rank */
     comm_t *tp;                /* TP group (T ranks; the model's, NULL when T == 1) */
     int S, sidx;               /* shard degree and this rank's index in its shard group */
+    int R, ridx;               /* replicas and this rank's index in its replica group */
+    bool direct;               /* S == 1: compute on wact and sum into grad in place (no gbuf, bgrad, rs_out) */
     int T, tidx;               /* tensor-parallel degree and this rank's index in its TP group */
     int n_units;               /* L + 1 */
     size_t *numel;             /* (n_units) floats of each unit, unpadded */
@@ -89,11 +102,11 @@ typedef struct {
                                   them in ballastd only (separate wact, workers/offload/opt.h) */
     act_t *wact;               /* (shard_total) working copy in act storage (== master when act_bytes == 4) */
     float *grad;               /* (shard_total) gradient chunks, summed over the step */
-    act_t *rest_full;          /* (S * chunk[L]) gathered rest unit, act storage */
-    float *rest_grad;          /* (S * chunk[L]) full rest gradient of this rank's data */
-    act_t *gbuf[2];            /* (S * max block chunk) gathered block parameters, act storage */
-    float *bgrad[2];           /* (S * max block chunk) full block gradient */
-    float *rs_out[2];          /* (max block chunk) reduce-scatter results */
+    act_t *rest_full;          /* (S * chunk[L]) gathered rest unit, act storage (direct: wact's chunk) */
+    float *rest_grad;          /* (S * chunk[L]) full rest gradient of this rank's data (direct: grad's chunk) */
+    act_t *gbuf[2];            /* (S * max block chunk) gathered block parameters, act storage; NULL when direct */
+    float *bgrad[2];           /* (S * max block chunk) full block gradient; NULL when direct */
+    float *rs_out[2];          /* (max block chunk) reduce-scatter results; NULL when direct */
     comm_req_t *rs_req[2];     /* reduce-scatters in flight, or NULL */
     int rs_unit[2];            /* the unit each of them belongs to */
     comm_hold_t held;          /* gathers and reduce-scatters the compute stream waits for, collected later */
@@ -107,13 +120,16 @@ typedef struct {
     const fsdp_act_hooks_t *ao; /* block inputs through a memory saver (--activation-offload), or NULL */
     float *init_host;          /* (shard_total) host copy of the initial fp32 chunks when the optimizer
                                   state lives elsewhere (ocfg->state_elsewhere), until fsdp_drop_init */
+    float *logits_host;        /* test hook (--dump-grads): when set, the next micro-step copies its logits
+                                  (B*T, tp.V) there after the forward, then clears it */
 } fsdp_t;
 
-/* Set up sharding over m (created by model_create_tp; this drops its full
- * parameter and gradient buffers) from the full host parameters `full`
- * (full model layout, n_params floats, identical on every rank): the rank
- * keeps its chunk of its TP slice. shard and replica are this rank's
- * communicators (the TP one is m->tp.comm). Returns 0 or a negative errno. */
+/* Set up sharding over m (created by model_create_tp or model_create_acts;
+ * this drops any full parameter and gradient buffers) from the full host
+ * parameters `full` (full model layout, n_params floats, identical on every
+ * rank): the rank keeps its chunk of its TP slice. shard and replica are
+ * this rank's communicators, NULL for a group of one rank (the TP one is
+ * m->tp.comm). Returns 0 or a negative errno. */
 int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t *replica,
                 const optim_config_t *ocfg, char *err, size_t errlen);
 
@@ -169,6 +185,10 @@ int fsdp_sum_all(fsdp_t *f, double x, double *out, char *err, size_t errlen);
  * (-EINVAL while optimizer offload keeps it away). */
 int fsdp_gather_params(fsdp_t *f, float *full, char *err, size_t errlen);
 
+/* The same for the gradient of the step (after fsdp_end_step: summed over
+ * the job, before clipping). */
+int fsdp_gather_grads(fsdp_t *f, float *full, char *err, size_t errlen);
+
 /* The parts of the model's tensors inside chunk sidx (any shard index):
  * at most m->n_tensors entries with the tensor's name, shape and decay,
  * offset = position in the local buffers of the rank holding that chunk,
@@ -182,34 +202,10 @@ int fsdp_segments(const fsdp_t *f, int sidx, model_tensor_t *segs, size_t *start
 void fsdp_set_full_state(fsdp_t *f, const float *params, const float *exp_avg, const float *exp_avg_sq,
                          int64_t step);
 
-/* Sharded checkpoints (workers/ckpt/sharded.c, format in docs/parallel.md).
- * Collective over every rank. Save: DIR/step-NNNNNNNN/ with one file per
- * (shard index, TP rank) pair, file index shard * T + tp
- * (shard-IIIII-of-NNNNN.safetensors with NNNNN = S * T, written by the ranks
- * of replica 0: each tensor part as NAME, NAME.exp_avg, NAME.exp_avg_sq,
- * 1-D), config.json and a manifest whose layout is (world, S, T) and whose
- * shards list each part's TP split (dimension, rank, local shape) and flat
- * element range in the TP-local tensor; rank 0 writes the manifest and
- * renames the directory once every file is complete. */
-int fsdp_ckpt_save(fsdp_t *f, const char *dir, const ckpt_meta_t *meta, int rank, int world, char *err,
-                   size_t errlen);
-/* Load a step directory. Same S and T (any number of replicas): every rank
- * reads its own file. Another layout: every rank reads every part,
- * rebuilds the full weights and moments (fsdp_ckpt_read_full) and keeps its
- * TP slice and chunk (fsdp_set_full_state). Sizes and crc32 are checked. */
-int fsdp_ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen);
-
-/* The full tensors of a checkpoint of any layout (sharded or not) in m's
- * full layout (m may come from model_layout): weights into params, the
- * AdamW moments into exp_avg / exp_avg_sq when not NULL, the optimizer step
- * into *step when not NULL. Every element must be covered by some part.
- * Returns 0 or -1 with a message. */
-int fsdp_ckpt_read_full(const char *path, const model_t *m, float *params, float *exp_avg, float *exp_avg_sq,
-                        int64_t *step, char *err, size_t errlen);
-
 /* All-gather n 4-byte words of host memory per rank of group c into host
  * out (size(c) * n words), bit for bit, through backend memory (which the
- * collectives take). 0 or a negative errno with a message. */
+ * collectives take); a group of one rank (c NULL or of size 1) copies in to
+ * out. 0 or a negative errno with a message. */
 int fsdp_all_gather_host(const backend_t *be, comm_t *c, const void *in, size_t n, void *out, char *err,
                          size_t errlen);
 

@@ -129,8 +129,8 @@ void progress_step_since(progress_step_t *s, const progress_totals_t *a, const p
  * JSON log failed (message in err: disk full, closed pipe). */
 int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *stats, char *err, size_t errlen);
 
-/* The end of a training step, shared by the single-process and the
- * sharded loop: a step record for step `step` with the comm and offload
+/* The end of a training step of the training loop (workers/train/loop.c,
+ * every layout): a step record for step `step` with the comm and offload
  * figures since `before` (progress_totals at the step's start), the loss,
  * learning rate, gradient norm, wall time, data-loading time and process
  * memory, then progress_record(). Returns what progress_record returns. */

@@ -1,11 +1,14 @@
-/* train.h: the training loop of ballast-worker (one process, CPU or CUDA
- * backend; with a world of several processes, one rank of a hybrid-sharded
- * CPU job, workers/train/dist.c).
+/* train.h: ballast-worker's options and its training loop.
  *
  * train_parse() fills the options from defaults, BALLAST_* environment
- * variables and flags (common/options.h); train_run() builds the model, the
- * optimizer and the data loader, then runs the steps, logging and
- * checkpointing. Both return a process exit status. */
+ * variables and flags (common/options.h; the table is options.c);
+ * train_run() (loop.c) joins the job, builds the model, its sharded state,
+ * the optimizer and the data loader, then runs the steps, logging and
+ * checkpointing. One loop for every layout: a world of several processes
+ * is one rank of a hybrid-sharded, tensor-parallel job
+ * (workers/parallel/fsdp.h), and one process is world 1 of the same loop
+ * (replicas = S = T = 1: no rendezvous, no collectives, the state in place).
+ * Both return a process exit status. */
 #ifndef BALLAST_TRAIN_H
 #define BALLAST_TRAIN_H
 
@@ -15,6 +18,8 @@
 #include <stdio.h>
 
 #include "options.h"
+#include "topology.h"
+#include "workers/backend/backend.h"
 #include "workers/model/config.h"
 #include "workers/model/model.h"
 
@@ -53,7 +58,7 @@ typedef struct {
     double peak_tflops;       /* per-device peak for MFU; 0 = the device table (none for the CPU) */
     const char *dump_params;  /* test hook: the master parameters after the last step */
     const char *dump_batches; /* test hook: directory for each rank's micro-batch inputs */
-    /* several processes (workers/train/dist.c) */
+    /* the job (one process: world 1) */
     int64_t shard_degree;     /* --hybrid-shard-degree S; 0 = largest that fits */
     int64_t tp_degree;        /* --tensor-parallel-degree T */
     int comm;                 /* comm_kind_t: auto|shm|nccl */
@@ -84,8 +89,9 @@ void train_print_settings(FILE *out);
  * its length. */
 const opt_t *train_option_table(size_t *n);
 
-/* Run training; 0 on success, non-zero with a logged message otherwise.
- * With a world of several processes it runs train_run_sharded. */
+/* Run training as this process's rank of its job (world 1 for one
+ * process); 0 on success, 130 after SIGINT/SIGTERM (the step finished and,
+ * with --ckpt-dir, a checkpoint saved), 1 with a logged message otherwise. */
 int train_run(const train_opts_t *o);
 
 /* The backend the flags name (backend_open), passed through the test
@@ -100,7 +106,7 @@ const backend_t *train_open_backend(const train_opts_t *o, int device, char *err
 typedef const backend_t *(*train_backend_wrap_fn)(const backend_t *opened, char *err, size_t errlen);
 void train_set_backend_wrap(train_backend_wrap_fn wrap);
 
-/* ---- shared with train_dist.c ---- */
+/* ---- what the flags resolve to (options.c) ---- */
 
 /* --model / --init-from into one validated config. */
 int train_resolve_config(const train_opts_t *o, llama_config_t *cfg, char *err, size_t errlen);
@@ -108,12 +114,8 @@ int train_resolve_config(const train_opts_t *o, llama_config_t *cfg, char *err, 
  * data-parallel ranks reading B x T tokens each per micro-step; -1 with a
  * message when they conflict. */
 int train_grad_accum(const train_opts_t *o, int dp, int *A, char *err, size_t errlen);
-/* Write full parameters (model layout) under their HF names as safetensors. */
-int train_dump_params(const char *path, const model_t *m, const float *full, char *err, size_t errlen);
-
-/* The loop of one rank among world (rendezvous store of rank 0 at
- * rdzv_addr, "host:port"): hybrid sharding (workers/parallel/fsdp.h), sharded
- * checkpoints. Same options; returns an exit status. */
-int train_run_sharded(const train_opts_t *o, int rank, int world, const char *rdzv_addr);
+/* Where this process sits: --rank, --world-size, --master-addr,
+ * --master-port, then the environment (common/topology.h). */
+int train_resolve_topology(const train_opts_t *o, topo_t *t, char *err, size_t errlen);
 
 #endif

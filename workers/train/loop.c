@@ -1,0 +1,582 @@
+/* loop.c: the training loop of ballast-worker, one for every layout; see
+ * train.h.
+ *
+ * A step is A micro-steps x dp data-parallel ranks x B rows of T tokens
+ * (dp = world / T: replicas x shard degree; one process: dp = 1). Rank r
+ * reads rows dp_rank*B .. dp_rank*B+B-1 of each micro-step's dp*B rows
+ * (data_batch with dp_rank of dp), so one process with micro-batch dp*B
+ * reads the same tokens. The loss of step s is the mean token
+ * cross-entropy over its global batch before its update (the ranks' sums
+ * added in rank order); only rank 0 prints progress and writes --log-json
+ * (progress.h), while every rank keeps its own metrics and, with
+ * --metrics-port P, serves them on P + its local rank.
+ *
+ * The parameters, gradients and AdamW moments live in the chunks of
+ * workers/parallel/fsdp.h (one process: S = 1, the whole model in place);
+ * checkpoints are workers/ckpt/sharded.h's (one shard file for one
+ * process); the memory savers through ballastd (--activation-offload,
+ * --optimizer-offload, --resume-from-service) hook in through
+ * workers/offload/run.h. Every decision that ends or changes a step (a
+ * non-finite loss, a signal, a failed resume) is taken on a sum over the
+ * ranks, so all take it together. */
+#include "workers/train/train.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "log.h"
+#include "metrics.h"
+#include "workers/ckpt/ckpt.h"
+#include "workers/ckpt/hf.h"
+#include "workers/ckpt/sharded.h"
+#include "workers/data/data.h"
+#include "workers/model/model.h"
+#include "workers/model/optim.h"
+#include "workers/offload/run.h"
+#include "workers/parallel/fsdp.h"
+#include "workers/train/hooks.h"
+#include "workers/train/job.h"
+#include "workers/train/progress.h"
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+/* One run: the job, its data, model, sharded state and savers. */
+typedef struct {
+    const train_opts_t *o;
+    train_job_t job;
+    const char *who;           /* "rank N: " in a job of several processes, "" for one */
+    llama_config_t cfg;
+    optim_config_t ocfg;
+    int dp, dp_rank;           /* data-parallel ranks (world / T) and this rank's index */
+    int A, B, T;               /* micro-steps per step, rows per micro-step, tokens per row */
+    int64_t start;             /* the step the run continues after (0: fresh) */
+    data_t *data;
+    model_t model;             /* activations and layout (the parameters are in fs) */
+    bool have_model, have_fs;
+    fsdp_t fs;
+    offload_run_t orun;        /* memory savers through ballastd */
+    FILE *con;                 /* console: stdout, or stderr when --log-json is stdout */
+    FILE *jlog;                /* --log-json on rank 0, or NULL */
+    progress_t *prog;
+    metrics_server_t *msrv;
+    int32_t *inputs, *targets; /* (B*T) host micro-batch */
+    float *logits_host;        /* (B*T, vocab) step 1's first logits for --dump-grads, or NULL */
+    char err[5000];
+} run_t;
+
+/* ---- before the model ---- */
+
+/* The flag combinations no run can start with; 0 or -1 (logged). */
+/* The memory savers' flags (workers/offload/run.h) out of the worker's. */
+static offload_opts_t offload_opts(const train_opts_t *o) {
+    return (offload_opts_t){ .act_offload = o->act_offload, .act_horizon = o->act_horizon,
+                             .opt_offload = o->opt_offload, .opt_durable = o->opt_durable,
+                             .socket = o->offload_socket, .remote = o->offload_remote, .job = o->offload_job,
+                             .token_file = o->offload_token_file, .resume_from_service = o->resume_from_service,
+                             .resume = o->resume, .skip_nonfinite = o->skip_nonfinite };
+}
+
+static int check_flags(run_t *r) {
+    const train_opts_t *o = r->o;
+    if (o->resume && !o->ckpt_dir) { log_error("--resume needs --ckpt-dir DIR (where the step-NNNNNNNN directories are)"); return -1; }
+    if (o->ckpt_every && !o->ckpt_dir) { log_error("--ckpt-every needs --ckpt-dir DIR"); return -1; }
+    if (o->dump_grads && r->job.world > 1) {
+        log_error("rank %d: --dump-grads works with one process only; use --dump-params", r->job.rank);
+        return -1;
+    }
+    offload_opts_t oopt = offload_opts(o);
+    if (offload_run_check(&oopt, r->err, sizeof r->err)) { log_error("%s", r->err); return -1; }
+    return 0;
+}
+
+/* One process on the CPU: refuse a model that cannot fit this machine's
+ * memory before allocating it (whole-model weights, gradients, moments and
+ * activations, model_memory_bytes). 0 or -1 (logged). */
+static int check_memory(run_t *r) {
+    if (r->job.world > 1 || r->o->backend != 0) return 0;
+    uint64_t need = model_memory_bytes(&r->cfg, r->B, r->T, r->o->act_ckpt);
+    uint64_t have = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE);
+    if (!have || need <= have / 10 * 9) return 0;
+    char a[32], b[32];
+    format_size(need, a, sizeof a);
+    format_size(have, b, sizeof b);
+    log_error("model %s with micro-batch %d x %d needs about %s of memory; this machine has %s. "
+              "Use a smaller model, micro-batch or seq-len, or --activation-checkpointing",
+              r->cfg.name, r->B, r->T, a, b);
+    return -1;
+}
+
+/* The data: the step's shape (A from the flags and dp), the shard files. */
+static int open_data(run_t *r) {
+    const train_opts_t *o = r->o;
+    if (train_grad_accum(o, r->dp, &r->A, r->err, sizeof r->err)) { log_error("%s", r->err); return -1; }
+    if (data_open(o->data, r->cfg.vocab, &r->data, r->err, sizeof r->err)) { log_error("%s", r->err); return -1; }
+    if (data_num_tokens(r->data) < (int64_t)r->T + 1) {
+        log_error("%s: %lld tokens, fewer than seq-len + 1 = %d", o->data, (long long)data_num_tokens(r->data), r->T + 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the model and its state ---- */
+
+/* The model's activations, the full initial weights (--init-from or the
+ * seed, identical on every rank, in host memory) cut into this rank's
+ * chunks, and the AdamW state. 0 or -1 (logged). */
+static int build(run_t *r) {
+    const train_opts_t *o = r->o;
+    const groups_t *g = &r->job.d.groups;
+    /* no full parameters on the device: they live in fsdp's chunks */
+    if (model_create_acts(&r->model, &r->cfg, r->job.be, r->B, r->T, o->act_ckpt, g->T, g->tp,
+                          r->job.d.comm[GROUP_TP], r->err, sizeof r->err)) {
+        log_error("%s", r->err);
+        return -1;
+    }
+    r->have_model = true;
+    float *full = malloc(r->model.n_params * sizeof(float));
+    CHECK_ALLOC(full);
+    int rc = 0;
+    if (o->init_from) rc = ckpt_read_hf_host(o->init_from, &r->model, full, r->err, sizeof r->err);
+    else model_init_random_host(&r->model, (uint64_t)o->init_seed, full);
+    if (rc) {
+        log_error("%s", r->err);
+        free(full);
+        return -1;
+    }
+    r->ocfg = (optim_config_t){
+        .lr = o->lr, .min_lr = o->min_lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps,
+        .weight_decay = o->weight_decay, .grad_clip = o->grad_clip, .warmup_steps = o->warmup_steps,
+        .total_steps = o->steps, .schedule = (lr_schedule_t)o->lr_schedule,
+        /* optimizer offload from scratch (or from the service): the moments and,
+         * on a GPU, the fp32 master never take device memory; a checkpoint
+         * resume loads them on the device first */
+        .state_elsewhere = o->opt_offload && !o->resume,
+    };
+    rc = fsdp_create(&r->fs, &r->model, full, r->job.d.comm[GROUP_SHARD], r->job.d.comm[GROUP_REPLICA], &r->ocfg,
+                     r->err, sizeof r->err);
+    free(full);
+    if (rc) { log_error("%s%s", r->who, r->err); return -1; }
+    r->have_fs = true;
+    if (o->grad_reduce_dtype == 1 && fsdp_set_grad_reduce(&r->fs, COMM_BF16, r->err, sizeof r->err)) {
+        log_error("%s%s", r->who, r->err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether checkpoint ck continues this run's data stream and model; 0, or
+ * -1 with the reason in r->err. Step k reads samples k*G .. k*G+G-1
+ * (G = grad-accum x data-parallel ranks x micro-batch rows) whatever the
+ * split, so only G, seq-len and the order must stay. */
+static int check_resume(run_t *r, const char *ck, const ckpt_meta_t *meta) {
+    const train_opts_t *o = r->o;
+    const llama_config_t *a = &meta->cfg, *b = &r->cfg;
+    if (a->dim != b->dim || a->n_layers != b->n_layers || a->n_heads != b->n_heads || a->n_kv_heads != b->n_kv_heads ||
+        a->head_dim != b->head_dim || a->ffn_dim != b->ffn_dim || a->vocab != b->vocab ||
+        a->tie_embeddings != b->tie_embeddings) {
+        snprintf(r->err, sizeof r->err, "%s: the checkpoint's model (dim %d, %d layers, vocab %d) differs from --model "
+                 "(dim %d, %d layers, vocab %d)", ck, a->dim, a->n_layers, a->vocab, b->dim, b->n_layers, b->vocab);
+        return -1;
+    }
+    int64_t saved = (int64_t)meta->accum * meta->dp * meta->B, rows = (int64_t)r->A * r->dp * r->B;
+    if (saved == rows && meta->T == r->T && meta->data_order == o->data_order &&
+        meta->data_seed == (uint64_t)o->data_seed)
+        return 0;
+    int n = snprintf(r->err, sizeof r->err, "%s: saved with grad-accum %d x %d data-parallel ranks x micro-batch %d = "
+                     "%lld rows per step, seq-len %d, data-order %s, data-seed %llu; ", ck, meta->accum, meta->dp,
+                     meta->B, (long long)saved, meta->T, meta->data_order == DATA_SEQUENTIAL ? "sequential" : "shuffled",
+                     (unsigned long long)meta->data_seed);
+    if (n < 0 || (size_t)n >= sizeof r->err) return -1;
+    if (r->dp == 1)
+        snprintf(r->err + n, sizeof r->err - (size_t)n, "this run has %d x %d = %lld rows, seq-len %d: resume with the "
+                 "same seq-len, order and seed, and --grad-accum x --micro-batch = %lld, to continue the same data "
+                 "stream", r->A, r->B, (long long)rows, r->T, (long long)saved);
+    else
+        snprintf(r->err + n, sizeof r->err - (size_t)n, "this run has %d x %d x %d = %lld rows, seq-len %d: resume "
+                 "with the same seq-len, order and seed, and --grad-accum / --micro-batch whose product with the %d "
+                 "data-parallel ranks is %lld, to continue the same data stream", r->A, r->dp, r->B, (long long)rows,
+                 r->T, r->dp, (long long)saved);
+    return -1;
+}
+
+/* --resume: every rank reads its part of the newest checkpoint (all or
+ * none: a failure on any rank stops every rank), then sets r->start. 0 or
+ * -1 (logged). */
+static int resume(run_t *r) {
+    const train_opts_t *o = r->o;
+    char ck[4200];
+    int found = ckpt_find_latest(o->ckpt_dir, ck, sizeof ck, r->err, sizeof r->err), bad = found < 0;
+    if (found > 0) {
+        ckpt_meta_t meta;
+        bad = ckpt_read_meta(ck, &meta, r->err, sizeof r->err) || check_resume(r, ck, &meta) ||
+              ckpt_load(&r->fs, ck, r->err, sizeof r->err);
+    }
+    double nbad;
+    char e[COMM_ERR_LEN];
+    if (fsdp_sum_all(&r->fs, bad, &nbad, e, sizeof e)) { log_error("%s%s", r->who, e); return -1; }
+    if (bad) { log_error("%s%s", r->who, r->err); return -1; }
+    if (nbad > 0) { log_error("rank %d: resuming failed on another rank (see its message)", r->job.rank); return -1; }
+    if (found > 0) {
+        r->start = r->fs.opt.step;
+        if (r->job.rank == 0) log_info("resumed from %s (step %lld)", ck, (long long)r->start);
+    } else if (r->job.rank == 0) {
+        log_warn("--resume: no checkpoint under %s yet, starting from scratch", o->ckpt_dir);
+    }
+    return 0;
+}
+
+/* ---- what the run tells ---- */
+
+/* Rank 0's start-up lines: the settings table, the model, the layout, the
+ * batch, the memory the state takes, what is offloaded. */
+static void announce(run_t *r) {
+    const train_opts_t *o = r->o;
+    const llama_config_t *c = &r->cfg;
+    const groups_t *g = &r->job.d.groups;
+    FILE *con = r->con;
+    train_print_settings(con);
+    fprintf(con, "model: %s, %lld parameters (dim %d, %d layers, %d heads / %d kv, ffn %d, vocab %d%s)\n", c->name,
+            (long long)llama_total_params(c), c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab,
+            c->tie_embeddings ? ", tied" : "");
+    fprintf(con, "layout: world %d = %d replicas x hybrid shard degree %d x tensor-parallel degree %d; comm %s\n",
+            r->job.world, g->R, g->S, g->T, r->job.world > 1 ? comm_kind_name(r->job.d.kind) : "none");
+    if (r->dp == 1)
+        fprintf(con, "batch: %d micro-steps x %d rows x %d tokens = %lld tokens per step; data %lld tokens\n", r->A,
+                r->B, r->T, (long long)r->A * r->B * r->T, (long long)data_num_tokens(r->data));
+    else
+        fprintf(con, "batch: %d micro-steps x %d data-parallel ranks x %d rows x %d tokens = %lld tokens per step; "
+                     "data %lld tokens\n", r->A, r->dp, r->B, r->T, (long long)r->A * r->dp * r->B * r->T,
+                (long long)data_num_tokens(r->data));
+    size_t state = fsdp_state_bytes(&r->fs), staging = offload_run_staging_bytes(&r->orun);
+    uint64_t whole = (uint64_t)r->model.n_params * 16;
+    char st[32], wh[32], tot[32];
+    format_size(state, st, sizeof st);
+    format_size(whole, wh, sizeof wh);
+    if (r->job.world == 1) {
+        /* the whole model's estimate, with the state as it is held (less what ballastd keeps) */
+        uint64_t need = model_memory_bytes(c, r->B, r->T, o->act_ckpt) - whole + state + staging;
+        format_size(need, tot, sizeof tot);
+        fprintf(con, "memory: about %s: %s (%zu bytes) of fp32 weights, gradients and AdamW moments", tot, st, state);
+    } else {
+        fprintf(con, "memory: %s (%zu bytes) of sharded fp32 weights, gradients and AdamW moments per rank "
+                     "(the whole model's: %s)", st, state, wh);
+    }
+    if (r->orun.oo) fprintf(con, ", less what ballastd holds, plus %zu bytes of optimizer staging", staging);
+    if (r->job.world == 1) fprintf(con, ", the rest activations%s", o->act_ckpt ? " (checkpointed)" : "");
+    fprintf(con, "\n");
+    offload_run_describe(&r->orun, &r->fs, con);
+    fflush(con);
+}
+
+/* --log-json (rank 0), --metrics-port (every rank: P + its local rank),
+ * the progress reporter with its settings record, and on a fresh log the
+ * layout record. 0 or -1 (logged). */
+static int open_reports(run_t *r) {
+    const train_opts_t *o = r->o;
+    const groups_t *g = &r->job.d.groups;
+    int rank = r->job.rank;
+    if (o->log_json && rank == 0) {
+        r->jlog = !strcmp(o->log_json, "-") ? stdout : fopen(o->log_json, r->start > 0 ? "a" : "w");
+        if (!r->jlog) { log_error("--log-json %s: cannot open for writing", o->log_json); return -1; }
+    }
+    if (o->metrics_port > 0) {
+        /* several ranks on one node: P + local rank, so they do not collide */
+        int local = r->job.topo.local_rank, port = (int)o->metrics_port + local;
+        if (port > 65535) {
+            log_error("%s--metrics-port %lld + local rank %d = %d is past 65535; pick a lower port", r->who,
+                      (long long)o->metrics_port, local, port);
+            return -1;
+        }
+        r->msrv = metrics_server_start(metrics_default(), o->metrics_bind, port, r->err, sizeof r->err);
+        if (!r->msrv) {
+            if (r->job.world > 1)
+                log_error("%s%s (--metrics-port %lld + local rank %d)", r->who, r->err, (long long)o->metrics_port, local);
+            else
+                log_error("%s", r->err);
+            return -1;
+        }
+        log_info("%smetrics: http://%s:%d/metrics", r->who, o->metrics_bind, metrics_server_port(r->msrv));
+    }
+    progress_cfg_t pcfg = { .total_steps = o->steps, .start_step = r->start,
+                            .tokens_per_step = (int64_t)r->A * r->dp * r->B * r->T,
+                            .flops_per_token = llama_flops_per_token(&r->cfg, r->T), .n_gpus = r->job.world,
+                            .device = be_device_name(r->job.be), .peak_tflops = o->peak_tflops,
+                            .log_every = o->log_every, .console = rank == 0 ? r->con : NULL, .live = -1,
+                            .json = r->jlog, .rank = rank, .metrics = metrics_default() };
+    size_t nopt;
+    const opt_t *opts = train_option_table(&nopt);
+    r->prog = progress_new(&pcfg, r->err, sizeof r->err);
+    if (!r->prog || progress_write_settings(r->prog, opts, nopt, r->cfg.name, llama_total_params(&r->cfg),
+                                            rank == 0 ? progress_entropy_floor(o->data) : NAN, r->err, sizeof r->err)) {
+        log_error("%s%s", r->who, r->err);
+        return -1;
+    }
+    /* after the settings record of a fresh log: the layout and the per-rank state (tests read it) */
+    if (r->jlog && r->start == 0) {
+        fprintf(r->jlog, "{\"kind\": \"layout\", \"world\": %d, \"replicas\": %d, \"shard_degree\": %d, "
+                         "\"tensor_parallel_degree\": %d, \"state_bytes_per_rank\": %zu, \"model_state_bytes\": %llu, "
+                         "\"offload_staging_bytes\": %zu}\n",
+                r->job.world, g->R, g->S, g->T, fsdp_state_bytes(&r->fs), (unsigned long long)r->model.n_params * 16,
+                offload_run_staging_bytes(&r->orun));
+        fflush(r->jlog);
+    }
+    return 0;
+}
+
+/* ---- steps ---- */
+
+/* --dump-grads after step 1's backward: the first micro-batch's logits,
+ * the step's loss and the full gradient before clipping. */
+static int dump_grads(run_t *r, double loss) {
+    float *g = malloc(r->model.n_params * sizeof(float));
+    CHECK_ALLOC(g);
+    int rc = fsdp_gather_grads(&r->fs, g, r->err, sizeof r->err);
+    if (!rc) rc = train_dump_grads(r->o->dump_grads, &r->model, r->logits_host, loss, g, r->err, sizeof r->err);
+    free(g);
+    return rc;
+}
+
+/* Checkpoint of step s: every rank writes its part (the moments back from
+ * ballastd first where optimizer offload keeps them). 0 or -1 (logged). */
+static int save(run_t *r, int64_t s) {
+    const train_opts_t *o = r->o;
+    ckpt_meta_t meta = { .step = s, .cfg = r->cfg, .ocfg = r->ocfg, .data_order = o->data_order,
+                         .data_seed = (uint64_t)o->data_seed, .init_seed = (uint64_t)o->init_seed,
+                         .B = r->B, .T = r->T, .accum = r->A, .dp = r->dp };
+    snprintf(meta.data, sizeof meta.data, "%s", o->data);
+    int rc = offload_run_before_ckpt(&r->orun, r->err, sizeof r->err);
+    if (!rc) rc = ckpt_save(&r->fs, o->ckpt_dir, &meta, r->job.rank, r->job.world, r->err, sizeof r->err);
+    offload_run_after_ckpt(&r->orun);
+    if (rc) {
+        log_error("%scheckpoint of step %lld: %s", r->who, (long long)s, r->err);
+        return -1;
+    }
+    progress_clear_line(r->prog);
+    int nf = r->fs.S * r->fs.T;
+    if (r->job.rank == 0)
+        log_info("saved checkpoint %s/step-%08lld (%d shard file%s)", o->ckpt_dir, (long long)s, nf, nf == 1 ? "" : "s");
+    return 0;
+}
+
+/* Step s: A micro-steps, the gradient summed over the job, the loss and
+ * its check, the update. *stop gets the number of ranks that saw a
+ * signal. 0 or -1 (logged). */
+static int step(run_t *r, int64_t s, double *stop) {
+    const train_opts_t *o = r->o;
+    fsdp_t *fs = &r->fs;
+    const char *who = r->who;
+    size_t N = (size_t)r->B * r->T;
+    double global_tokens = (double)r->A * r->dp * r->B * r->T;
+    float scale = (float)(1.0 / global_tokens);
+    double ts = clock_now_s(), data_s = 0, loss_sum = 0;
+    progress_totals_t tot0;
+    progress_totals(r->prog, &tot0);
+    int64_t k = s - 1;
+    bool first = s == r->start + 1;
+    if (fsdp_begin_step(fs, r->err, sizeof r->err)) { log_error("%s%s", who, r->err); return -1; }
+    for (int a = 0; a < r->A; a++) {
+        double td = clock_now_s();
+        int bad = data_batch(r->data, (data_order_t)o->data_order, (uint64_t)o->data_seed, k, a, r->A, r->dp_rank,
+                             r->dp, r->B, r->T, r->inputs, r->targets, r->err, sizeof r->err);
+        data_s += clock_now_s() - td;
+        if (bad) {
+            progress_clear_line(r->prog);
+            log_error("%s", r->err);
+            return -1;
+        }
+        if (o->dump_batches && train_dump_batch(o->dump_batches, r->job.rank, r->inputs, N, r->err, sizeof r->err)) {
+            log_error("%s", r->err);
+            return -1;
+        }
+        if (r->logits_host && first && a == 0) fs->logits_host = r->logits_host;
+        double ls;
+        if (fsdp_micro_step(fs, r->inputs, r->targets, scale, &ls, r->err, sizeof r->err)) {
+            log_error("%s%s", who, r->err);
+            return -1;
+        }
+        loss_sum += ls;
+    }
+    double total, norm;
+    if (fsdp_end_step(fs, r->err, sizeof r->err) || fsdp_sum_all(fs, loss_sum, &total, r->err, sizeof r->err) ||
+        fsdp_grad_norm(fs, &norm, r->err, sizeof r->err) || fsdp_sum_all(fs, g_stop ? 1 : 0, stop, r->err, sizeof r->err)) {
+        log_error("%s%s", who, r->err);
+        return -1;
+    }
+    double loss = total / global_tokens;
+    /* every rank saw the same summed loss, so all take the same decision */
+    char lmsg[512];
+    progress_loss_action_t act = progress_check_loss(r->prog, s, loss, o->skip_nonfinite, lmsg, sizeof lmsg);
+    if (act != PROGRESS_LOSS_OK) {
+        progress_clear_line(r->prog);
+        if (act == PROGRESS_LOSS_STOP) {
+            if (r->job.rank == 0) log_error("%s", lmsg);
+            else log_error("rank %d: stopping at step %lld with the others: the loss is not finite (rank 0 says why)",
+                           r->job.rank, (long long)s);
+            return -1;
+        }
+        if (r->job.rank == 0) log_warn("%s", lmsg);
+    }
+    if (r->logits_host && first && dump_grads(r, loss)) { log_error("%s", r->err); return -1; }
+    float coef = optim_clip_coef(norm, o->grad_clip);
+    double lr = optim_lr(&r->ocfg, k);
+    if (act == PROGRESS_LOSS_OK) {
+        if (offload_run_optim_step(&r->orun, fs, s, lr, coef, r->err, sizeof r->err)) {
+            log_error("%s%s", who, r->err);
+            return -1;
+        }
+    } else {
+        fs->opt.step++; /* skipped: keep the update count equal to the step, as a resume sets it */
+    }
+    if (progress_end_step(r->prog, s, &tot0, loss, lr, norm, clock_now_s() - ts, data_s, act != PROGRESS_LOSS_OK,
+                          r->err, sizeof r->err)) {
+        log_error("%s%s", who, r->err);
+        return -1;
+    }
+    return 0;
+}
+
+/* After the last step: the offload summary, --dump-params. */
+static int finish(run_t *r) {
+    const train_opts_t *o = r->o;
+    if (r->orun.on && offload_run_summary(&r->orun, &r->fs, r->job.rank, r->con, r->err, sizeof r->err)) {
+        log_error("%s%s", r->who, r->err);
+        return -1;
+    }
+    if (!o->dump_params) return 0;
+    float *full = malloc(r->model.n_params * sizeof(float));
+    CHECK_ALLOC(full);
+    /* the master back from ballastd where optimizer offload keeps it there */
+    int rc = offload_run_before_ckpt(&r->orun, r->err, sizeof r->err);
+    if (!rc) rc = fsdp_gather_params(&r->fs, full, r->err, sizeof r->err);
+    offload_run_after_ckpt(&r->orun);
+    if (rc) log_error("%s%s", r->who, r->err);
+    else if (r->job.rank == 0 && (rc = train_dump_params(o->dump_params, &r->model, full, r->err, sizeof r->err)))
+        log_error("%s", r->err);
+    free(full);
+    return rc ? -1 : 0;
+}
+
+/* ---- the run ---- */
+
+/* Everything up to the first step; 0 or -1 (logged). */
+static int setup(run_t *r) {
+    const train_opts_t *o = r->o;
+    if (o->precision == 1 && o->backend != 1) {
+        log_error("--precision fp8 runs the matmuls on FP8 tensor cores: it needs --backend cuda (the CPU backend is fp32)");
+        return -1;
+    }
+    if (train_job_open(&r->job, o, r->err, sizeof r->err)) {
+        log_error("%s%s", r->job.who, r->err);
+        return -1;
+    }
+    r->who = r->job.who;
+    if (o->tp_degree > 1 && r->job.world == 1) {
+        log_error("--tensor-parallel-degree %lld needs %lld or more processes (e.g. ballast train --nproc %lld); "
+                  "one process trains with --tensor-parallel-degree 1", (long long)o->tp_degree,
+                  (long long)o->tp_degree, (long long)o->tp_degree);
+        return -1;
+    }
+    if (check_flags(r)) return -1;
+    if (r->job.world > 1) log_set_rank(r->job.rank);
+    if (train_resolve_config(o, &r->cfg, r->err, sizeof r->err)) { log_error("%s", r->err); return -1; }
+    if (!o->data) {
+        log_error("--data is required: a token shard file or glob (make one with `ballast data synth --out FILE ...`)");
+        return -1;
+    }
+    /* join the job: groups, and with several processes rendezvous and communicators */
+    if (train_job_join(&r->job, o, r->err, sizeof r->err)) { log_error("%s%s", r->who, r->err); return -1; }
+    const groups_t *g = &r->job.d.groups;
+    r->dp = r->job.world / g->T;
+    r->dp_rank = g->replica * g->S + g->shard;
+    r->B = (int)o->micro_batch;
+    r->T = (int)o->seq_len;
+    if (open_data(r) || check_memory(r) || build(r)) return -1;
+    if (o->resume && resume(r)) return -1;
+    if (r->start == 0 && o->init_from && r->job.rank == 0) log_info("loaded weights from %s", o->init_from);
+    /* offload: the ballastd session; --resume-from-service sets start */
+    offload_opts_t oopt = offload_opts(o);
+    if (offload_run_open(&r->orun, &oopt, &r->fs, r->job.rank, r->job.world, &r->start, r->err, sizeof r->err)) {
+        log_error("%s%s", r->who, r->err);
+        return -1;
+    }
+    if (o->resume_from_service && r->job.rank == 0)
+        log_info("resumed from ballastd (job %s) after step %lld", o->offload_job, (long long)r->start);
+    r->con = o->log_json && !strcmp(o->log_json, "-") ? stderr : stdout;
+    if (r->job.rank == 0) announce(r);
+    if (r->job.world > 1)
+        log_info("rank %d: replica %d, shard %d of %d; data-parallel rank %d of %d", r->job.rank, g->replica, g->shard,
+                 g->S, r->dp_rank, r->dp);
+    if (open_reports(r)) return -1;
+    size_t N = (size_t)r->B * r->T;
+    r->inputs = malloc(N * sizeof(int32_t));
+    r->targets = malloc(N * sizeof(int32_t));
+    CHECK_ALLOC(r->inputs);
+    CHECK_ALLOC(r->targets);
+    if (o->dump_grads) {
+        r->logits_host = malloc(N * (size_t)r->cfg.vocab * sizeof(float));
+        CHECK_ALLOC(r->logits_host);
+    }
+    return 0;
+}
+
+int train_run(const train_opts_t *o) {
+    static run_t run; /* large (messages); one run per process */
+    run_t *r = &run;
+    memset(r, 0, sizeof *r);
+    r->o = o;
+    r->who = "";
+    int status = 1;
+    if (setup(r)) goto out;
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    int64_t last_saved = r->start;
+    for (int64_t s = r->start + 1; s <= o->steps; s++) {
+        double stop;
+        if (step(r, s, &stop)) goto out;
+        /* every rank saw the same sum, so all save and stop after the same step */
+        if (o->ckpt_dir && ((o->ckpt_every && s % o->ckpt_every == 0) || s == o->steps || stop > 0)) {
+            if (save(r, s)) goto out;
+            last_saved = s;
+        }
+        if (stop > 0) {
+            progress_clear_line(r->prog);
+            if (r->job.rank == 0)
+                log_warn("stopping after step %lld on a signal%s", (long long)s,
+                         last_saved == s ? " (checkpoint saved)" : "");
+            status = 130;
+            goto leave;
+        }
+    }
+    if (finish(r)) goto out;
+    status = 0;
+leave:
+    /* a clean exit meets every rank at the last barrier */
+    offload_run_close(&r->orun, &r->fs);
+    if (r->have_fs) fsdp_destroy(&r->fs);
+    r->have_fs = false;
+    if (train_job_leave(&r->job, r->err, sizeof r->err)) {
+        log_error("%s", r->err);
+        status = 1;
+    }
+    goto done;
+out:
+    /* on failure leave without the last barrier: peers see this process exit */
+    offload_run_close(&r->orun, &r->fs);
+    if (r->have_fs) fsdp_destroy(&r->fs);
+    train_job_abort(&r->job);
+done:
+    progress_free(r->prog);
+    metrics_server_stop(r->msrv);
+    if (r->jlog && r->jlog != stdout) fclose(r->jlog);
+    free(r->inputs);
+    free(r->targets);
+    free(r->logits_host);
+    if (r->have_model) model_destroy(&r->model);
+    if (r->data) data_close(r->data);
+    return status;
+}
