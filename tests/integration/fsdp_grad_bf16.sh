@@ -18,7 +18,8 @@
 #     weights move by lr-sized amounts in slightly different directions
 #     (lr 3e-3, 10 steps); fp32 sharded runs are within 1e-5 / 1e-4 of
 #     the same reference (fsdp_losses.sh).
-# The same bits on the scrambled backend (memory that is not host
+# One process with bf16 is the fp32 run, bit for bit (groups of one never
+# round). The same bits on the scrambled backend (memory that is not host
 # memory). And a bad value is refused with the choices named.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/fsdp.lib"
@@ -63,6 +64,14 @@ for lay in "1 4" "2 2" "4 1"; do
     t_check "$what: bf16 parameters within 2e-2 of one process in fp32" \
         $PY "$CMP" params "$D/ref.st" "$D/bf16-r$R-s$S.st" 2e-2
 done
+
+# one process (world 1: every group one rank) has nothing to reduce, so bf16
+# rounds nothing: the fp32 reference's bits
+if "$W" "${COMMON[@]}" --micro-batch $GB --grad-reduce-dtype bf16 --log-json "$D/ref-bf16.jsonl" \
+        --dump-params "$D/ref-bf16.st" > "$D/ref-bf16.out" 2>&1; then
+    t_check "one process with --grad-reduce-dtype bf16: the fp32 run's losses and parameters, bit for bit" \
+        bash -c "$PY '$CMP' losses '$D/ref.jsonl' '$D/ref-bf16.jsonl' 0 && cmp '$D/ref.st' '$D/ref-bf16.st'"
+else t_fail "one process with --grad-reduce-dtype bf16 runs" "$(tail -3 "$D/ref-bf16.out")"; fi
 
 # the bf16 ops go through the backend table: on a backend whose memory is
 # not host memory (the scrambled backend, BALLAST_TEST_BACKEND=scrambled:

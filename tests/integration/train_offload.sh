@@ -315,6 +315,24 @@ t_expect_fail "--resume-from-service with --optimizer-offload nvme --optimizer-o
     "needs durable optimizer state.*--optimizer-offload-durable yes" \
     timeout 60 "$W" "${COMMON[@]}" --micro-batch 2 --optimizer-offload nvme --optimizer-offload-durable no --resume-from-service
 
+# One process is world 1 of the training loop: it reaches ballastd without
+# a rendezvous store of its own (no socket bound or listened on, under /tmp
+# or anywhere; the loop before it served one on a private Unix socket),
+# with the losses of the run without offload
+if command -v strace >/dev/null && strace -f -qq -o /dev/null true 2>/dev/null; then
+    if strace -f -qq -e trace=bind,listen -o "$D/w1-trace.txt" "$W" "${COMMON[@]}" --micro-batch $((MB * 2)) \
+            "${SAVER_A[@]}" --optimizer-offload host --offload-job w1-trace --log-json "$D/w1-trace.jsonl" \
+            > "$D/w1-trace.out" 2>&1; then
+        t_check "world 1 with offload binds and listens on no socket (strace: no rendezvous store)" \
+            bash -c "! grep -E 'bind\\(|listen\\(' '$D/w1-trace.txt'"
+        t_check "world 1 with offload under strace: bit-identical losses to no offload" \
+            losses "$D/w1-s1-ref.jsonl" "$D/w1-trace.jsonl" 0
+    else t_fail "world 1 with offload under strace runs" "$(tail -3 "$D/w1-trace.out")"; fi
+else
+    t_skip "world 1 with offload binds no socket" "strace missing or not allowed to trace here"
+    t_skip "world 1 with offload under strace: same losses" "strace missing or not allowed to trace here"
+fi
+
 # remote mode: the same numbers with the bytes inside gRPC messages
 if run w1-s1-remote 1 1 1 "${SAVER_A[@]}" "${SAVER_C[@]}" --offload-remote "127.0.0.1:$PORT" &&
    grep -q "remote mode" "$D/w1-s1-remote.out"; then

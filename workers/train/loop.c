@@ -94,12 +94,15 @@ static int check_flags(run_t *r) {
     return 0;
 }
 
-/* One process on the CPU: refuse a model that cannot fit this machine's
- * memory before allocating it (whole-model weights, gradients, moments and
- * activations, model_memory_bytes). 0 or -1 (logged). */
+/* One process on the CPU without the savers: refuse a model that cannot
+ * fit this machine's memory before allocating it (whole-model weights,
+ * gradients, moments and activations, model_memory_bytes). With offload
+ * part of that lives in ballastd, whose pool is sized on its own. 0 or -1
+ * (logged). */
 static int check_memory(run_t *r) {
-    if (r->job.world > 1 || r->o->backend != 0) return 0;
-    uint64_t need = model_memory_bytes(&r->cfg, r->B, r->T, r->o->act_ckpt);
+    const train_opts_t *o = r->o;
+    if (r->job.world > 1 || o->backend != 0 || o->act_offload || o->opt_offload || o->resume_from_service) return 0;
+    uint64_t need = model_memory_bytes(&r->cfg, r->B, r->T, o->act_ckpt);
     uint64_t have = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE);
     if (!have || need <= have / 10 * 9) return 0;
     char a[32], b[32];
