@@ -41,8 +41,8 @@
  * Keys: (rank, ACTIVATION, index = l, step = micro-step counter of this
  * process), never reused, so a free still in flight never races a put.
  *
- * The call sites are fsdp.c's block loops (the only users: the
- * single-process loop of train.c sends offload runs through them); every
+ * The call sites are fsdp.c's block loops, through the hooks of
+ * act_offload_hooks() (one process is world 1 of the same loop); every
  * function returns 0 or -1 with a message in err. */
 #ifndef BALLAST_ACT_OFFLOAD_H
 #define BALLAST_ACT_OFFLOAD_H

@@ -1,4 +1,4 @@
-/* offload_client.c: the ballastd client library. See offload_client.h.
+/* client.c: the ballastd client library. See client.h.
  *
  * Shared-memory mode: requests go into the session's request ring and one
  * completion per request comes back on the completion ring, in order. A

@@ -1,4 +1,4 @@
-/* offload_client.h: the client library workers link to talk to ballastd.
+/* client.h: the client library workers link to talk to ballastd.
  *
  * One API, two transports chosen at open time:
  *   - shared-memory mode ("unix:/path" or a bare path): OpenSession over

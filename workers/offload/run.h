@@ -1,6 +1,6 @@
 /* run.h: the memory savers of one training rank, set up from the worker's
  * flags: the ballastd session (link.h), activation offload (act.h) and
- * optimizer offload (opt.h). The training loop (workers/train/dist.c) fills
+ * optimizer offload (opt.h). The training loop (workers/train/loop.c) fills
  * offload_opts_t from its options and calls these; see docs/offload.md.
  *
  * Functions return 0 or -1 with a message in err; messages name the
@@ -17,7 +17,7 @@
 #include "workers/offload/link.h"
 #include "workers/offload/opt.h"
 
-/* The worker flags the savers read (workers/train/train.c's option table
+/* The worker flags the savers read (workers/train/options.c's option table
  * defines them; the train layer copies them here). */
 typedef struct {
     bool act_offload;          /* --activation-offload */
