@@ -10,7 +10,7 @@
 #   make deps       install missing Debian packages (as root), npm packages of tests/k8s-schema
 #
 # Each part of the tree adds itself through a module.mk fragment; see
-# "Adding code" in README.md.
+# "Layout" in README.md and docs/layers.md.
 
 BUILD   ?= build
 CUDA    ?= auto
