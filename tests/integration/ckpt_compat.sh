@@ -17,21 +17,12 @@
 #   - a damaged shard of the earlier form is named on --resume.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/fsdp.lib"
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-B=$BIN/ballast
-W=$BIN/ballast-worker
-PY=/usr/bin/python3
+fsdp_numpy_setup "$BIN" "checkpoint forms"
 V1="$ROOT/tests/integration/ckpt_v1.py"
-CMP="$ROOT/tests/integration/fsdp_cmp.py"
-D=$(t_tmpdir)
-[ -x "$W" ] || { t_fail "ballast-worker built" "missing $W"; t_done; exit 1; }
-if ! $PY -c 'import numpy' 2>/dev/null; then
-    t_skip "checkpoint forms" "no numpy for /usr/bin/python3 (apt-get install python3-numpy)"; t_done; exit 0
-fi
 fsdp_tiny "$D" 8
 ARGS=(--model "$D/m.json" --init-seed 5 --data "$D/c.bin" --seq-len 32 --grad-accum 2 --steps 8 --lr 3e-3
       --warmup-steps 2 --min-lr 1e-4 --grad-clip 0.5 --threads 1 --rdzv-timeout 60s)
-fields() { grep '^{"step"' "$1" | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+), "lr": ([^,]+), "grad_norm": ([^,]+),.*/\1 \2 \3 \4/'; }
+fields() { jl_get "$1" step loss lr grad_norm; }
 
 # one process, 8 steps, checkpoints at 4 and 8
 if "$W" "${ARGS[@]}" --micro-batch 4 --ckpt-dir "$D/ck" --ckpt-every 4 --log-json "$D/full.jsonl" \

@@ -23,16 +23,7 @@
 # memory). And a bad value is refused with the choices named.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/fsdp.lib"
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-B=$TBIN/ballast
-W=$TBIN/ballast-worker
-PY=/usr/bin/python3
-CMP="$ROOT/tests/integration/fsdp_cmp.py"
-D=$(t_tmpdir)
-[ -x "$W" ] || { t_fail "ballast-worker built" "missing $W"; t_done; exit 1; }
-if ! $PY -c 'import numpy' 2>/dev/null; then
-    t_skip "bf16 gradient reduction" "no numpy for /usr/bin/python3 (apt-get install python3-numpy)"; t_done; exit 0
-fi
+fsdp_numpy_setup "$TBIN" "bf16 gradient reduction"
 fsdp_tiny "$D" 5
 STEPS=10 GB=8 SEQ=32 ACC=2 NP=4
 COMMON=(--model "$D/m.json" --data "$D/c.bin" --init-seed 7 --data-order shuffled --data-seed 9 --seq-len $SEQ

@@ -36,16 +36,7 @@
 # launcher stop the others and name it.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/fsdp.lib"
-export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-B=$BIN/ballast
-W=$BIN/ballast-worker
-PY=/usr/bin/python3
-CMP="$ROOT/tests/integration/fsdp_cmp.py"
-D=$(t_tmpdir)
-[ -x "$W" ] || { t_fail "ballast-worker built" "missing $W"; t_done; exit 1; }
-if ! $PY -c 'import numpy' 2>/dev/null; then
-    t_skip "fsdp losses" "no numpy for /usr/bin/python3 (apt-get install python3-numpy)"; t_done; exit 0
-fi
+fsdp_numpy_setup "$BIN" "fsdp losses"
 
 # heads 8 / kv 4 (grouped-query), MLP 128, vocab 256: every count divides by 4
 fsdp_tiny "$D" 5

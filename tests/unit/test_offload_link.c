@@ -30,6 +30,7 @@
 #include "workers/backend/backend.h"
 #include "workers/offload/link.h"
 #include "tests/unit/helpers.h"
+#include "tests/unit/ballastd_fixture.h"
 
 static uint64_t rng_state = 0x5eed0ff10adull;
 static uint64_t rnd(void) { return th_splitmix64(&rng_state); }
@@ -204,47 +205,7 @@ Test(offload_link, a_blocking_copy_wait_counts_the_time_blocked_and_a_finished_c
 
 /* ---- wait accounting: an in-process ballastd ---- */
 
-typedef struct {
-    char dir[64], sock[96], fdsock[96], addr[112];
-    store_t *store;
-    sess_mgr_t *sm;
-    rpc_server_t *srv;
-    offload_svc_t svc;
-} svc_t;
-
-static void svc_start(svc_t *t) {
-    memset(t, 0, sizeof *t);
-    log_set_level(LOG_WARN);
-    snprintf(t->dir, sizeof t->dir, "/tmp/ballast-link.XXXXXX");
-    cr_assert_not_null(mkdtemp(t->dir));
-    snprintf(t->sock, sizeof t->sock, "%s/s.sock", t->dir);
-    snprintf(t->fdsock, sizeof t->fdsock, "%s/s.sock.fd", t->dir);
-    snprintf(t->addr, sizeof t->addr, "unix:%s", t->sock);
-    store_config_t sc;
-    store_config_default(&sc);
-    sc.pool.pool_bytes = 16u << 20;
-    sc.pool.mlock = false;
-    char err[256];
-    cr_assert_eq(store_open(&t->store, &sc, err, sizeof err), 0, "%s", err);
-    sess_config_t cfg = { .lease_s = 30, .max_sessions = 4, .ring_capacity = 64, .fd_socket = t->fdsock };
-    cr_assert_eq(sess_mgr_open(&t->sm, &cfg, t->store, err, sizeof err), 0, "%s", err);
-    t->srv = rpc_server_new(NULL, err, sizeof err);
-    cr_assert_not_null(t->srv, "%s", err);
-    t->svc = (offload_svc_t){ t->store, t->sm, t->srv, t->fdsock, 4u << 20, 0, NULL };
-    cr_assert_eq(offload_svc_register(t->srv, &t->svc, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(rpc_server_listen(t->srv, t->addr, NULL, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(rpc_server_start(t->srv, err, sizeof err), 0, "%s", err);
-}
-
-static void svc_stop(svc_t *t) {
-    rpc_server_stop(t->srv, 1000);
-    rpc_server_free(t->srv);
-    sess_mgr_close(t->sm);
-    store_close(t->store);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", t->dir);
-    if (system(cmd)) {}
-}
+static void svc_start(svc_t *t) { svc_start_with(t, "link", 30, 4, 0); }
 
 Test(offload_link, service_waits_that_block_are_counted_and_polls_never) {
     svc_t t;

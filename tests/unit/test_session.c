@@ -22,45 +22,10 @@
 #include "services/offload/store.h"
 #include "workers/offload/client.h"
 #include "tests/unit/helpers.h"
-
-typedef struct {
-    char dir[64], sock[96], fdsock[96], addr[112];
-    store_t *store;
-    sess_mgr_t *sm;
-    rpc_server_t *srv;
-    offload_svc_t svc;
-} svc_t;
+#include "tests/unit/ballastd_fixture.h"
 
 static void svc_start(svc_t *t, double lease, uint32_t max_sessions, uint64_t max_quota) {
-    memset(t, 0, sizeof *t);
-    log_set_level(LOG_WARN);
-    th_tmpdir(t->dir, sizeof t->dir, NULL, "sess");
-    snprintf(t->sock, sizeof t->sock, "%s/s.sock", t->dir);
-    snprintf(t->fdsock, sizeof t->fdsock, "%s/s.sock.fd", t->dir);
-    snprintf(t->addr, sizeof t->addr, "unix:%s", t->sock);
-    store_config_t sc;
-    store_config_default(&sc);
-    sc.pool.pool_bytes = 16u << 20;
-    sc.pool.mlock = false;
-    char err[256];
-    cr_assert_eq(store_open(&t->store, &sc, err, sizeof err), 0, "%s", err);
-    sess_config_t cfg = { .lease_s = lease, .max_quota = max_quota, .max_sessions = max_sessions,
-                          .ring_capacity = 64, .fd_socket = t->fdsock };
-    cr_assert_eq(sess_mgr_open(&t->sm, &cfg, t->store, err, sizeof err), 0, "%s", err);
-    t->srv = rpc_server_new(NULL, err, sizeof err);
-    cr_assert_not_null(t->srv, "%s", err);
-    t->svc = (offload_svc_t){ t->store, t->sm, t->srv, t->fdsock, 4u << 20, 0, NULL };
-    cr_assert_eq(offload_svc_register(t->srv, &t->svc, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(rpc_server_listen(t->srv, t->addr, NULL, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(rpc_server_start(t->srv, err, sizeof err), 0, "%s", err);
-}
-
-static void svc_stop(svc_t *t) {
-    rpc_server_stop(t->srv, 1000);
-    rpc_server_free(t->srv);
-    sess_mgr_close(t->sm);
-    store_close(t->store);
-    th_rm_rf(t->dir);
+    svc_start_with(t, "sess", lease, max_sessions, max_quota);
 }
 
 static oc_client_t *client(svc_t *t, const char *job, uint32_t rank, uint64_t quota, unsigned flags) {
