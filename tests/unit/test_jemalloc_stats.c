@@ -20,16 +20,17 @@
 #include "metrics.h"
 #include "tests/unit/helpers.h"
 
-#ifndef BALLAST_NO_JEMALLOC
 #include <jemalloc/jemalloc.h>
-#else
+#ifdef BALLAST_NO_JEMALLOC
 /* sanitizer builds link no jemalloc: every test skips at need_jemalloc()
  * before it would call these */
-static int mallctl(const char *n, void *o, size_t *ol, void *nv, size_t nl) {
+static int no_mallctl(const char *n, void *o, size_t *ol, void *nv, size_t nl) {
     (void)n, (void)o, (void)ol, (void)nv, (void)nl;
     return -1;
 }
-static size_t sallocx(void *p, int flags) { (void)p, (void)flags; return 0; }
+static size_t no_sallocx(void *p, int flags) { (void)p, (void)flags; return 0; }
+#define mallctl no_mallctl
+#define sallocx no_sallocx
 #endif
 
 #define BIG ((size_t)64 << 20)
