@@ -129,6 +129,17 @@ static void set_pb_key(pb_key_t *pk, const oc_key_t *k) {
 
 /* ---- heartbeat ---- */
 
+/* One Heartbeat RPC: the lease thread and oc_heartbeat share it. */
+static grpc_status_code heartbeat_call(oc_client_t *c, char *msg, size_t ml) {
+    Ballast__Offload__V1__HeartbeatRequest req = BALLAST__OFFLOAD__V1__HEARTBEAT_REQUEST__INIT;
+    req.session_id = c->sid;
+    void *resp = NULL;
+    grpc_status_code st = call(c, "Heartbeat", &req, &ballast__offload__v1__heartbeat_response__descriptor,
+                               &resp, msg, ml);
+    if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+    return st;
+}
+
 static void *hb_main(void *arg) {
     oc_client_t *c = arg;
     double period = c->lease_s / 3;
@@ -140,13 +151,8 @@ static void *hb_main(void *arg) {
         pthread_cond_timedwait(&c->hb_cv, &c->mu, &ts);
         if (c->hb_stop) break;
         pthread_mutex_unlock(&c->mu);
-        Ballast__Offload__V1__HeartbeatRequest req = BALLAST__OFFLOAD__V1__HEARTBEAT_REQUEST__INIT;
-        req.session_id = c->sid;
-        void *resp = NULL;
         char msg[256];
-        grpc_status_code st = call(c, "Heartbeat", &req, &ballast__offload__v1__heartbeat_response__descriptor,
-                                   &resp, msg, sizeof msg);
-        if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+        grpc_status_code st = heartbeat_call(c, msg, sizeof msg);
         pthread_mutex_lock(&c->mu);
         if (st == GRPC_STATUS_NOT_FOUND && !atomic_load(&c->broken)) {
             snprintf(c->broken_msg, sizeof c->broken_msg,
@@ -165,13 +171,8 @@ static void *hb_main(void *arg) {
 }
 
 status_t oc_heartbeat(oc_client_t *c) {
-    Ballast__Offload__V1__HeartbeatRequest req = BALLAST__OFFLOAD__V1__HEARTBEAT_REQUEST__INIT;
-    req.session_id = c->sid;
-    void *resp = NULL;
     char msg[256];
-    grpc_status_code st = call(c, "Heartbeat", &req, &ballast__offload__v1__heartbeat_response__descriptor,
-                               &resp, msg, sizeof msg);
-    if (resp) protobuf_c_message_free_unpacked(resp, NULL);
+    grpc_status_code st = heartbeat_call(c, msg, sizeof msg);
     return st ? rpc_fail(c, st, "Heartbeat", msg) : STATUS_OK;
 }
 
