@@ -28,7 +28,8 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # Debian packages the build, the tests and the benchmarks need.
 DEPS_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
              liburing-dev libjemalloc-dev libjansson-dev libmicrohttpd-dev libcriterion-dev \
-             python3-torch python3-numpy libopenblas0-pthread fio valgrind docker-compose python3-yaml
+             python3-torch python3-numpy libopenblas0-pthread fio valgrind docker-compose python3-yaml \
+             libboost-context-dev
 PKGS      := grpc libprotobuf-c liburing jansson libmicrohttpd
 
 # jemalloc is the process allocator of ballastd and ballast-worker (and of

@@ -46,3 +46,4 @@ $(BUILD)/tests/bin/ballast-worker: $(BUILD)/obj/tests/lib/worker_test_main.o $(T
 $(BUILD)/tests/bin/ballast $(BUILD)/tests/bin/ballastd: $(BUILD)/tests/bin/%: $(BUILD)/bin/%
 	@mkdir -p $(@D)
 	$(Q)cp $< $@
+-include tests/emu/module.mk

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# gpu_emu.sh: the emulation tier (tests/emu): the CUDA backend's real .cu
+# files compiled as host C++ and run on the CPU, with random thread and
+# stream orders and AddressSanitizer.
+#   1. the emulator's own semantics (selftest)
+#   2. every GPU check (tests/gpu/check_*.c) against the CPU oracle, on the
+#      emulated device; each prints its seed (BALLAST_EMU_SEED replays it)
+#   3. gpu_train check: 20 training steps on the emulated GPU against the
+#      CPU backend, with and without activation checkpointing
+# `make test T=emu` runs this tier alone. Leak checking is off: the checks
+# keep their buffers to the end, and the tier is about races and bounds.
+source "$(dirname "$0")/../lib.sh"
+
+E=$ROOT/$BUILD/tests/emu
+if [ ! -x "$E/selftest" ]; then
+    t_fail "emulation tier" "$E/selftest was not built (make builds it; needs g++ and python3)"
+    t_done; exit
+fi
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=99:print_summary=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+EMU_TIMEOUT=${BALLAST_EMU_TIMEOUT:-300}
+
+# Run one TAP program; pass its lines through under "emu/", and on a
+# failure show its last stderr lines (the seed, the emulator's message).
+run_tap() {
+    local name=$1; shift
+    local out rc
+    out=$(timeout "$EMU_TIMEOUT" "$@" 2>&1); rc=$?
+    local lines
+    lines=$(echo "$out" | grep -E '^(ok|not ok) ')
+    if [ -z "$lines" ]; then
+        t_fail "emu/$name" "no TAP output (exit $rc): $(echo "$out" | grep -v '^==.*WARNING: ASan' | tail -6 | tr '\n' ' ')"
+        return
+    fi
+    while IFS= read -r l; do
+        T_COUNT=$((T_COUNT + 1))
+        case "$l" in "not ok"*) T_FAILED=$((T_FAILED + 1)) ;; esac
+        echo "$l" | sed -E 's/^(ok|not ok)( [0-9]+)? - (emu\/)?/\1 - emu\//'
+    done <<< "$lines"
+    if echo "$lines" | grep -q '^not ok' || [ $rc -ne 0 ]; then
+        echo "$out" | grep -E 'gpu-emu|ERROR: AddressSanitizer|runtime error|not ok|^#' | head -12 | sed 's/^/#   /'
+    fi
+    if [ $rc -ne 0 ] && ! echo "$lines" | grep -q '^not ok'; then t_fail "emu/$name" "exited $rc: $(echo "$out" | tail -4 | tr '\n' ' ')"; fi
+    if echo "$lines" | grep -q '# SKIP'; then t_fail "emu/$name" "skipped a case on the emulated GPU: $(echo "$lines" | grep '# SKIP' | head -1)"; fi
+}
+
+run_tap selftest "$E/selftest"
+
+for src in "$ROOT"/tests/gpu/check_*.c; do
+    name=$(basename "$src" .c)
+    prog=$E/$name
+    if [ ! -x "$prog" ]; then t_fail "emu/$name" "$prog was not built"; continue; fi
+    run_tap "$name" env BALLAST_NCCL_LIB="$ROOT/$BUILD/emu/lib/libnccl.so.2" "$prog"
+done
+
+if [ -x "$E/gpu_train" ]; then
+    d=$(t_tmpdir)
+    for ck in false true; do
+        out=$(timeout "$EMU_TIMEOUT" "$E/gpu_train" check --model tiny --steps 20 --seq-len 64 --micro-batch 2 \
+              --threads 1 --activation-checkpointing "$ck" --dir "$d" 2>&1); rc=$?
+        if [ $rc -eq 0 ] && echo "$out" | grep -q '^ok - e2e/tiny_losses_track_cpu' && ! echo "$out" | grep -q '^not ok'; then
+            t_ok "emu/gpu_train 20 steps track the CPU backend (activation checkpointing $ck)"
+        else
+            t_fail "emu/gpu_train 20 steps track the CPU backend (activation checkpointing $ck)" \
+                "exit $rc: $(echo "$out" | grep -E '^(not ok|#)|gpu-emu|ERROR' | head -8 | tr '\n' ' ')"
+        fi
+    done
+else
+    t_fail "emu/gpu_train" "$E/gpu_train was not built"
+fi
+t_done
