@@ -30,6 +30,16 @@ $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(TEST_LIBS)
 $(BUILD)/tests/bench/%: $(BUILD)/obj/tests/bench/%.o $(TEST_LIBS)
 	$(LINK)
 
+# tests/unit/nccl_fake.c: libnccl and libcudart stand-ins in one shared
+# library, which test_comm_nccl_wait points the NCCL backend at
+NCCL_FAKE := $(BUILD)/tests/lib/nccl_fake.so
+UNIT_TESTS += $(NCCL_FAKE)
+$(NCCL_FAKE): tests/unit/nccl_fake.c
+	@mkdir -p $(@D)
+	@echo "  CCLD $@"
+	$(Q)$(CC) -std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -fPIC -shared $(SAN_FLAGS) -o $@ $<
+$(BUILD)/tests/unit/test_comm_nccl_wait: $(NCCL_FAKE)
+
 -include tests/gpu/module.mk
 
 # The test build of the programs: $(BUILD)/tests/bin/ballast-worker with the

@@ -7,7 +7,10 @@
 # The caller sets before sourcing:
 #   ROOT  the repository root        RES  results.jsonl to append to
 #   LOG   a directory for the logs   PY   python3
-# and may set GPU_BENCH_DRYRUN=1 (below). The functions, all prefixed gb_:
+# and may set GPU_BENCH_DRYRUN=1 (below), BUILD (the Makefile build,
+# relative to ROOT or absolute) and GB_LIBPATH: the LD_LIBRARY_PATH our
+# programs (ballastd, ballast, ballast-worker) run with, and nothing else
+# (run.sh: the bundle's libraries and CUDA's). The functions, all prefixed gb_:
 #
 #   gb_model_dims MODEL      "PARAMS LAYERS DIM VOCAB UNIT" of a preset
 #                            (PARAMS: the worker's own count,
@@ -21,7 +24,14 @@
 #   gb_capacity              GB_DEV_BYTES, GB_HOST_BYTES, GB_DISK_BYTES:
 #                            what the benchmarks may use (measured, or the
 #                            GPU_DEVICE_BYTES / GPU_HOST_BYTES /
-#                            GPU_DISK_BYTES overrides)
+#                            GPU_DISK_BYTES overrides); GB_HOST_WHAT says
+#                            where the host figure came from
+#   gb_host_memory           GB_HOST_BYTES and GB_HOST_WHAT alone: what the
+#                            machine has (/proc/meminfo's MemAvailable, or
+#                            MemFree + Buffers + Cached where a kernel or
+#                            sandbox gives no MemAvailable, MemTotal last;
+#                            no more than a cgroup memory limit leaves), or
+#                            GPU_HOST_BYTES
 #   gb_need KIND MODEL       GB_NEED_DEV, GB_NEED_HOST, GB_NEED_DISK,
 #                            GB_POOL, GB_SPILL for a run of KIND (plain,
 #                            actoff, optoff = --optimizer-offload host,
@@ -95,7 +105,9 @@ GB_WARMUP=${GPU_BENCH_WARMUP:-2}
 GB_TIMED=${GPU_BENCH_TIMED:-3}
 GB_DRY=${GPU_BENCH_DRYRUN:-0}
 GB_DRY_MODEL=${GPU_BENCH_DRY_MODEL:-small}
-GB_BIN=${BALLAST_BIN:-$ROOT/${BUILD:-build}/bin}
+GB_BUILD=${BUILD:-build}
+case $GB_BUILD in /*) ;; *) GB_BUILD=$ROOT/$GB_BUILD ;; esac
+GB_BIN=${BALLAST_BIN:-$GB_BUILD/bin}
 GB_WORK=${GPU_BENCH_WORK:-$ROOT/build/gpu/bench}   # token files, ballastd sockets and spill tiers
 GB_SPILL_ROOT=$GB_WORK
 GiB=$((1 << 30))
@@ -107,6 +119,9 @@ mkdir -p "$GB_WORK"
 gb_left() { if declare -F left > /dev/null; then left; else echo 999999; fi; }
 
 gb_say() { echo "[bench] $*"; }
+
+# gb_ours CMD...: run one of our programs with GB_LIBPATH as LD_LIBRARY_PATH
+gb_ours() { if [ -n "${GB_LIBPATH:-}" ]; then env LD_LIBRARY_PATH="$GB_LIBPATH" "$@"; else "$@"; fi; }
 
 # JSON string escaping for the few free-text fields we write
 gb_jstr() { "$PY" -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1"; }
@@ -190,11 +205,35 @@ gb_capacity() {
         GB_DEV_BYTES=$((m * 1048576))
     elif [ "$GB_DRY" = 1 ]; then GB_DEV_BYTES=$((143771 * 1048576))   # an H200's, for the plans of a dry run
     else GB_DEV_BYTES=0; fi
-    if [ -n "${GPU_HOST_BYTES:-}" ]; then GB_HOST_BYTES=$GPU_HOST_BYTES
-    else GB_HOST_BYTES=$(awk '/^MemAvailable:/ { printf "%.0f", $2 * 1024 }' /proc/meminfo); fi
+    gb_host_memory
     if [ -n "${GPU_DISK_BYTES:-}" ]; then GB_DISK_BYTES=$GPU_DISK_BYTES
     else GB_DISK_BYTES=$(df -B1 --output=avail "$GB_SPILL_ROOT" 2>/dev/null | tail -1 | tr -dc 0-9); fi
     : "${GB_HOST_BYTES:=0}" "${GB_DISK_BYTES:=0}"
+}
+
+gb_host_memory() {
+    local line room lim cur
+    if [ -n "${GPU_HOST_BYTES:-}" ]; then GB_HOST_BYTES=$GPU_HOST_BYTES GB_HOST_WHAT="GPU_HOST_BYTES"; return 0; fi
+    line=$(awk '{ v[$1] = $2 * 1024 }
+        END { t = sprintf("MemTotal %.1f GB", v["MemTotal:"] / 1e9)
+              if ("MemAvailable:" in v) printf "%.0f MemAvailable of /proc/meminfo, %s\n", v["MemAvailable:"], t
+              else if ("MemFree:" in v) printf "%.0f MemFree + Buffers + Cached of /proc/meminfo (no MemAvailable), %s\n", v["MemFree:"] + v["Buffers:"] + v["Cached:"], t
+              else if ("MemTotal:" in v) printf "%.0f MemTotal of /proc/meminfo (no MemAvailable or MemFree)\n", v["MemTotal:"]
+              else print "0 no /proc/meminfo: set GPU_HOST_BYTES" }' /proc/meminfo 2>/dev/null)
+    GB_HOST_BYTES=${line%% *} GB_HOST_WHAT=${line#* }
+    [ -n "$GB_HOST_BYTES" ] || GB_HOST_BYTES=0 GB_HOST_WHAT="no /proc/meminfo: set GPU_HOST_BYTES"
+    # a container's memory limit (cgroup v2, else v1) may leave less
+    if [ -r /sys/fs/cgroup/memory.max ]; then
+        lim=$(cat /sys/fs/cgroup/memory.max) cur=$(cat /sys/fs/cgroup/memory.current 2>/dev/null || echo 0)
+    elif [ -r /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
+        lim=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes) cur=$(cat /sys/fs/cgroup/memory/memory.usage_in_bytes 2>/dev/null || echo 0)
+    else lim=max cur=0; fi
+    case $lim$cur in *[!0-9]*) return 0 ;; esac   # "max": no limit
+    room=$(( lim - cur ))
+    if [ "$room" -lt "$GB_HOST_BYTES" ]; then
+        GB_HOST_WHAT="the cgroup's memory limit $(gb_human "$lim") less $(gb_human "$cur") in use; $GB_HOST_WHAT gave $(gb_human "$GB_HOST_BYTES")"
+        GB_HOST_BYTES=$(( room > 0 ? room : 0 ))
+    fi
 }
 
 gb_human() { awk -v b="$1" 'BEGIN { if (b >= 1e9) printf "%.1f GB", b / 1e9; else printf "%.0f MB", b / 1e6 }'; }
@@ -268,7 +307,7 @@ gb_ballastd_start() {   # DIR SOCKDIR POOL_BYTES SPILL_BYTES
     [ "$file" -lt 1048576 ] && file=1048576
     mkdir -p "$d/spill"
     rm -f "$d/bd.ports"
-    "$GB_BIN/ballastd" --socket "$sd/bd.sock" --port-file "$d/bd.ports" --pool-bytes "$pool" --spill-dir "$d/spill" \
+    gb_ours "$GB_BIN/ballastd" --socket "$sd/bd.sock" --port-file "$d/bd.ports" --pool-bytes "$pool" --spill-dir "$d/spill" \
         --spill-bytes "$spill" --spill-file-bytes "$file" --no-mlock --evict-wait 30s > "$d/ballastd.log" 2>&1 &
     GB_BD_PID=$!
     for i in $(seq 1 600); do
@@ -292,7 +331,7 @@ gb_ballastd_stop() {
 gb_data() {   # VOCAB -> path
     local f=$GB_WORK/tokens-$1.bin
     if [ ! -s "$f" ]; then
-        "$GB_BIN/ballast" data synth --out "$f" --tokens 2000000 --vocab "$1" --seed 5 > "$f.out" 2>&1 || { cat "$f.out" >&2; return 1; }
+        gb_ours "$GB_BIN/ballast" data synth --out "$f" --tokens 2000000 --vocab "$1" --seed 5 > "$f.out" 2>&1 || { cat "$f.out" >&2; return 1; }
     fi
     echo "$f"
 }
@@ -306,9 +345,9 @@ gb_worker_bench() {   # NAME KIND MODEL LIMIT_S [flags...]
         return 1
     fi
     if [ "$GB_DRY" != 1 ]; then
-        why=$(ldd "$GB_BIN/ballast-worker" "$GB_BIN/ballastd" 2>&1 | awk '/not found/ { print $1 }' | sort -u | tr '\n' ' ')
-        [ -n "$why" ] && { gb_skip "$name" "the Makefile build does not load here, missing: ${why% } (copy them into .deb/lib, docs/cuda.md)"; return 1; }
-        if ! "$GB_BIN/ballast-worker" --help 2>&1 | grep -q -- '--backend cpu|cuda'; then
+        why=$(gb_ours ldd "$GB_BIN/ballast-worker" "$GB_BIN/ballastd" 2>&1 | awk '/not found/ { print $1 }' | sort -u | tr '\n' ' ')
+        [ -n "$why" ] && { gb_skip "$name" "the Makefile build does not load here, missing: ${why% } (carry the bundle: tests/gpu/bundle.sh, docs/cuda.md)"; return 1; }
+        if ! gb_ours "$GB_BIN/ballast-worker" --help 2>&1 | grep -q -- '--backend cpu|cuda'; then
             gb_skip "$name" "$GB_BIN/ballast-worker has no --backend cuda"; return 1
         fi
     fi
@@ -345,7 +384,7 @@ gb_worker_bench() {   # NAME KIND MODEL LIMIT_S [flags...]
                --activation-checkpointing --log-every 1 --log-json "$d/steps.jsonl" "${off[@]}" "$@")
     gb_say "$name: $model$([ "$GB_DRY" = 1 ] && echo " (dry run: $run_model, seq $seq, CPU)")$([ "$kind" != plain ] && echo ", ballastd pool $(gb_human $GB_POOL) spill $(gb_human $GB_SPILL)") (limit ${limit}s)"
     echo "${cmd[*]}" > "$d/cmd"
-    timeout "$limit" "${cmd[@]}" > "$d/worker.out" 2>&1
+    timeout "$limit" $([ -n "${GB_LIBPATH:-}" ] && echo env) ${GB_LIBPATH:+"LD_LIBRARY_PATH=$GB_LIBPATH"} "${cmd[@]}" > "$d/worker.out" 2>&1
     rc=$?
     gb_ballastd_stop
     rm -rf "$d/spill" "$sd"   # a spill tier is as large as the run needed: give the disk back

@@ -25,6 +25,8 @@
 # nvcc (so the worker has --backend cuda) and a GPU; says SKIP otherwise.
 # Prints TAP lines; exit 0 when nothing failed. Usage:
 #   tests/gpu/ranks.sh [LOGDIR]
+# GPU_LD_PATH, when set, is the LD_LIBRARY_PATH of our programs (run.sh:
+# the bundle's libraries and CUDA's), and of nothing else here.
 # RANKS_BACKEND=cpu (with BALLAST_BIN=build/tests/bin and
 # BALLAST_TEST_BACKEND=staged, the test build's CPU backend that the host
 # may not touch, and an nvidia-smi stub on PATH) dry-runs the script's
@@ -45,9 +47,11 @@ skip() { N=$((N + 1)); echo "ok $N - $1 # SKIP $2"; }
 finish() { echo "1..$N"; exit $((BAD > 0)); }
 
 W=$BIN/ballast-worker B=$BIN/ballast
+OURS=()
+[ -n "${GPU_LD_PATH:-}" ] && OURS=(env "LD_LIBRARY_PATH=$GPU_LD_PATH")
 if [ ! -x "$W" ] || [ ! -x "$B" ]; then skip "4 ranks on one GPU" "no $W / $B (run make on a machine with the project's packages and nvcc)"; finish; fi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then skip "4 ranks on one GPU" "no GPU here"; finish; fi
-HELP=$("$W" --help 2>&1)
+HELP=$("${OURS[@]}" "$W" --help 2>&1)
 EXTRA_SAVERS=()
 echo "$HELP" | grep -q -- '--activation-offload' && EXTRA_SAVERS+=(aoff)
 echo "$HELP" | grep -q -- '--optimizer-offload' && EXTRA_SAVERS+=(ooff)
@@ -57,7 +61,7 @@ echo "$HELP" | grep -q -- '--optimizer-offload' && EXTRA_SAVERS+=(ooff)
 printf '%s\n' '{"model_type": "llama", "hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,' \
     ' "num_key_value_heads": 4, "intermediate_size": 1024, "vocab_size": 1024, "max_position_embeddings": 256,' \
     ' "rms_norm_eps": 1e-5}' > "$D/m.json"
-"$B" data synth --out "$D/c.bin" --tokens 200000 --vocab 1024 --seed 5 > "$D/synth.out" 2>&1 ||
+"${OURS[@]}" "$B" data synth --out "$D/c.bin" --tokens 200000 --vocab 1024 --seed 5 > "$D/synth.out" 2>&1 ||
     { notok "synth corpus" "$(tail -3 "$D/synth.out")"; finish; }
 GB=8 SEQ=128 ACC=2
 RUN=(--backend ${RANKS_BACKEND:-cuda} --model "$D/m.json" --data "$D/c.bin" --init-seed 7 --data-order shuffled --data-seed 9
@@ -69,7 +73,7 @@ SAVER_FLAGS_aoff=() SAVER_FLAGS_ooff=()
 if [ ${#EXTRA_SAVERS[@]} -gt 0 ]; then
     if [ -x "$BIN/ballastd" ]; then
         # a spill directory for --optimizer-offload (host mode is not durable by default and never writes to it)
-        "$BIN/ballastd" --socket "$D/ballastd.sock" --pool-bytes 2G --spill-dir "$D/spill" --spill-bytes 2G \
+        "${OURS[@]}" "$BIN/ballastd" --socket "$D/ballastd.sock" --pool-bytes 2G --spill-dir "$D/spill" --spill-bytes 2G \
             --spill-file-bytes 256M --no-mlock > "$D/ballastd.out" 2>&1 &
         DPID=$!
         for _ in $(seq 50); do [ -S "$D/ballastd.sock" ] && break; sleep 0.1; done
@@ -108,7 +112,7 @@ for saver in ckpt "${EXTRA_SAVERS[@]}"; do
     flags=$(saver_flags $saver)
     # the reference: one GPU process reading the whole global batch
     ref=$D/ref-$saver
-    if timeout 240 "$W" "${RUN[@]}" $flags --micro-batch $GB --log-json "$ref.jsonl" > "$ref.out" 2>&1; then
+    if timeout 240 "${OURS[@]}" "$W" "${RUN[@]}" $flags --micro-batch $GB --log-json "$ref.jsonl" > "$ref.out" 2>&1; then
         ok "one GPU process, $saver: $STEPS steps"
     elif grep -q "run on --backend cpu in this build" "$ref.out"; then
         skip "$saver on GPU ranks" "this ballast-worker runs the offload savers on the CPU backend only"; continue
@@ -119,7 +123,7 @@ for saver in ckpt "${EXTRA_SAVERS[@]}"; do
         set -- $lay
         S=$1 T=$2 name=$D/w4-s$1-t$2-$saver
         what="4 ranks on one GPU (S $S, T $T), $saver"
-        if ! timeout 300 "$B" train --nproc 4 "${RUN[@]}" $flags --micro-batch $((GB * T / 4)) \
+        if ! timeout 300 "${OURS[@]}" "$B" train --nproc 4 "${RUN[@]}" $flags --micro-batch $((GB * T / 4)) \
                 --hybrid-shard-degree $S --tensor-parallel-degree $T --log-json "$name.jsonl" > "$name.out" 2>&1; then
             notok "$what runs" "$(tail -8 "$name.out")"; cp "$name.out" "$LOGD/" 2>/dev/null; continue
         fi
@@ -133,7 +137,7 @@ done
 
 # --grad-reduce-dtype bf16 on GPU ranks: (S 2, T 2) against one GPU process
 name=$D/w4-s2-t2-bf16grad
-if timeout 300 "$B" train --nproc 4 "${RUN[@]}" --activation-checkpointing --micro-batch $((GB * 2 / 4)) \
+if timeout 300 "${OURS[@]}" "$B" train --nproc 4 "${RUN[@]}" --activation-checkpointing --micro-batch $((GB * 2 / 4)) \
         --hybrid-shard-degree 2 --tensor-parallel-degree 2 --grad-reduce-dtype bf16 --log-json "$name.jsonl" \
         > "$name.out" 2>&1; then
     if msg=$(cmp_losses "$D/ref-ckpt.jsonl" "$name.jsonl"); then
@@ -146,11 +150,11 @@ cp "$name.out" "$LOGD/" 2>/dev/null
 # with step 10's directory removed, --resume continues from step 5 and
 # steps 6..10 track the first run's own
 name=$D/w4-s2-t2-ck
-if timeout 300 "$B" train --nproc 4 "${RUN[@]}" --activation-checkpointing --micro-batch $((GB * 2 / 4)) \
+if timeout 300 "${OURS[@]}" "$B" train --nproc 4 "${RUN[@]}" --activation-checkpointing --micro-batch $((GB * 2 / 4)) \
         --hybrid-shard-degree 2 --tensor-parallel-degree 2 --ckpt-dir "$D/ck" --ckpt-every 5 \
         --log-json "$name-first.jsonl" > "$name.out" 2>&1 && [ -f "$D/ck/step-00000005/manifest.json" ] &&
    rm -rf "$D/ck/step-00000010" &&
-   timeout 300 "$B" train --nproc 4 "${RUN[@]}" --activation-checkpointing --micro-batch $((GB * 2 / 4)) \
+   timeout 300 "${OURS[@]}" "$B" train --nproc 4 "${RUN[@]}" --activation-checkpointing --micro-batch $((GB * 2 / 4)) \
         --hybrid-shard-degree 2 --tensor-parallel-degree 2 --ckpt-dir "$D/ck" --resume --log-json "$name.jsonl" \
         >> "$name.out" 2>&1; then
     msg=$(paste <(losses "$name-first.jsonl" | tail -5) <(losses "$name.jsonl" | tail -5) | awk -v tol=$TOL '
@@ -165,7 +169,7 @@ cp "$name.out" "$LOGD/" 2>/dev/null
 # sharded loop (activation offload puts it there) with --comm nccl
 if [ ${#SAVER_FLAGS_aoff[@]} -gt 0 ] && [ -f "$D/ref-aoff.jsonl" ]; then
     name=$D/w1-nccl-aoff
-    if timeout 240 "$B" train --nproc 1 "${RUN[@]}" "${SAVER_FLAGS_aoff[@]}" --comm nccl --micro-batch $GB \
+    if timeout 240 "${OURS[@]}" "$B" train --nproc 1 "${RUN[@]}" "${SAVER_FLAGS_aoff[@]}" --comm nccl --micro-batch $GB \
             --log-json "$name.jsonl" > "$name.out" 2>&1; then
         if msg=$(cmp_losses "$D/ref-aoff.jsonl" "$name.jsonl"); then
             ok "one GPU rank, NCCL groups of one, activation offload: losses within $TOL ($msg)"

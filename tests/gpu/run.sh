@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # tests/gpu/run.sh: every GPU check and the GPU benchmark, in one go, on a
-# machine with an NVIDIA GPU (made for one H200; under 8 minutes there).
+# machine with an NVIDIA GPU (made for one H200 in one 10-minute call of the
+# device tool).
 #
 #   tests/gpu/run.sh            build, checks, end to end, benchmark, table
 #   tests/gpu/run.sh --quick    build, checks and end to end only
+#   tests/gpu/run.sh --dry-run  here, before a GPU call (no GPU needed):
+#                      gather the bundle (tests/gpu/bundle.sh), build the
+#                      programs the way the GPU machine will (gcc, with the
+#                      .cu objects of the Makefile build instead of nvcc),
+#                      check every carried and built program's libraries
+#                      and the size of what travels; one line per problem,
+#                      exit 1 on any, 77 when the bundle cannot be gathered
 #   tests/gpu/run.sh [--bench LIST] [--no-checks] [--budget SECONDS]
 #       --bench LIST   comma-separated benchmark groups (default all):
 #                      ours (gpu_train bf16, 1B and 7B), fp8 (gpu_train FP8,
@@ -11,7 +19,10 @@
 #                      below), torch (the PyTorch baseline), all, none
 #       --no-checks    build, then only the benchmarks (steps 2, 3, 3b skipped)
 #       --budget S     seconds after the start past which phases and
-#                      benchmarks are skipped (GPU_RUN_BUDGET, default 450)
+#                      benchmarks are skipped (GPU_RUN_BUDGET, default 450);
+#                      each check and benchmark also has a time limit of its
+#                      own (GPU_CHECK_TIMEOUT 120, GPU_E2E_TIMEOUT 180,
+#                      GPU_RANKS_TIMEOUT 240) and gets at most what is left
 #   GPU_BENCH_DRYRUN=1 tests/gpu/run.sh ...   (no GPU needed) builds nothing
 #                      and runs no check: every benchmark's command line
 #                      runs on the CPU with a small model (ballast-worker
@@ -19,12 +30,20 @@
 #                      are parsed by the Makefile build's gpu_train; what
 #                      tests/integration/gpu_bench.sh runs under make test
 #
+# The GPU call (device tool), after `tests/gpu/run.sh --dry-run` here:
+#   run(command="tests/gpu/run.sh", timeout_s=600,
+#       carry=[".deb", "build/bin", "build/tests/gpu/check_pool"])
+# (the dry run prints the carry list of this checkout).
+#
 # It needs no Makefile and none of the project's Debian packages: it finds
 # nvcc and the CUDA libraries on the machine (the toolkit under
 # $CUDA_HOME or /usr/local/cuda, else the pip nvidia-* wheels of python3),
 # builds into build/gpu/ with nvcc and gcc, and links jansson statically
-# from a system install or from the Debian packages carried in .deb/
-# (see docs/cuda.md, "Running on a GPU machine"). Steps:
+# from the bundle .deb/ (tests/gpu/bundle.sh) or a system install. Our
+# programs, and only they, run with LD_LIBRARY_PATH set to the bundle's
+# libraries and the CUDA and NCCL directories (and BALLAST_NCCL_LIB to the
+# libnccl found: $BALLAST_NCCL_LIB, PyTorch's nvidia.nccl, the toolkit);
+# python3 and the system's tools keep the machine's own. Steps:
 #   1. build the CUDA backend, the CPU oracle and the programs
 #   2. tests/gpu/check_* : every op family against the CPU oracle; FP8
 #                           GEMMs against bf16 (check_fp8); NCCL with one
@@ -38,12 +57,16 @@
 #   3b. tests/gpu/ranks.sh: 4 ranks on one GPU (staged shm collectives),
 #                           (S, T) in (4,1) (2,2) (1,4), losses vs one GPU
 #                           process (needs build/bin/ballast-worker from make)
-#   4. benchmark          : ballast vs PyTorch (tests/gpu/torch_baseline.py)
-#                           on llama3.2-1b and llama2-7b (activation
-#                           checkpointing) at seq 4096, and per-op times;
-#                           ballast FP8 vs bf16 on llama3.2-1b and llama2-7b
+#   4. benchmark, first   : ballast (gpu_train bench) vs PyTorch
+#                           (tests/gpu/torch_baseline.py) on llama3.2-1b
+#                           at seq 4096, and per-op times
+#   4a. the rest          : the same on llama2-7b (activation
+#                           checkpointing); ballast FP8 vs bf16 on
+#                           llama3.2-1b and llama2-7b
 #   4b. ballast-worker    : (the Makefile build in build/, with ballastd;
-#                           tests/gpu/bench_lib.sh says what fits where)
+#                           tests/gpu/bench_lib.sh says what fits where,
+#                           from the host memory /proc/meminfo gives, or
+#                           GPU_HOST_BYTES)
 #                           actoff: llama2-7b, seq 4096, checkpointing,
 #                             --activation-offload on vs off (goal: on < 3%
 #                             slower), then on with every block input
@@ -60,13 +83,17 @@
 #                           2 warm-up + 3 timed steps each, step times from
 #                           the worker's --log-json records
 #   5. a short table, last
-# Results: build/gpu/results.jsonl, logs in build/gpu/log/; all of it is
-# copied to $OUT when that is set. Exit status 0 only when every check and
-# the end-to-end run passed (the benchmark never fails the run).
+# Results: build/gpu/results.jsonl (a record as each result comes),
+# checks.txt, run.log (all of this output), logs in build/gpu/log/. With
+# $OUT set, after every phase, check and benchmark they are copied there,
+# the logs as one archive: $OUT/gpu-run.tar.gz, results.jsonl, checks.txt,
+# table.txt, run.log (5 files), so a run killed on its way still returns
+# what it did. Exit status 0 only when every check and the end-to-end run
+# passed (the benchmark never fails the run).
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-QUICK=0 CHECKS=1
+QUICK=0 CHECKS=1 PREP=0
 BENCH=all
 BUDGET=${GPU_RUN_BUDGET:-450}   # seconds; later phases are skipped past it
 DRY=${GPU_BENCH_DRYRUN:-0}
@@ -76,6 +103,7 @@ while [ $# -gt 0 ]; do
     case $1 in
     --quick) QUICK=1 ;;
     --no-checks) CHECKS=0 ;;
+    --dry-run) PREP=1 ;;
     --bench) [ $# -ge 2 ] || { echo "run.sh: --bench needs a list (one or more of: $BENCH_GROUPS, all, none)" >&2; exit 2; }
              BENCH=$2; shift ;;
     --bench=*) BENCH=${1#--bench=} ;;
@@ -89,6 +117,14 @@ while [ $# -gt 0 ]; do
 done
 case $BUDGET in ''|*[!0-9]*) echo "run.sh: --budget '$BUDGET': expected whole seconds, e.g. 450" >&2; exit 2 ;; esac
 case $DRY in 0|1) ;; *) echo "run.sh: GPU_BENCH_DRYRUN='$DRY': expected 0 or 1" >&2; exit 2 ;; esac
+[ "$PREP" = 1 ] && [ "$DRY" = 1 ] && { echo "run.sh: --dry-run (the bundle and the build) and GPU_BENCH_DRYRUN=1 (the benchmarks' command lines) are two dry runs: ask for one" >&2; exit 2; }
+CHECK_T=${GPU_CHECK_TIMEOUT:-120} E2E_T=${GPU_E2E_TIMEOUT:-180} RANKS_T=${GPU_RANKS_TIMEOUT:-240}
+for v in GPU_CHECK_TIMEOUT GPU_E2E_TIMEOUT GPU_RANKS_TIMEOUT; do
+    case ${!v-1} in ''|*[!0-9]*|0) echo "run.sh: $v='${!v}': expected whole seconds above 0" >&2; exit 2 ;; esac
+done
+for v in GPU_HOST_BYTES GPU_DEVICE_BYTES GPU_DISK_BYTES; do
+    case ${!v-unset} in unset) ;; ''|*[!0-9]*) echo "run.sh: $v='${!v}': expected whole bytes, e.g. 137438953472" >&2; exit 2 ;; esac
+done
 SEL=" "
 for g in $(echo "$BENCH" | tr ',' ' '); do
     case " $BENCH_GROUPS all none " in
@@ -100,6 +136,11 @@ for g in $(echo "$BENCH" | tr ',' ' '); do
 done
 [ $QUICK = 1 ] && SEL=" none "
 want() { case "$SEL" in *" $1 "*) return 0 ;; esac; return 1; }
+# the Makefile build (BUILD, relative to the tree or absolute) and the bundle
+MK_BUILD=${BUILD:-build}
+case $MK_BUILD in /*) ;; *) MK_BUILD=$ROOT/$MK_BUILD ;; esac
+BUNDLE=${GPU_BUNDLE:-.deb}
+case $BUNDLE in /*) ;; *) BUNDLE=$ROOT/$BUNDLE ;; esac
 B=${GPU_BUILD:-build/gpu}
 LOG=$B/log
 RES=$B/results.jsonl
@@ -107,34 +148,81 @@ SUM=$B/checks.txt
 rm -rf "$LOG" "$B/obj" "$B/bin"
 mkdir -p "$LOG" "$B/obj" "$B/bin"
 : > "$RES"; : > "$SUM"
+# everything printed goes to run.log too (for $OUT); at exit, the last
+# snapshot, then tee is let finish
+exec > >(tee "$B/run.log") 2>&1
+TEE_PID=$!
 T0=$(date +%s)
 say() { echo "[gpu +$(( $(date +%s) - T0 ))s] $*"; }
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+# limit SECONDS: a step's time limit: SECONDS, or what is left of the budget when less (0: spent)
+limit() { local l; l=$(left); [ "$l" -lt 0 ] && l=0; [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }
 FAILED=0
 PY=${PYTHON:-python3}
-MK_BUILD=${BUILD:-build}
-say "benchmarks:${SEL% }; budget ${BUDGET}s$([ "$DRY" = 1 ] && echo '; DRY RUN on the CPU: no build, no checks')"
-if [ "$DRY" = 0 ]; then   # ---- steps 1 to 3b need the GPU ----
+
+# ---- results in $OUT as they come ----
+# snap: the table so far and one archive of the logs, rewritten in $OUT
+# after every step (5 files; the device tool returns at most 8, 16 MiB
+# each, and what is in $OUT when a call is killed)
+snap() {
+    [ -n "${OUT:-}" ] || return 0
+    mkdir -p "$OUT" 2>/dev/null || return 0
+    "$PY" tests/gpu/table.py "$SUM" "$RES" > "$B/table.txt" 2>&1
+    local tgz=$B/gpu-run.tar.gz
+    tar -czf "$tgz.tmp" -C "$B" log results.jsonl checks.txt table.txt run.log 2>/dev/null
+    if [ "$(stat -c %s "$tgz.tmp" 2>/dev/null || echo 0)" -gt $((15 << 20)) ]; then
+        # over the device tool's 16 MiB a file: the logs over 1 MiB stay out, named in BIG.txt
+        find "$LOG" -type f -size +1M > "$B/BIG.txt"
+        tar -czf "$tgz.tmp" -C "$B" --exclude-from=<(sed "s|^$B/||" "$B/BIG.txt") log results.jsonl checks.txt \
+            table.txt run.log BIG.txt 2>/dev/null
+    fi
+    mv -f "$tgz.tmp" "$tgz" && cp "$tgz" "$RES" "$SUM" "$B/table.txt" "$B/run.log" "$OUT"/ 2>/dev/null
+}
+on_exit() {
+    local rc=$?
+    declare -F gb_ballastd_stop > /dev/null && gb_ballastd_stop   # a ballastd of an interrupted run goes too
+    snap
+    exec 1>&- 2>&-
+    wait "$TEE_PID" 2> /dev/null
+    exit $rc
+}
+trap on_exit EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+# ---- the libraries our programs load, and nothing else's ----
+# OUR_LD: the bundle's libraries, then the CUDA and NCCL directories (set
+# below), then what the machine had; OURS prefixes every command that runs
+# one of our programs. python3 and the system's tools never see it: the
+# bundle's libraries are Debian's, and glibc and the gcc runtime are never
+# in it (tests/gpu/bundle.sh).
+OUR_LD=""
+[ -d "$BUNDLE/lib" ] && OUR_LD=$BUNDLE/lib
+ours_env() {   # set OURS from OUR_LD and NCCL_LIB
+    local ld=$OUR_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    OURS=(env ${ld:+"LD_LIBRARY_PATH=$ld"} ${NCCL_LIB:+"BALLAST_NCCL_LIB=$NCCL_LIB"})
+}
+NCCL_LIB=""
+ours_env
 
 # ---- 1. toolchain ----
-NVCC_BIN=""
-for c in "${NVCC:-}" "${CUDA_HOME:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc "$(command -v nvcc 2>/dev/null)"; do
-    [ -n "$c" ] && [ -x "$c" ] && { NVCC_BIN=$c; break; }
-done
-[ -n "$NVCC_BIN" ] || { echo "run.sh: no nvcc found (set NVCC or CUDA_HOME)"; exit 1; }
-CUDA_ROOT=$(dirname "$(dirname "$(readlink -f "$NVCC_BIN")")")
-CC_BIN=${CC:-gcc}
-command -v "$CC_BIN" >/dev/null || CC_BIN=cc
-command -v "$CC_BIN" >/dev/null || { echo "run.sh: no C compiler (gcc or cc)"; exit 1; }
-say "nvcc $NVCC_BIN ($("$NVCC_BIN" --version | grep -o 'release [0-9.]*')), C compiler $CC_BIN"
-if command -v nvidia-smi >/dev/null; then
-    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 | sed 's/^/[gpu] /'
-else
-    say "nvidia-smi not found: no GPU driver here, every check will report SKIP"
-fi
-
-# One library file by name: the toolkit first, then the pip wheels.
-PIP_LIBDIRS=$("$PY" - <<'EOF' 2>/dev/null
+# find_toolchain: nvcc, the C compiler, libcudart, libcublasLt, libnccl,
+# jansson; sets NVCC_BIN CUDA_ROOT CC_BIN CUDART CUBLASLT CUDA_LINK CUDA_INC
+# NCCL_LIB JANSSON_CFLAGS JANSSON_LIB and extends OUR_LD. Exits 1 on what
+# the build cannot do without.
+find_toolchain() {
+    NVCC_BIN=""
+    for c in "${NVCC:-}" "${CUDA_HOME:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc "$(command -v nvcc 2>/dev/null)"; do
+        [ -n "$c" ] && [ -x "$c" ] && { NVCC_BIN=$c; break; }
+    done
+    [ -n "$NVCC_BIN" ] || { echo "run.sh: no nvcc found (set NVCC or CUDA_HOME)"; exit 1; }
+    CUDA_ROOT=$(dirname "$(dirname "$(readlink -f "$NVCC_BIN")")")
+    CC_BIN=${CC:-gcc}
+    command -v "$CC_BIN" >/dev/null || CC_BIN=cc
+    command -v "$CC_BIN" >/dev/null || { echo "run.sh: no C compiler (gcc or cc)"; exit 1; }
+    say "nvcc $NVCC_BIN ($("$NVCC_BIN" --version | grep -o 'release [0-9.]*')), C compiler $CC_BIN"
+    # One library file by name: the toolkit first, then the pip wheels.
+    PIP_LIBDIRS=$("$PY" - <<'EOF' 2>/dev/null
 import glob, os, site
 roots = site.getsitepackages() + [site.getusersitepackages()]
 for r in roots:
@@ -142,6 +230,53 @@ for r in roots:
         print(d)
 EOF
 )
+    CUDART=$(find_lib libcudart) || { echo "run.sh: libcudart not found"; exit 1; }
+    CUBLASLT=$(find_lib libcublasLt) || { echo "run.sh: libcublasLt not found"; exit 1; }
+    say "libcudart $CUDART"
+    say "libcublasLt $CUBLASLT"
+    CUDA_LINK="$CUDART $CUBLASLT -Wl,-rpath,$(dirname "$CUDART") -Wl,-rpath,$(dirname "$CUBLASLT") -lstdc++"
+    # libcublasLt needs libcublas' neighbours at run time in the wheel layout
+    OUR_LD=$OUR_LD${OUR_LD:+:}$(dirname "$CUBLASLT"):$(dirname "$CUDART")
+    # libnccl, loaded at run time by workers/comm/nccl.c (which is told
+    # where through BALLAST_NCCL_LIB): the one asked for, PyTorch's
+    # nvidia-nccl wheel, the toolkit's; without it check_nccl skips
+    local why
+    if [ -n "${BALLAST_NCCL_LIB:-}" ]; then NCCL_LIB=$BALLAST_NCCL_LIB why="BALLAST_NCCL_LIB"
+    elif d=$("$PY" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null) &&
+         [ -e "$d/libnccl.so.2" ]; then NCCL_LIB=$d/libnccl.so.2 why="python3's nvidia.nccl"
+    elif NCCL_LIB=$(find_lib libnccl); then why="found by name"
+    else NCCL_LIB=""; fi
+    if [ -n "$NCCL_LIB" ]; then
+        say "libnccl $NCCL_LIB ($why)"
+        local nd=$NCCL_LIB
+        [ -d "$nd" ] || nd=$(dirname "$nd")
+        OUR_LD=$OUR_LD:$nd
+    else
+        say "libnccl not found (no BALLAST_NCCL_LIB, no nvidia.nccl for $PY, none in the toolkit): check_nccl will report SKIP"
+    fi
+    # cuda_runtime.h for the checks that call the runtime directly
+    CUDA_INC=""
+    for d in "$CUDA_ROOT/include" "$CUDA_ROOT/targets/x86_64-linux/include" $(for l in $PIP_LIBDIRS; do echo "$(dirname "$l")/include"; done); do
+        [ -f "$d/cuda_runtime.h" ] && { CUDA_INC="-I$d"; break; }
+    done
+    # jansson (config.json and safetensors headers), static: the bundle's
+    # (unpacked from its .debs when needed), else the system's
+    JANSSON_CFLAGS="" JANSSON_LIB=""
+    local jr=$BUNDLE/root
+    if [ ! -f "$jr/usr/include/jansson.h" ] && command -v dpkg >/dev/null; then
+        for d in "$BUNDLE"/pkgs/libjansson*.deb "$BUNDLE"/libjansson*.deb; do [ -f "$d" ] && mkdir -p "$jr" && dpkg -x "$d" "$jr"; done
+    fi
+    if [ -f "$jr/usr/include/jansson.h" ] && [ -f "$jr/usr/lib/x86_64-linux-gnu/libjansson.a" ]; then
+        JANSSON_CFLAGS="-I$jr/usr/include"
+        JANSSON_LIB="$jr/usr/lib/x86_64-linux-gnu/libjansson.a"
+    elif [ -f /usr/include/jansson.h ] && [ -f /usr/lib/x86_64-linux-gnu/libjansson.a ]; then
+        JANSSON_LIB="/usr/lib/x86_64-linux-gnu/libjansson.a"
+    elif [ -f /usr/include/jansson.h ] && ls /usr/lib/x86_64-linux-gnu/libjansson.so* > /dev/null 2>&1; then
+        JANSSON_LIB="-ljansson"
+    fi
+    [ -n "$JANSSON_LIB" ] && say "jansson: ${JANSSON_LIB}$(case $JANSSON_LIB in *.a) echo " (static)" ;; esac)" || say "jansson: MISSING (carry .deb/ from tests/gpu/bundle.sh, docs/cuda.md): end-to-end and benchmark of ours will be skipped"
+    ours_env
+}
 find_lib() {   # find_lib libcublasLt -> path of libcublasLt.so[.N]
     local d f
     for d in "$CUDA_ROOT/lib64" "$CUDA_ROOT/targets/x86_64-linux/lib" "$CUDA_ROOT/lib" $PIP_LIBDIRS /usr/lib/x86_64-linux-gnu; do
@@ -151,104 +286,165 @@ find_lib() {   # find_lib libcublasLt -> path of libcublasLt.so[.N]
     done
     return 1
 }
-CUDART=$(find_lib libcudart) || { echo "run.sh: libcudart not found"; exit 1; }
-CUBLASLT=$(find_lib libcublasLt) || { echo "run.sh: libcublasLt not found"; exit 1; }
-say "libcudart $CUDART"
-say "libcublasLt $CUBLASLT"
-CUDA_LINK="$CUDART $CUBLASLT -Wl,-rpath,$(dirname "$CUDART") -Wl,-rpath,$(dirname "$CUBLASLT") -lstdc++"
-# libcublasLt needs libcublas' neighbours at run time in the wheel layout
-export LD_LIBRARY_PATH="$(dirname "$CUBLASLT"):$(dirname "$CUDART")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# libnccl is loaded at run time (workers/comm/nccl.c); without it check_nccl skips
-if NCCL_LIB=$(find_lib libnccl); then
-    say "libnccl $NCCL_LIB"
-    export LD_LIBRARY_PATH="$(dirname "$NCCL_LIB"):$LD_LIBRARY_PATH"
-else
-    say "libnccl not found: check_nccl will report SKIP"
-fi
-# cuda_runtime.h for the checks that call the runtime directly
-CUDA_INC=""
-for d in "$CUDA_ROOT/include" "$CUDA_ROOT/targets/x86_64-linux/include" $(for l in $PIP_LIBDIRS; do echo "$(dirname "$l")/include"; done); do
-    [ -f "$d/cuda_runtime.h" ] && { CUDA_INC="-I$d"; break; }
-done
 
-# jansson (config.json and safetensors headers): system, carried root, or carried .debs
-JANSSON_CFLAGS="" JANSSON_LIB=""
-if [ -f /usr/include/jansson.h ] && ls /usr/lib/x86_64-linux-gnu/libjansson.* >/dev/null 2>&1; then
-    JANSSON_LIB="-ljansson"
-else
-    if [ ! -f .deb/root/usr/include/jansson.h ] && ls .deb/libjansson*.deb >/dev/null 2>&1 && command -v dpkg >/dev/null; then
-        mkdir -p .deb/root && for d in .deb/libjansson*.deb; do dpkg -x "$d" .deb/root; done
+# ---- build ----
+# build_programs CU_FROM: the CUDA backend, the CPU oracle, every check
+# program and gpu_train into $B (only what the checks and gpu_train need:
+# the ballast-worker benchmarks use the Makefile build). CU_FROM "" compiles
+# the .cu files with nvcc; a directory takes NAME.o of each NAME.cu from
+# there instead (the dry run: the Makefile build's objects, same sources).
+# Returns 1 with a message when a step fails.
+build_programs() {
+    local cu_from=$1 ARCH cc h
+    ARCH=${CUDA_ARCHS:-}
+    if [ -z "$ARCH" ]; then
+        cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+        case "$cc" in
+        90) ARCH="-gencode arch=compute_90a,code=sm_90a" ;;
+        80) ARCH="-gencode arch=compute_80,code=sm_80" ;;
+        "") ARCH="-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80" ;;
+        *) ARCH="-gencode arch=compute_$cc,code=sm_$cc" ;;
+        esac
     fi
-    if [ -f .deb/root/usr/include/jansson.h ] && [ -f .deb/root/usr/lib/x86_64-linux-gnu/libjansson.a ]; then
-        JANSSON_CFLAGS="-I$ROOT/.deb/root/usr/include"
-        JANSSON_LIB="$ROOT/.deb/root/usr/lib/x86_64-linux-gnu/libjansson.a"
+    # cublasLt.h: the toolkit's, else the one of the pip wheel that holds the library
+    CUBLAS_INC=""
+    if [ ! -f "$CUDA_ROOT/include/cublasLt.h" ] && [ ! -f "$CUDA_ROOT/targets/x86_64-linux/include/cublasLt.h" ]; then
+        h=$(dirname "$(dirname "$CUBLASLT")")/include
+        [ -f "$h/cublasLt.h" ] && CUBLAS_INC="-I$h" || say "cublasLt.h not found next to $CUBLASLT; the build may fail"
     fi
-fi
-[ -n "$JANSSON_LIB" ] && say "jansson: ${JANSSON_LIB}" || say "jansson: MISSING (carry .deb/ as docs/cuda.md says): end-to-end and benchmark of ours will be skipped"
+    NVFLAGS="-O2 -std=c++17 $ARCH -Xcompiler -fPIC,-Wall -I. -Icommon $CUBLAS_INC"
+    CFLAGS="-std=c11 -D_GNU_SOURCE -DGPU_STANDALONE -O2 -g -Wall -Wno-unused-parameter -Wno-missing-field-initializers -fopenmp -pthread -I. -Icommon $CUDA_INC $JANSSON_CFLAGS"
+    JOBS=$(nproc 2>/dev/null || echo 4)
+    export NVCC_BIN NVFLAGS CC_BIN CFLAGS B
+    if [ -z "$cu_from" ]; then
+        say "building ($ARCH, $JOBS jobs)"
+        ls workers/backend/cuda/*.cu | xargs -P "$JOBS" -I{} sh -c \
+            'o=$B/obj/$(basename {} .cu).cu.o; $NVCC_BIN $NVFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
+            || { say "CUDA build failed"; return 1; }
+    else
+        # the same sources compiled by make: nvcc is only asked whether it takes these flags
+        local cu o stale=""
+        for cu in workers/backend/cuda/*.cu; do
+            o=$cu_from/$(basename "$cu" .cu).o
+            [ -f "$o" ] || { say "dry run: no $o (make with nvcc builds it)"; return 2; }
+            [ "$o" -nt "$cu" ] || stale="$stale $(basename "$cu")"
+            ln -sf "$o" "$B/obj/$(basename "$cu" .cu).cu.o"
+        done
+        [ -n "$stale" ] && say "dry run: the Makefile's objects of$stale are older than their sources (run make): linked anyway"
+        if ! "$NVCC_BIN" $NVFLAGS --dryrun -c workers/backend/cuda/adamw.cu -o "$B/obj/nvcc-dryrun.o" > "$LOG/nvcc-dryrun.log" 2>&1; then
+            echo "PROBLEM: nvcc refuses run.sh's flags ($NVFLAGS): $(tail -2 "$LOG/nvcc-dryrun.log" | tr '\n' ' ')"
+            return 1
+        fi
+        say "dry run: building with gcc ($JOBS jobs), the .cu objects from $cu_from (nvcc --dryrun accepts: $ARCH)"
+    fi
+    C_ORACLE="common/log.c common/errbuf.c common/clock.c workers/backend/cpu.c"
+    # model.c reaches tp.c (and tp.c the comm API) for tensor parallelism only:
+    # one process links tp.c with tests/gpu/lib/no_comm.c in place of the collectives
+    C_TRAIN="common/options.c workers/model/model.c workers/model/tp.c tests/gpu/lib/no_comm.c workers/model/optim.c workers/model/config.c workers/ckpt/safetensors.c"
+    C_COMM="workers/comm/comm.c workers/comm/open.c workers/comm/shm.c workers/comm/nccl.c common/shm.c"
+    local CSRC="$C_ORACLE $C_COMM" f
+    [ -n "$JANSSON_LIB" ] && CSRC="$CSRC $C_TRAIN"
+    for f in $CSRC tests/gpu/*.c; do echo "$f"; done | { [ -n "$JANSSON_LIB" ] && cat || grep -v gpu_train; } | xargs -P "$JOBS" -I{} sh -c \
+        'o=$B/obj/$(echo {} | tr / _).o; $CC_BIN $CFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
+        || { say "C build failed"; return 1; }
+    local CUOBJ ORACLE_OBJ src n extra
+    CUOBJ=$(ls $B/obj/*.cu.o)
+    ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/common_errbuf.c.o $B/obj/common_clock.c.o $B/obj/workers_backend_cpu.c.o"
+    obj() { for f in "$@"; do echo "$B/obj/$(echo $f | tr / _).o"; done; }
+    for src in tests/gpu/check_*.c; do
+        n=$(basename "$src" .c)
+        case $n in
+        check_nccl) extra=$(obj $C_COMM) ;;          # its rendezvous shims stand in for gRPC
+        check_pool) extra=$(obj common/shm.c) ;;
+        *) extra="" ;;
+        esac
+        $CC_BIN -fopenmp -pthread -o "$B/bin/$n" "$B/obj/tests_gpu_$n.c.o" $extra $ORACLE_OBJ $CUOBJ $CUDA_LINK -lm -ldl \
+            || { say "link of $n failed"; return 1; }
+    done
+    if [ -n "$JANSSON_LIB" ]; then
+        local TRAIN_OBJ
+        TRAIN_OBJ=$(obj $C_TRAIN)
+        $CC_BIN -fopenmp -pthread -o "$B/bin/gpu_train" "$B/obj/tests_gpu_gpu_train.c.o" $TRAIN_OBJ $ORACLE_OBJ $CUOBJ \
+            $JANSSON_LIB $CUDA_LINK -lm || { say "link of gpu_train failed"; return 1; }
+    fi
+    say "built: $(ls $B/bin | tr '\n' ' ')"
+}
 
-# ---- build ---- (only what the checks and gpu_train need: the
-# ballast-worker benchmarks use the Makefile build)
+# ---- the dry run of a GPU call (--dry-run) ----
+if [ "$PREP" = 1 ]; then
+    say "dry run of a GPU call: the bundle $BUNDLE, the build into $B, libraries and sizes"
+    tests/gpu/bundle.sh --dir "$BUNDLE" --gather-only; rc=$?
+    if [ $rc -eq 77 ]; then say "dry run: SKIP: the bundle cannot be gathered here (above)"; exit 77; fi
+    [ $rc -ne 0 ] && { say "dry run: gathering the bundle failed"; exit 1; }
+    OUR_LD=$BUNDLE/lib
+    find_toolchain
+    build_programs "$MK_BUILD/cuobj/workers/backend/cuda"; rc=$?
+    if [ $rc -eq 2 ]; then
+        say "dry run: run.sh's own programs not linked (no CUDA objects of the Makefile build); the carried ones are checked"
+        BUILT=()
+    elif [ $rc -ne 0 ]; then
+        echo "PROBLEM: run.sh's build (as the GPU machine runs it) failed: see above"
+        exit 1
+    else
+        BUILT=("$B"/bin/*)
+    fi
+    tests/gpu/bundle.sh --dir "$BUNDLE" --check-only "${BUILT[@]}"; rc=$?
+    if [ $rc -eq 0 ]; then say "dry run: ok: a GPU call can carry what the bundle line above lists"
+    else say "dry run: the problems above would break the GPU run"; fi
+    exit $rc
+fi
+
+if [ "$DRY" = 0 ]; then   # ---- steps 1 to 3b need the GPU ----
+find_toolchain
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader 2>&1 | sed 's/^/[gpu] /'
+else
+    say "nvidia-smi not found: no GPU driver here, every check will report SKIP"
+fi
+fi
+# host memory (and GPU memory and disk) for the plans, as the machine has it
+GPU_BENCH_WORK=${GPU_BENCH_WORK:-$(cd "$B" && pwd)/bench}
+GB_LIBPATH=$OUR_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}   # our programs' LD_LIBRARY_PATH in bench_lib.sh
+BUILD=$MK_BUILD source tests/gpu/bench_lib.sh
+gb_capacity
+say "benchmarks:${SEL% }; budget ${BUDGET}s$([ "$DRY" = 1 ] && echo '; DRY RUN on the CPU: no build, no checks')"
+say "machine: GPU $([ "$GB_DEV_BYTES" -gt 0 ] && gb_human $GB_DEV_BYTES || echo none), host memory $(gb_human $GB_HOST_BYTES) ($GB_HOST_WHAT), disk free $(gb_human $GB_DISK_BYTES) under $GB_SPILL_ROOT"
+if [ "$DRY" = 0 ]; then
 if [ $CHECKS = 0 ] && ! want ours && ! want fp8; then
     say "build: skipped (no check and no gpu_train benchmark selected)"
 else
-ARCH=${CUDA_ARCHS:-}
-if [ -z "$ARCH" ]; then
-    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
-    case "$cc" in
-    90) ARCH="-gencode arch=compute_90a,code=sm_90a" ;;
-    80) ARCH="-gencode arch=compute_80,code=sm_80" ;;
-    "") ARCH="-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80" ;;
-    *) ARCH="-gencode arch=compute_$cc,code=sm_$cc" ;;
-    esac
+    build_programs "" || exit 1
 fi
-# cublasLt.h: the toolkit's, else the one of the pip wheel that holds the library
-CUBLAS_INC=""
-if [ ! -f "$CUDA_ROOT/include/cublasLt.h" ] && [ ! -f "$CUDA_ROOT/targets/x86_64-linux/include/cublasLt.h" ]; then
-    h=$(dirname "$(dirname "$CUBLASLT")")/include
-    [ -f "$h/cublasLt.h" ] && CUBLAS_INC="-I$h" || say "cublasLt.h not found next to $CUBLASLT; the build may fail"
-fi
-NVFLAGS="-O2 -std=c++17 $ARCH -Xcompiler -fPIC,-Wall -I. -Icommon $CUBLAS_INC"
-CFLAGS="-std=c11 -D_GNU_SOURCE -DGPU_STANDALONE -O2 -g -Wall -Wno-unused-parameter -Wno-missing-field-initializers -fopenmp -pthread -I. -Icommon $CUDA_INC $JANSSON_CFLAGS"
-JOBS=$(nproc 2>/dev/null || echo 4)
-say "building ($ARCH, $JOBS jobs)"
-export NVCC_BIN NVFLAGS CC_BIN CFLAGS B
-ls workers/backend/cuda/*.cu | xargs -P "$JOBS" -I{} sh -c \
-    'o=$B/obj/$(basename {} .cu).cu.o; $NVCC_BIN $NVFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
-    || { say "CUDA build failed"; exit 1; }
-C_ORACLE="common/log.c common/errbuf.c common/clock.c workers/backend/cpu.c"
-# model.c reaches tp.c (and tp.c the comm API) for tensor parallelism only:
-# one process links tp.c with tests/gpu/lib/no_comm.c in place of the collectives
-C_TRAIN="common/options.c workers/model/model.c workers/model/tp.c tests/gpu/lib/no_comm.c workers/model/optim.c workers/model/config.c workers/ckpt/safetensors.c"
-C_COMM="workers/comm/comm.c workers/comm/open.c workers/comm/shm.c workers/comm/nccl.c common/shm.c"
-CSRC="$C_ORACLE $C_COMM"
-[ -n "$JANSSON_LIB" ] && CSRC="$CSRC $C_TRAIN"
-for f in $CSRC tests/gpu/*.c; do echo "$f"; done | { [ -n "$JANSSON_LIB" ] && cat || grep -v gpu_train; } | xargs -P "$JOBS" -I{} sh -c \
-    'o=$B/obj/$(echo {} | tr / _).o; $CC_BIN $CFLAGS -c {} -o $o > $o.log 2>&1 || { cat $o.log; echo "BUILD FAILED: {}"; exit 255; }' \
-    || { say "C build failed"; exit 1; }
-CUOBJ=$(ls $B/obj/*.cu.o)
-ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/common_errbuf.c.o $B/obj/common_clock.c.o $B/obj/workers_backend_cpu.c.o"
-obj() { for f in "$@"; do echo "$B/obj/$(echo $f | tr / _).o"; done; }
-for src in tests/gpu/check_*.c; do
-    n=$(basename "$src" .c)
-    case $n in
-    check_nccl) extra=$(obj $C_COMM) ;;          # its rendezvous shims stand in for gRPC
-    check_pool) extra=$(obj common/shm.c) ;;
-    *) extra="" ;;
-    esac
-    $CC_BIN -fopenmp -pthread -o "$B/bin/$n" "$B/obj/tests_gpu_$n.c.o" $extra $ORACLE_OBJ $CUOBJ $CUDA_LINK -lm -ldl \
-        || { say "link of $n failed"; exit 1; }
-done
-if [ -n "$JANSSON_LIB" ]; then
-    TRAIN_OBJ=$(for f in $C_TRAIN; do echo "$B/obj/$(echo $f | tr / _).o"; done)
-    $CC_BIN -fopenmp -pthread -o "$B/bin/gpu_train" "$B/obj/tests_gpu_gpu_train.c.o" $TRAIN_OBJ $ORACLE_OBJ $CUOBJ \
-        $JANSSON_LIB $CUDA_LINK -lm || { say "link of gpu_train failed"; exit 1; }
-fi
-say "built: $(ls $B/bin | tr '\n' ' ')"
-fi
+snap
 
-# ballastd's and ballast-worker's shared libraries, when carried along
-# (docs/cuda.md: .deb/lib)
-[ -d .deb/lib ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$ROOT/.deb/lib"
+# run_tap FAMILY LOGNAME SECONDS SHOW CMD...: one TAP-printing check under
+# `timeout` SECONDS, or what is left of the budget when less; skipped when
+# not even a quarter of SECONDS is left. Its counts go into checks.txt;
+# SHOW all prints its TAP lines, fail only the failing ones
+run_tap() {
+    local fam=$1 name=$2 nominal=$3 show=$4 t rc ok bad sk
+    shift 4
+    t=$(limit "$nominal")
+    if [ "$t" -lt $(( nominal / 4 )) ] || [ "$t" -le 0 ]; then
+        say "$name: skipped (time budget: $(left)s of ${BUDGET}s left, it needs up to ${nominal}s)"
+        printf '%s %d %d %d %d\n' "$fam" 0 0 1 0 >> "$SUM"
+        echo "{\"kind\":\"skip\",\"what\":\"$name\",\"why\":\"time budget\"}" >> "$RES"
+        snap; return
+    fi
+    timeout "$t" "$@" > "$LOG/$name.tap" 2>&1
+    rc=$?
+    ok=$(grep -E '^ok ' "$LOG/$name.tap" | grep -vc '# SKIP')
+    sk=$(grep -c '# SKIP' "$LOG/$name.tap")
+    bad=$(grep -c '^not ok' "$LOG/$name.tap")
+    [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
+    [ "$bad" -gt 0 ] && FAILED=1
+    printf '%s %d %d %d %d\n' "$fam" "$ok" "$bad" "$sk" "$rc" >> "$SUM"
+    say "$name: $ok passed, $bad failed, $sk skipped (exit $rc$([ $rc -eq 124 ] && echo ": timed out after ${t}s"))"
+    if [ "$show" = all ]; then grep -E '^(ok|not ok)|^# ' "$LOG/$name.tap" | sed 's/^/    /'
+    else grep -E -A3 '^not ok' "$LOG/$name.tap" | head -20 | sed 's/^/    /'; fi
+    snap
+}
+
 if [ $CHECKS = 0 ]; then
     say "checks, end to end and GPU ranks: skipped (--no-checks)"
 else
@@ -257,55 +453,32 @@ else
 # it was carried here and its libraries load; otherwise only the memfd one
 POOL_MK=""
 if [ -x "$MK_BUILD/tests/gpu/check_pool" ] && [ -x "$MK_BUILD/bin/ballastd" ] && \
-   ! ldd "$MK_BUILD/tests/gpu/check_pool" "$MK_BUILD/bin/ballastd" 2>&1 | grep -q 'not found'; then
+   ! "${OURS[@]}" ldd "$MK_BUILD/tests/gpu/check_pool" "$MK_BUILD/bin/ballastd" 2>&1 | grep -q 'not found'; then
     POOL_MK="$MK_BUILD/tests/gpu/check_pool"
-    ln -sf "$ROOT/$POOL_MK" "$B/bin/check_pool_ballastd"
+    ln -sf "$POOL_MK" "$B/bin/check_pool_ballastd"
     say "check_pool_ballastd: the Makefile build with ballastd ($POOL_MK)"
 else
-    say "check_pool_ballastd: skipped (no runnable $MK_BUILD/tests/gpu/check_pool and $MK_BUILD/bin/ballastd here: carry build/ from a Debian 12 machine with the packages); check_pool measures a sealed memfd instead"
+    say "check_pool_ballastd: skipped (no runnable $MK_BUILD/tests/gpu/check_pool and $MK_BUILD/bin/ballastd here: carry build/bin and build/tests/gpu/check_pool with the bundle, tests/gpu/bundle.sh); check_pool measures a sealed memfd instead"
     echo "{\"kind\":\"skip\",\"what\":\"check_pool_ballastd\",\"why\":\"no runnable Makefile build of ballastd here\"}" >> "$RES"
 fi
 for p in $B/bin/check_*; do
     n=$(basename "$p")
-    args=""
+    args=()
     case $n in
-    check_pool) args="--json $RES" ;;
-    check_pool_ballastd) args="--json $RES --ballastd $ROOT/$MK_BUILD/bin/ballastd" ;;
+    check_pool) args=(--json "$RES") ;;
+    check_pool_ballastd) args=(--json "$RES" --ballastd "$MK_BUILD/bin/ballastd") ;;
     esac
-    timeout 300 "$p" $args > "$LOG/$n.tap" 2>&1
-    rc=$?
-    ok=$(grep -E '^ok ' "$LOG/$n.tap" | grep -vc '# SKIP')
-    sk=$(grep -c '# SKIP' "$LOG/$n.tap")
-    bad=$(grep -c '^not ok' "$LOG/$n.tap")
-    [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
-    [ "$bad" -gt 0 ] && FAILED=1
-    printf '%s %d %d %d %d\n' "${n#check_}" "$ok" "$bad" "$sk" "$rc" >> "$SUM"
-    say "$n: $ok passed, $bad failed, $sk skipped (exit $rc)"
-    grep -E -A3 '^not ok' "$LOG/$n.tap" | head -20 | sed 's/^/    /'
+    run_tap "${n#check_}" "$n" "$CHECK_T" fail "${OURS[@]}" "$p" "${args[@]}"
 done
 
 # ---- 3. end to end ----
 if [ -x "$B/bin/gpu_train" ]; then
     say "end to end: demo model, 20 steps, CPU vs GPU"
-    timeout 300 "$B/bin/gpu_train" check --model demo --seq-len 128 --micro-batch 4 --steps 20 --json "$RES" \
-        --dir "$B" > "$LOG/e2e.tap" 2>&1
-    rc=$?
-    grep -E '^(ok|not ok)|^# ' "$LOG/e2e.tap" | sed 's/^/    /'
-    ok=$(grep -E '^ok ' "$LOG/e2e.tap" | grep -vc '# SKIP'); bad=$(grep -c '^not ok' "$LOG/e2e.tap")
-    sk=$(grep -c '# SKIP' "$LOG/e2e.tap")
-    [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
-    [ "$bad" -gt 0 ] && FAILED=1
-    printf '%s %d %d %d %d\n' "e2e" "$ok" "$bad" "$sk" "$rc" >> "$SUM"
+    run_tap e2e e2e "$E2E_T" all "${OURS[@]}" "$B/bin/gpu_train" check --model demo --seq-len 128 --micro-batch 4 \
+        --steps 20 --json "$RES" --dir "$B"
     say "end to end with activation checkpointing on the GPU"
-    timeout 300 "$B/bin/gpu_train" check --model demo --seq-len 128 --micro-batch 4 --steps 20 --activation-checkpointing \
-        --dir "$B" > "$LOG/e2e_ckpt.tap" 2>&1
-    rc=$?
-    grep -E '^(ok|not ok)' "$LOG/e2e_ckpt.tap" | sed 's/^/    /'
-    ok=$(grep -E '^ok ' "$LOG/e2e_ckpt.tap" | grep -vc '# SKIP'); bad=$(grep -c '^not ok' "$LOG/e2e_ckpt.tap")
-    sk=$(grep -c '# SKIP' "$LOG/e2e_ckpt.tap")
-    [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
-    [ "$bad" -gt 0 ] && FAILED=1
-    printf '%s %d %d %d %d\n' "e2e_ckpt" "$ok" "$bad" "$sk" "$rc" >> "$SUM"
+    run_tap e2e_ckpt e2e_ckpt "$E2E_T" all "${OURS[@]}" "$B/bin/gpu_train" check --model demo --seq-len 128 \
+        --micro-batch 4 --steps 20 --activation-checkpointing --dir "$B"
 else
     printf '%s %d %d %d %d\n' "e2e" 0 0 1 0 >> "$SUM"
 fi
@@ -313,20 +486,9 @@ fi
 # ---- 3b. GPU ranks: 4 ranks on one GPU vs one GPU process (tests/gpu/ranks.sh) ----
 # needs build/bin/ballast-worker from `make` with nvcc (the whole worker);
 # ranks.sh says SKIP when it is not there
-if [ "$(left)" -gt 60 ]; then
-    say "GPU ranks: 4 ranks on one GPU with staged shm collectives, (S, T) in (4,1) (2,2) (1,4)"
-    timeout "$(left)" tests/gpu/ranks.sh "$LOG" > "$LOG/ranks.tap" 2>&1
-    rc=$?
-    grep -E '^(ok|not ok)|^# ' "$LOG/ranks.tap" | sed 's/^/    /'
-    ok=$(grep -E '^ok ' "$LOG/ranks.tap" | grep -vc '# SKIP'); bad=$(grep -c '^not ok' "$LOG/ranks.tap")
-    sk=$(grep -c '# SKIP' "$LOG/ranks.tap")
-    [ $rc -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
-    [ "$bad" -gt 0 ] && FAILED=1
-    printf '%s %d %d %d %d\n' "ranks" "$ok" "$bad" "$sk" "$rc" >> "$SUM"
-else
-    say "GPU ranks: skipped (time budget of ${BUDGET}s spent)"
-    printf '%s %d %d %d %d\n' "ranks" 0 0 1 0 >> "$SUM"
-fi
+say "GPU ranks: 4 ranks on one GPU with staged shm collectives, (S, T) in (4,1) (2,2) (1,4)"
+run_tap ranks ranks "$RANKS_T" all env BALLAST_BIN="$MK_BUILD/bin" GPU_LD_PATH="$OUR_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    ${NCCL_LIB:+"BALLAST_NCCL_LIB=$NCCL_LIB"} tests/gpu/ranks.sh "$LOG"
 fi   # CHECKS
 fi   # DRY = 0
 
@@ -338,7 +500,7 @@ bench() {   # bench NAME SECONDS CMD...
     local name=$1 t=$2; shift 2
     if [ "$(left)" -lt $(( t / 2 )) ]; then
         say "$name: skipped (time budget: $(left)s of ${BUDGET}s left, it needs up to ${t}s)"
-        echo "{\"kind\":\"skip\",\"what\":\"$name\",\"why\":\"time budget\"}" >> "$RES"; return
+        echo "{\"kind\":\"skip\",\"what\":\"$name\",\"why\":\"time budget\"}" >> "$RES"; snap; return
     fi
     [ "$t" -gt "$(left)" ] && t=$(left)
     say "$name (limit ${t}s)"
@@ -349,6 +511,7 @@ bench() {   # bench NAME SECONDS CMD...
         say "$name: exit $rc$([ $rc -eq 124 ] && echo ' (timed out)')"; tail -5 "$LOG/$name.log" | sed 's/^/    /'
         echo "{\"kind\":\"skip\",\"what\":\"$name\",\"why\":\"exit $rc\"}" >> "$RES"
     fi
+    snap
 }
 # gpu_train: run.sh's own build; a dry run parses the same flags with the
 # Makefile build's gpu_train (model demo, seq 64), which stops at "no usable
@@ -361,7 +524,7 @@ gtrain() {   # gtrain NAME SECONDS gpu_train-ARGS...
         say "$name: skipped (no $GPU_TRAIN)"
         echo "{\"kind\":\"skip\",\"what\":\"$name\",\"why\":\"no $GPU_TRAIN\"}" >> "$RES"; return
     fi
-    if [ "$DRY" = 0 ]; then bench "$name" "$t" "$GPU_TRAIN" "$@"; return; fi
+    if [ "$DRY" = 0 ]; then bench "$name" "$t" "${OURS[@]}" "$GPU_TRAIN" "$@"; return; fi
     local a=() x
     while [ $# -gt 0 ]; do
         x=$1; shift
@@ -372,7 +535,7 @@ gtrain() {   # gtrain NAME SECONDS gpu_train-ARGS...
         *) a+=("$x") ;;
         esac
     done
-    "$GPU_TRAIN" "${a[@]}" > "$LOG/$name.log" 2>&1
+    "${OURS[@]}" "$GPU_TRAIN" "${a[@]}" > "$LOG/$name.log" 2>&1
     local rc=$?
     if [ $rc -eq 2 ] && grep -q 'no usable GPU' "$LOG/$name.log"; then
         say "$name: dry run: gpu_train accepted ${a[*]}"
@@ -382,33 +545,30 @@ gtrain() {   # gtrain NAME SECONDS gpu_train-ARGS...
         echo "{\"kind\":\"dryrun\",\"what\":\"$name\",\"ok\":false}" >> "$RES"
     fi
 }
-if want ours; then
-    gtrain ours-1b 150 bench --model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2 --json "$RES"
-    gtrain ours-7b 180 bench --model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 \
-        --activation-checkpointing --json "$RES"
-fi
+torch_run() {   # torch_run NAME SECONDS torch_baseline.py-ARGS...: python3 with the machine's own libraries
+    local name=$1 t=$2; shift 2
+    [ "$DRY" = 1 ] && return   # the PyTorch baseline needs the GPU: one skip line below
+    bench "$name" "$t" "$PY" tests/gpu/torch_baseline.py "$@"
+}
+ONE_B=(--model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2)
+SEVEN_B=(--model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 --activation-checkpointing)
+# 4. first the 1B comparison: ours against PyTorch
+if want ours; then gtrain ours-1b 150 bench "${ONE_B[@]}" --json "$RES"
+elif want fp8; then gtrain ours-1b 150 bench "${ONE_B[@]}" --no-profile --json "$RES"; fi
+want torch && torch_run torch-1b 170 "${ONE_B[@]}" --json "$RES"
+# 4a. then the rest of gpu_train's
 if want fp8; then
-    want ours || gtrain ours-1b 150 bench --model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2 --no-profile --json "$RES"
-    gtrain ours-1b-fp8 120 bench --model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2 \
-        --precision fp8 --no-profile --json "$RES"
-    want ours || gtrain ours-7b 180 bench --model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 \
-        --activation-checkpointing --no-profile --json "$RES"
-    gtrain ours-7b-fp8 180 bench --model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 \
-        --activation-checkpointing --precision fp8 --no-profile --json "$RES"
+    gtrain ours-1b-fp8 120 bench "${ONE_B[@]}" --precision fp8 --no-profile --json "$RES"
 fi
+if want ours; then gtrain ours-7b 180 bench "${SEVEN_B[@]}" --json "$RES"
+elif want fp8; then gtrain ours-7b 180 bench "${SEVEN_B[@]}" --no-profile --json "$RES"; fi
+want fp8 && gtrain ours-7b-fp8 180 bench "${SEVEN_B[@]}" --precision fp8 --no-profile --json "$RES"
 
 # ---- 4b. ballast-worker: offload and scale (tests/gpu/bench_lib.sh) ----
-if want actoff || want optoff || want largest; then
-    GPU_BENCH_WORK=${GPU_BENCH_WORK:-$(cd "$B" && pwd)/bench}
-    BUILD=$MK_BUILD source tests/gpu/bench_lib.sh
-    trap gb_ballastd_stop EXIT   # a ballastd of an interrupted run goes too
-    gb_capacity
-    say "ballast-worker benchmarks: GPU $([ "$GB_DEV_BYTES" -gt 0 ] && gb_human $GB_DEV_BYTES || echo none), host memory available $(gb_human $GB_HOST_BYTES), disk free $(gb_human $GB_DISK_BYTES) under $GB_SPILL_ROOT"
-fi
 if want actoff; then
     # the goal: --activation-offload costs < 3% of the step on llama2-7b, seq 4096, checkpointing
-    gb_worker_bench act-off-7b plain llama2-7b 150
-    gb_worker_bench act-on-7b actoff llama2-7b 150 --activation-offload
+    gb_worker_bench act-off-7b plain llama2-7b 150; snap
+    gb_worker_bench act-on-7b actoff llama2-7b 150 --activation-offload; snap
     gb_ratio activation_offload act-on-7b act-off-7b 1.03
 fi
 OPT_MODEL=""
@@ -419,8 +579,8 @@ if want optoff; then
         gb_say "optimizer offload on vs off: not $m ($why)"
     done
     if [ -n "$OPT_MODEL" ]; then
-        gb_worker_bench opt-off plain "$OPT_MODEL" 150
-        gb_worker_bench opt-on optoff "$OPT_MODEL" 200 --optimizer-offload host --optimizer-offload-durable no
+        gb_worker_bench opt-off plain "$OPT_MODEL" 150; snap
+        gb_worker_bench opt-on optoff "$OPT_MODEL" 200 --optimizer-offload host --optimizer-offload-durable no; snap
         gb_ratio optimizer_offload opt-on opt-off ""
     else
         gb_skip opt-off "no preset fits both with and without optimizer offload here"
@@ -442,15 +602,14 @@ if want largest; then
         "$PY" -c 'import json, sys; print(json.dumps({"kind": "largest", "model": sys.argv[1], "from": sys.argv[2]}))' \
             "$LARGEST" "largest-$LARGEST" >> "$RES"
     fi
+    snap
 fi
 if want torch; then
     if [ "$DRY" = 1 ]; then
         say "torch-1b, torch-7b: skipped (dry run: the PyTorch baseline needs the GPU)"
         echo '{"kind":"skip","what":"torch","why":"dry run"}' >> "$RES"
     else
-        bench torch-1b 170 "$PY" tests/gpu/torch_baseline.py --model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2 --json "$RES"
-        bench torch-7b 170 "$PY" tests/gpu/torch_baseline.py --model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 \
-            --activation-checkpointing --json "$RES"
+        torch_run torch-7b 170 "${SEVEN_B[@]}" --json "$RES"
     fi
 fi
 if want actoff; then
@@ -462,68 +621,5 @@ fi
 
 # ---- 5. table ----
 say "done"
-"$PY" - "$SUM" "$RES" <<'EOF'
-import json, sys
-checks = [line.split() for line in open(sys.argv[1]) if line.strip()]
-if checks:
-    print("\n== checks (tests/gpu/check_*, gpu_train check) ==")
-    print(f"{'family':<12} {'passed':>6} {'failed':>6} {'skipped':>7}")
-for f in checks:
-    print(f"{f[0]:<12} {f[1]:>6} {f[2]:>6} {f[3]:>7}")
-rows = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
-for r in rows:
-    if r.get("kind") == "e2e":
-        print(f"e2e {r['model']}: {r['steps']} steps, worst relative loss difference {r['worst_rel']:.2e}, {'ok' if r['ok'] else 'FAILED'}")
-b = [r for r in rows if r.get("kind") == "bench"]
-if b:
-    print("\n== benchmark: seq 4096, one GPU, MFU against 989 TFLOP/s (6 N + 12 L H Dh T FLOPs per token) ==")
-    print(f"{'model':<12} {'impl':<15} {'ckpt':<5} {'s/step':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
-    for r in sorted(b, key=lambda r: (r["model"], r["impl"])):
-        print(f"{r['model']:<12} {r['impl']:<15} {'yes' if r['act_ckpt'] else 'no':<5} {r['s_per_step']:>8.3f} "
-              f"{r['tokens_per_s']:>10.0f} {r['tflops']:>8.1f} {100 * r['mfu']:>5.1f}%")
-p = [r for r in rows if r.get("kind") == "pool_bw"]
-if p:
-    print("\n== device<->pool copies (check_pool): GB/s, best of 5; target pool >= 0.95 x cudaHostAlloc ==")
-    peak = max(r["link_peak_gbs"] for r in p)
-    print(f"link peak: {peak:.1f} GB/s per direction" if peak > 0 else "link peak: unknown")
-    print(f"{'source':<14} {'dir':<4} {'MiB':>6} {'GB/s':>8} {'ratio':>6} {'of peak':>8}")
-    for r in p:
-        of = f"{r['gbs'] / peak:.2f}" if peak > 0 else "-"
-        ratio = f"{r['ratio']:.3f}" if r["source"].endswith("-pool") else "-"
-        print(f"{r['source']:<14} {r['dir']:<4} {r['bytes'] >> 20:>6} {r['gbs']:>8.2f} {ratio:>6} {of:>8}")
-for model in ("llama3.2-1b", "llama2-7b"):
-    f8 = {r["impl"]: r for r in b if r["model"] == model and r["impl"] in ("ballast", "ballast-fp8")}
-    if len(f8) == 2:
-        print(f"\nFP8 vs bf16, {model} seq 4096: {f8['ballast-fp8']['tokens_per_s']:.0f} vs {f8['ballast']['tokens_per_s']:.0f} "
-              f"tokens/s ({f8['ballast-fp8']['tokens_per_s'] / f8['ballast']['tokens_per_s']:.2f}x)")
-w = [r for r in rows if r.get("kind") == "worker_bench"]
-if w:
-    dry = any(r["dry_run"] for r in w)
-    print("\n== ballast-worker on one GPU, seq 4096, micro-batch 1, activation checkpointing; mean of the timed steps ==")
-    if dry:
-        print("   DRY RUN: each row ran the model in 'ran' on the CPU at seq 64; the figures say nothing about a GPU")
-    print(f"{'run':<20} {'model':<12} {'ran':<12} {'ms/step':>9} {'tokens/s':>9} {'offl. wait':>10} {'MB/step out':>11} {'peak GPU GB':>11}")
-    for r in w:
-        wait = r.get("offload_wait_ms")
-        peak = r.get("mem_gpu_peak_bytes")
-        print(f"{r['name']:<20} {r['model']:<12} {r['ran_model']:<12} {r['ms_per_step']:>9.1f} {r['tokens_per_s']:>9.0f} "
-              f"{'-' if wait is None else f'{wait:.1f} ms':>10} {(r.get('offload_to_host_bytes') or 0) / 1e6:>11.1f} "
-              f"{'-' if peak is None else f'{peak / 1e9:.1f}':>11}")
-for r in rows:
-    if r.get("kind") == "ratio":
-        goal = f", goal < {r['goal']:.2f}: {'met' if r['met'] else 'NOT met'}" if r.get("goal") and not r.get("dry_run") else ""
-        print(f"{r['what'].replace('_', ' ')} on vs off ({r['model']}): {r['on_ms']:.1f} vs {r['off_ms']:.1f} ms/step, "
-              f"ratio {r['ratio']:.3f}{goal}{' (dry run)' if r.get('dry_run') else ''}")
-    if r.get("kind") == "largest":
-        src = {x["name"]: x for x in w}.get(r["from"])
-        if src:
-            print(f"largest model trained with optimizer offload on one GPU: {r['model']}, {src['tokens_per_s']:.0f} tokens/s"
-                  f"{' (dry run)' if src['dry_run'] else ''}")
-    if r.get("kind") == "dryrun":
-        print(f"dry run of {r['what']}: gpu_train {'accepted' if r['ok'] else 'REFUSED'} the flags")
-for r in rows:
-    if r.get("kind") == "skip":
-        print(f"skipped: {r['what']} ({r['why']})")
-EOF
-if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && cp -r "$LOG" "$RES" "$SUM" "$OUT"/ 2>/dev/null; fi
+"$PY" tests/gpu/table.py "$SUM" "$RES"
 exit $FAILED

@@ -7,13 +7,26 @@
  * -DCOMM_NCCL_ABI_CHECK and the CUDA include path checks them against the
  * real nccl.h and cuda_runtime.h (tests/integration/comm_nccl.sh).
  *
+ * Where libnccl comes from: $BALLAST_NCCL_LIB (the library file, or the
+ * directory holding libnccl.so.2) when set, and nothing else then; else
+ * the loader's path (libnccl.so.2, libnccl.so); else the nvidia-nccl pip
+ * wheel (site-packages/nvidia/nccl/lib) of the usual Python installs, as
+ * PyTorch brings it. The CUDA runtime likewise: $BALLAST_CUDART_LIB, else
+ * its sonames (tests point both at a stand-in library).
+ *
  * Set-up: group index 0 calls ncclGetUniqueId and publishes it under the
  * rendezvous key "comm/<name>/nccl-id"; the others wait for it; everyone
  * calls ncclCommInitRank (a group of one needs no rendezvous). Each
  * collective is enqueued on the communicator's own stream with a CUDA event
- * recorded after it; the handle completes when the event has. With
- * cfg->compute_stream, that stream's work so far is ordered before each
- * collective through an event (inputs are ready, no host wait), and
+ * recorded after it; the handle completes when the event has. comm_wait
+ * polls that event and, between polls, ncclCommGetAsyncError and the
+ * communicator's timeout (comm_config_t.timeout_s): an asynchronous error
+ * (a peer died, the network failed) or a collective not done in time
+ * aborts the communicator (ncclCommAbort ends the kernels stuck in it), so
+ * the wait returns an error naming the group and its peers instead of
+ * hanging, and every later call on that communicator fails the same way.
+ * With cfg->compute_stream, that stream's work so far is ordered before
+ * each collective through an event (inputs are ready, no host wait), and
  * comm_stream_wait() orders a collective before later compute the same
  * way. Buffers are device memory of cfg->device.
  *
@@ -25,11 +38,17 @@
  * includes it. */
 #include "workers/comm/impl.h"
 
+#include "clock.h"
+
 #include <dlfcn.h>
 #include <errno.h>
+#include <glob.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifdef COMM_NCCL_ABI_CHECK
@@ -46,6 +65,7 @@ typedef void *cuda_event_p;                               /* cudaEvent_t */
 
 enum {
     NCCL_OK = 0,            /* ncclSuccess */
+    NCCL_REMOTE_ERROR = 6,  /* ncclRemoteError */
     NCCL_IN_PROGRESS = 7,   /* ncclInProgress */
     NCCL_FLOAT32 = 7,       /* ncclFloat32 */
     NCCL_BFLOAT16 = 9,      /* ncclBfloat16 */
@@ -60,7 +80,8 @@ enum {
 #ifdef COMM_NCCL_ABI_CHECK
 #define SAME(a, b) ((int)(a) == (int)(b))
 _Static_assert(sizeof(nccl_unique_id_t) == sizeof(ncclUniqueId), "ncclUniqueId size");
-_Static_assert(SAME(NCCL_OK, ncclSuccess) && SAME(NCCL_IN_PROGRESS, ncclInProgress), "ncclResult_t");
+_Static_assert(SAME(NCCL_OK, ncclSuccess) && SAME(NCCL_IN_PROGRESS, ncclInProgress) &&
+               SAME(NCCL_REMOTE_ERROR, ncclRemoteError), "ncclResult_t");
 _Static_assert(SAME(NCCL_FLOAT32, ncclFloat32) && SAME(NCCL_BFLOAT16, ncclBfloat16), "ncclDataType_t");
 _Static_assert(SAME(NCCL_SUM, ncclSum) && SAME(NCCL_AVG, ncclAvg), "ncclRedOp_t");
 _Static_assert(SAME(CUDA_OK, cudaSuccess) && SAME(CUDA_NOT_READY, cudaErrorNotReady), "cudaError_t");
@@ -76,6 +97,7 @@ typedef struct {
     int (*comm_init_rank)(nccl_comm_p *, int, nccl_unique_id_t, int);
     int (*comm_destroy)(nccl_comm_p);
     int (*comm_abort)(nccl_comm_p);
+    int (*get_async_error)(nccl_comm_p, int *);
     int (*all_gather)(const void *, void *, size_t, int, nccl_comm_p, cuda_stream_p);
     int (*reduce_scatter)(const void *, void *, size_t, int, int, nccl_comm_p, cuda_stream_p);
     int (*all_reduce)(const void *, void *, size_t, int, int, nccl_comm_p, cuda_stream_p);
@@ -102,23 +124,105 @@ static int lib_state;            /* 0 unknown, 1 loaded, -1 failed */
 static char lib_err[COMM_ERR_LEN];
 static pthread_mutex_t lib_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* ---- finding the libraries ---- */
+
+/* Where the nvidia-nccl wheel (PyTorch's pip packages) may be: under the
+ * active $VIRTUAL_ENV / $CONDA_PREFIX and ~/.local first, then the usual
+ * system-wide Python installs. */
+static const char *const nccl_wheel_envs[][2] = {
+    { "VIRTUAL_ENV", "/lib/python3*/site-packages" }, { "CONDA_PREFIX", "/lib/python3*/site-packages" },
+    { "HOME", "/.local/lib/python3*/site-packages" },
+};
+static const char *const nccl_wheel_dirs[] = {
+    "/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
+    "/usr/lib/python3/dist-packages", "/opt/*/.venv/lib/python3*/site-packages",
+    "/opt/conda/lib/python3*/site-packages",
+};
+#define NCCL_WHEEL_LIB "/nvidia/nccl/lib/libnccl.so.2"
+
+/* dlopen the first match of pattern (the last in glob's order: the newest
+ * python3.N); NULL when none loads. */
+static void *open_glob(const char *pattern) {
+    glob_t g;
+    void *h = NULL;
+    if (glob(pattern, 0, NULL, &g) == 0)
+        for (size_t i = g.gl_pathc; i-- > 0 && !h;) h = dlopen(g.gl_pathv[i], RTLD_NOW | RTLD_GLOBAL);
+    globfree(&g);
+    return h;
+}
+
+/* Open a library: the file or directory $env names when it is set (and
+ * nothing else: a wrong setting is an error, not a fall-back), else the
+ * first of sonames that the loader finds. NULL with the reason in why
+ * (*from_env tells which case failed). */
+static void *open_lib(const char *env, const char *file, const char *const *sonames, size_t n,
+                      bool *from_env, char *why, size_t whylen) {
+    const char *v = getenv(env);
+    *from_env = v && v[0];
+    void *h = NULL;
+    if (*from_env) {
+        char path[4096];
+        struct stat sb;
+        if (stat(v, &sb) == 0 && S_ISDIR(sb.st_mode)) snprintf(path, sizeof path, "%s/%s", v, file);
+        else snprintf(path, sizeof path, "%s", v);
+        if (!(h = dlopen(path, RTLD_NOW | RTLD_GLOBAL)))
+            snprintf(why, whylen, "%s=%s: %s", env, v, dlerror());
+        return h;
+    }
+    for (size_t i = 0; i < n && !h; i++) h = dlopen(sonames[i], RTLD_NOW | RTLD_GLOBAL);
+    if (!h) snprintf(why, whylen, "%s", dlerror());
+    return h;
+}
+
+/* libnccl: $BALLAST_NCCL_LIB, the loader's path, the pip wheel. */
+static void *open_nccl(char *err, size_t errlen) {
+    static const char *const names[] = { "libnccl.so.2", "libnccl.so" };
+    char why[COMM_ERR_LEN] = "";
+    bool from_env;
+    void *h = open_lib("BALLAST_NCCL_LIB", "libnccl.so.2", names, 2, &from_env, why, sizeof why);
+    if (h) return h;
+    if (from_env) {
+        snprintf(err, errlen, "cannot load libnccl (%s): point BALLAST_NCCL_LIB at libnccl.so.2 or the "
+                 "directory holding it", why);
+        return NULL;
+    }
+    char pat[4096];
+    for (size_t i = 0; i < sizeof nccl_wheel_envs / sizeof nccl_wheel_envs[0] && !h; i++) {
+        const char *root = getenv(nccl_wheel_envs[i][0]);
+        if (!root || !root[0]) continue;
+        snprintf(pat, sizeof pat, "%s%s%s", root, nccl_wheel_envs[i][1], NCCL_WHEEL_LIB);
+        h = open_glob(pat);
+    }
+    for (size_t i = 0; i < sizeof nccl_wheel_dirs / sizeof nccl_wheel_dirs[0] && !h; i++) {
+        snprintf(pat, sizeof pat, "%s%s", nccl_wheel_dirs[i], NCCL_WHEEL_LIB);
+        h = open_glob(pat);
+    }
+    if (!h)
+        snprintf(err, errlen, "cannot load libnccl.so.2 (%s; no nvidia-nccl pip wheel under site-packages "
+                 "either): install NCCL, add its directory to LD_LIBRARY_PATH, or set BALLAST_NCCL_LIB to "
+                 "it (PyTorch's: python3 -c 'import nvidia.nccl, os; print(os.path.join("
+                 "list(nvidia.nccl.__path__)[0], \"lib\"))')", why);
+    return h;
+}
+
 /* Load libnccl and libcudart once; 0 or -1 with the reason in lib_err. */
 static int lib_load(void) {
     pthread_mutex_lock(&lib_mu);
     if (lib_state) goto done;
-    const char *ncc[] = { "libnccl.so.2", "libnccl.so" };
-    const char *crt[] = { "libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0" };
-    for (size_t i = 0; i < 2 && !lib.nccl; i++) lib.nccl = dlopen(ncc[i], RTLD_NOW | RTLD_GLOBAL);
-    if (!lib.nccl) {
-        snprintf(lib_err, sizeof lib_err, "cannot load libnccl.so.2 (%s): install NCCL or add its "
-                 "directory to LD_LIBRARY_PATH", dlerror());
+    if (!(lib.nccl = open_nccl(lib_err, sizeof lib_err))) {
         lib_state = -1;
         goto done;
     }
-    for (size_t i = 0; i < 4 && !lib.cudart; i++) lib.cudart = dlopen(crt[i], RTLD_NOW | RTLD_GLOBAL);
-    if (!lib.cudart) {
-        snprintf(lib_err, sizeof lib_err, "cannot load the CUDA runtime libcudart.so: add the CUDA "
-                 "library directory to LD_LIBRARY_PATH");
+    static const char *const crt[] = { "libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0" };
+    char why[COMM_ERR_LEN] = "";
+    bool from_env;
+    if (!(lib.cudart = open_lib("BALLAST_CUDART_LIB", "libcudart.so", crt, 4, &from_env, why, sizeof why))) {
+        if (from_env)
+            snprintf(lib_err, sizeof lib_err, "cannot load the CUDA runtime (%s): point BALLAST_CUDART_LIB "
+                     "at libcudart.so or the directory holding it", why);
+        else
+            snprintf(lib_err, sizeof lib_err, "cannot load the CUDA runtime libcudart.so: add the CUDA "
+                     "library directory to LD_LIBRARY_PATH");
         lib_state = -1;
         goto done;
     }
@@ -129,6 +233,7 @@ static int lib_load(void) {
     SYM(nccl, comm_init_rank, "ncclCommInitRank");
     SYM(nccl, comm_destroy, "ncclCommDestroy");
     SYM(nccl, comm_abort, "ncclCommAbort");
+    SYM(nccl, get_async_error, "ncclCommGetAsyncError");
     SYM(nccl, all_gather, "ncclAllGather");
     SYM(nccl, reduce_scatter, "ncclReduceScatter");
     SYM(nccl, all_reduce, "ncclAllReduce");
@@ -174,21 +279,78 @@ bool comm_nccl_available(char *err, size_t errlen) {
 /* ---- backend ---- */
 
 typedef struct {
-    nccl_comm_p comm;
+    nccl_comm_p comm;            /* NULL once aborted */
     cuda_stream_p stream;        /* this communicator's own stream */
     cuda_stream_p order_stream;  /* cfg->compute_stream, or NULL */
     cuda_event_p order_ev;       /* re-recorded on order_stream before each collective */
     float *scratch;              /* one device float for barriers */
     int device;
+    /* failure (guarded by mu): set once, by the wait that aborted */
+    pthread_mutex_t mu;
+    int fail_status;             /* 0, or -EPIPE (asynchronous error) / -ETIMEDOUT */
+    char fail_msg[COMM_ERR_LEN]; /* why; every later call on the communicator repeats it */
 } nccl_state_t;
+
+/* The failure recorded on c, if any: its status, with the message in err
+ * (when not NULL). */
+static int failed(comm_t *c, char *err, size_t errlen) {
+    nccl_state_t *st = c->backend;
+    pthread_mutex_lock(&st->mu);
+    int rc = st->fail_status;
+    if (rc && err) snprintf(err, errlen, "%s", st->fail_msg);
+    pthread_mutex_unlock(&st->mu);
+    return rc;
+}
+
+/* "rank 5" / "ranks 0, 2, 3": the global ranks of c's group other than
+ * this process, for messages. */
+static void peer_list(const comm_t *c, char *buf, size_t len) {
+    size_t off = (size_t)snprintf(buf, len, c->n > 2 ? "ranks " : "rank ");
+    bool first = true;
+    for (int i = 0; i < c->n && off < len; i++) {
+        if (i == c->index) continue;
+        if (off + 16 >= len) {
+            snprintf(buf + off, len - off, ", ...");
+            return;
+        }
+        off += (size_t)snprintf(buf + off, len - off, "%s%d", first ? "" : ", ", c->ranks[i]);
+        first = false;
+    }
+}
+
+/* Abort c's NCCL communicator once, ending the kernels stuck in it, and
+ * record why; under st->mu. Returns the status (the first failure's when
+ * another thread got there first). */
+__attribute__((format(printf, 3, 4)))
+static int abort_comm(comm_t *c, int status, const char *fmt, ...) {
+    nccl_state_t *st = c->backend;
+    if (st->fail_status) return st->fail_status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->fail_msg, sizeof st->fail_msg, fmt, ap);
+    va_end(ap);
+    st->fail_status = status;
+    if (st->comm) lib.comm_abort(st->comm);
+    st->comm = NULL;
+    return status;
+}
 
 static void nccl_destroy_backend(comm_t *c) {
     nccl_state_t *st = c->backend;
     if (!st) return;
-    if (st->comm) lib.comm_destroy(st->comm);
+    if (st->comm) {
+        /* a communicator with an asynchronous error may never finish a
+         * destroy (it waits for its peers): abort it instead */
+        int ar = NCCL_OK;
+        if (lib.get_async_error(st->comm, &ar) != NCCL_OK || (ar != NCCL_OK && ar != NCCL_IN_PROGRESS))
+            lib.comm_abort(st->comm);
+        else
+            lib.comm_destroy(st->comm);
+    }
     if (st->scratch) lib.cuda_free(st->scratch);
     if (st->order_ev) lib.event_destroy(st->order_ev);
     if (st->stream) lib.stream_destroy(st->stream);
+    pthread_mutex_destroy(&st->mu);
     free(st);
     c->backend = NULL;
 }
@@ -207,6 +369,7 @@ static int nccl_init(comm_t *c, const comm_config_t *cfg, char *err, size_t errl
         snprintf(err, errlen, "comm %s: out of memory", c->name);
         return -ENOMEM;
     }
+    pthread_mutex_init(&st->mu, NULL);
     c->backend = st;
     st->device = cfg->device;
     int rc = lib.set_device(cfg->device);
@@ -263,6 +426,8 @@ fail:
 
 static int nccl_start(comm_t *c, comm_req_t *r, char *err, size_t errlen) {
     nccl_state_t *st = c->backend;
+    int frc = failed(c, err, errlen);
+    if (frc) return frc;
     int dt = r->dt == COMM_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32;
     int op = r->op == COMM_AVG ? NCCL_AVG : NCCL_SUM;
     int rc = NCCL_OK;
@@ -303,20 +468,71 @@ static int nccl_start(comm_t *c, comm_req_t *r, char *err, size_t errlen) {
     return 0;
 }
 
-/* comm_wait: block on the event, then complete the handle. */
-static void nccl_wait(comm_t *c, comm_req_t *r) {
-    cuda_event_p ev = r->backend;
-    int rc = lib.event_sync(ev);
-    lib.event_destroy(ev);
-    r->backend = NULL;
-    char msg[COMM_ERR_LEN];
-    if (rc != CUDA_OK) snprintf(msg, sizeof msg, "comm %s: %s: %s", c->name, comm_coll_name(r->coll),
-                                lib.cuda_error(rc));
-    comm_req_done(r, rc == CUDA_OK ? 0 : -EIO, rc == CUDA_OK ? NULL : msg);
+/* Poll r's event until it is done (0), NCCL reports an asynchronous
+ * error on the communicator (-EPIPE), c->timeout_s passes (-ETIMEDOUT) or
+ * CUDA fails (-EIO); the last three with the message in msg. The first two
+ * abort the communicator. A few polls back to back, then sleeps of 10 us
+ * doubling to 1 ms: a wait for a collective that is nearly done costs no
+ * sleep, a long one little CPU. */
+static int poll_event(comm_t *c, comm_req_t *r, cuda_event_p ev, char *msg, size_t len) {
+    nccl_state_t *st = c->backend;
+    double t0 = clock_now_s();
+    long pause_ns = 0;
+    char peers[160];
+    for (int polls = 0;; polls++) {
+        int rc = failed(c, msg, len);
+        if (rc) return rc;
+        int crc = lib.event_query(ev);
+        if (crc == CUDA_OK) return 0;
+        if (crc != CUDA_NOT_READY) {
+            snprintf(msg, len, "comm %s: %s: cudaEventQuery: %s", c->name, comm_coll_name(r->coll),
+                     lib.cuda_error(crc));
+            return -EIO;
+        }
+        pthread_mutex_lock(&st->mu);
+        int ar = NCCL_OK;
+        if (!st->fail_status) {
+            int qr = st->comm ? lib.get_async_error(st->comm, &ar) : NCCL_OK;
+            if (qr != NCCL_OK) ar = qr;
+        }
+        double waited = clock_now_s() - t0;
+        if (!st->fail_status && ar != NCCL_OK && ar != NCCL_IN_PROGRESS) {
+            peer_list(c, peers, sizeof peers);
+            abort_comm(c, -EPIPE, "comm %s (index %d of %d): %s: NCCL reports an asynchronous error after "
+                       "%.1f s: %s: %s%s%s; the communicator was aborted. Look for the first error in the "
+                       "ranks' logs (NCCL_DEBUG=WARN adds NCCL's view), then restart the job (--resume "
+                       "continues from the last checkpoint)", c->name, c->index, c->n, comm_coll_name(r->coll),
+                       waited, lib.nccl_error(ar), ar == NCCL_REMOTE_ERROR ? "" : "in this process or its link to ",
+                       peers, ar == NCCL_REMOTE_ERROR ? " of this group failed, exited or lost its connection" : "");
+        } else if (!st->fail_status && waited >= c->timeout_s) {
+            peer_list(c, peers, sizeof peers);
+            abort_comm(c, -ETIMEDOUT, "comm %s (index %d of %d): %s not done after %.1f s (the "
+                       "communicator's timeout): %s of this group is dead, stuck, or did not start the "
+                       "same collective; the communicator was aborted. Check that every rank runs and "
+                       "look for the first error in their logs (NCCL_DEBUG=WARN adds NCCL's view)",
+                       c->name, c->index, c->n, comm_coll_name(r->coll), c->timeout_s, peers);
+        }
+        pthread_mutex_unlock(&st->mu);
+        if (polls < 64) continue;
+        pause_ns = pause_ns ? (pause_ns < 500000 ? 2 * pause_ns : 1000000) : 10000;
+        struct timespec ts = { 0, pause_ns };
+        nanosleep(&ts, NULL);
+    }
 }
 
+/* comm_wait: poll the event (poll_event), then complete the handle. */
+static void nccl_wait(comm_t *c, comm_req_t *r) {
+    cuda_event_p ev = r->backend;
+    char msg[COMM_ERR_LEN];
+    int rc = poll_event(c, r, ev, msg, sizeof msg);
+    lib.event_destroy(ev);
+    r->backend = NULL;
+    comm_req_done(r, rc, rc ? msg : NULL);
+}
+
+/* Done, or failed (comm_wait then reports it). */
 static bool nccl_test(comm_t *c, comm_req_t *r) {
-    (void)c;
+    if (failed(c, NULL, 0)) return true;
     return r->backend && lib.event_query(r->backend) != CUDA_NOT_READY;
 }
 
@@ -363,6 +579,8 @@ double comm_nccl_stall_seconds(void) {
 /* comm_stream_wait: the stream waits on the collective's event, between
  * two timing events (the stall it causes, when there is room to time it). */
 static int nccl_stream_wait(comm_t *c, comm_req_t *r, void *stream, char *err, size_t errlen) {
+    int frc = failed(c, err, errlen);
+    if (frc) return frc;
     cuda_event_p a = NULL, b = NULL;
     if (r->backend) {
         pthread_mutex_lock(&g_stall_mu);
