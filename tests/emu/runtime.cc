@@ -546,9 +546,27 @@ cudaError_t cudaFreeHost(void *p) {
     return cudaSuccess;
 }
 
+/* Every page of [p, p + bytes) mapped writable (/proc/self/maps). */
+static bool writable(const void *p, size_t bytes) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return true;
+    uintptr_t at = (uintptr_t)p, end = at + bytes;
+    char line[512];
+    while (at < end && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
+        if (lo <= at && at < hi) {
+            if (perms[1] != 'w') break;
+            at = hi;
+        }
+    }
+    fclose(f);
+    return at >= end;
+}
+
 cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags) {
     LOCK;
-    (void)flags;
     if (!p || !bytes) return fail(cudaErrorInvalidValue);
     uintptr_t a = (uintptr_t)p;
     auto it = g_mem.lower_bound(a);
@@ -557,6 +575,9 @@ cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags) {
         --it;
         if (it->first + it->second.bytes > a) return fail(cudaErrorHostMemoryAlreadyRegistered);
     }
+    /* as the driver: pinning needs write access unless the caller says
+     * read-only (cudaHostRegisterReadOnly) */
+    if (!(flags & 0x08) && !writable(p, bytes)) return fail(cudaErrorInvalidValue);
     g_mem[a] = alloc{ bytes, MEM_REGISTERED };
     return cudaSuccess;
 }

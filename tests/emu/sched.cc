@@ -3,9 +3,11 @@
  * until a barrier, a warp collective or their end, in an order drawn anew
  * every round from the launch's seed.
  *
- * A block's rounds: every runnable thread runs (in random order) until it
- * blocks; then the warp collectives whose lanes have all arrived complete
- * (a shuffle's values, a vote, a WMMA operation, __syncwarp); when every
+ * A block's steps: a warp drawn at random runs its runnable lanes (in
+ * random order) until each blocks; a warp collective whose lanes have all
+ * arrived then completes at once (a shuffle's values, a vote, a WMMA
+ * operation, __syncwarp), so one warp may run far ahead of the others, as
+ * warps do on the hardware; when every
  * live thread waits at __syncthreads, they must all wait at the same one
  * (else: an error naming two threads and their barriers) and go on
  * together. Anything else that leaves no thread runnable is a deadlock and
@@ -320,13 +322,23 @@ void run_block(block_run *b) {
     std::vector<unsigned> order;
     order.reserve(n);
     unsigned nwarps = (n + 31) / 32;
+    std::vector<unsigned> warps;
     for (;;) {
-        order.clear();
-        for (unsigned i = 0; i < n; i++)
-            if (F[i].st == READY) order.push_back(i);
-        if (!order.empty()) {
+        /* a random warp with runnable lanes runs them (in random order) to
+         * their next blocking point; its warp collective completes at once,
+         * so a warp may run far ahead of the others, as on the hardware */
+        warps.clear();
+        for (unsigned w = 0; w < nwarps; w++)
+            for (unsigned l = 0; l < 32 && w * 32 + l < n; l++)
+                if (F[w * 32 + l].st == READY) { warps.push_back(w); break; }
+        if (!warps.empty()) {
+            unsigned w = warps[r.below((unsigned)warps.size())];
+            order.clear();
+            for (unsigned l = 0; l < 32 && w * 32 + l < n; l++)
+                if (F[w * 32 + l].st == READY) order.push_back(w * 32 + l);
             for (unsigned i = (unsigned)order.size(); i > 1; i--) std::swap(order[i - 1], order[r.below(i)]);
             for (unsigned i : order) resume(b, &F[i]);
+            while (try_warp(b, w)) {}
             continue;
         }
         bool progressed = false;

@@ -8,6 +8,16 @@
 
 static const char *g_impl = "tc";
 
+/* The gradients' tolerances (gc_compare_l2). The GPU rounds P and dS to
+ * bf16 (relative error up to 2^-9 each) before fp32 products over up to T
+ * terms, and stores dq, dk, dv in bf16 (another 2^-9): independent
+ * roundings add in quadrature, so the relative L2 error stays a few 2^-9
+ * (~4e-3); 1e-2 leaves room and still fails a wrong scale, mask or
+ * missing term (those are 10% and more). The worst element may carry the
+ * roundings of a whole row without averaging: 4e-2 of max |ref|. */
+#define ATT_L2_TOL 1e-2
+#define ATT_MAX_TOL 4e-2
+
 static void run(int B, int T, int H, int Hkv, int Dh) {
     if (!gc_case("%s_B%d_T%d_H%d_Hkv%d_Dh%d", g_impl, B, T, H, Hkv, Dh)) return;
     size_t nq = (size_t)B * T * H * Dh, nk = (size_t)B * T * Hkv * Dh;
@@ -17,7 +27,6 @@ static void run(int B, int T, int H, int Hkv, int Dh) {
     size_t natt = GC.cpu->attention_state_numel(B, T, H);
     float *att = gc_host(natt), *out = gc_host(nq), *dq = gc_host(nq), *dk = gc_host(nk), *dv = gc_host(nk);
     GC.cpu->attention_fwd(out, att, q, k, v, B, T, H, Hkv, Dh);
-    GC.cpu->attention_bwd(dq, dk, dv, g, out, q, k, v, att, B, T, H, Hkv, Dh);
 
     const backend_t *be = GC.gpu;
     act_t *gq = gc_dev_act(q, nq), *gk = gc_dev_act(k, nk), *gv = gc_dev_act(v, nk), *gg = gc_dev_act(g, nq);
@@ -27,18 +36,23 @@ static void run(int B, int T, int H, int Hkv, int Dh) {
     gc_poison_act(go, nq); gc_poison_act(gdq, nq); gc_poison_act(gdk, nk); gc_poison_act(gdv, nk);
     gc_poison_f32(gatt, gnatt);
     be->attention_fwd(go, gatt, gq, gk, gv, B, T, H, Hkv, Dh);
+    float *ho = gc_get_act(go, nq);
+    /* The oracle's backward starts from the output the GPU stored (bf16),
+     * as the GPU's does: D = rowsum(dO * O) from the exact output would
+     * differ from the GPU's by that rounding, 1-3% of dq and dk. */
+    GC.cpu->attention_bwd(dq, dk, dv, g, ho, q, k, v, att, B, T, H, Hkv, Dh);
     be->attention_bwd(gdq, gdk, gdv, gg, go, gq, gk, gv, gatt, B, T, H, Hkv, Dh);
-    float *ho = gc_get_act(go, nq), *hdq = gc_get_act(gdq, nq), *hdk = gc_get_act(gdk, nk), *hdv = gc_get_act(gdv, nk);
+    float *hdq = gc_get_act(gdq, nq), *hdk = gc_get_act(gdk, nk), *hdv = gc_get_act(gdv, nk);
     gc_compare("out", ho, out, nq, GC_BF16_TOL);
     if (T == 1) {
         /* one key: softmax is constant, so dq = dk = 0 exactly */
         gc_compare_zero("dq", hdq, nq, 1e-4);
         gc_compare_zero("dk", hdk, nk, 1e-4);
     } else {
-        gc_compare("dq", hdq, dq, nq, GC_BF16_TOL);
-        gc_compare("dk", hdk, dk, nk, GC_BF16_TOL);
+        gc_compare_l2("dq", hdq, dq, nq, ATT_L2_TOL, ATT_MAX_TOL);
+        gc_compare_l2("dk", hdk, dk, nk, ATT_L2_TOL, ATT_MAX_TOL);
     }
-    gc_compare("dv", hdv, dv, nk, GC_BF16_TOL);
+    gc_compare_l2("dv", hdv, dv, nk, ATT_L2_TOL, ATT_MAX_TOL);
     act_t *ds[] = { gq, gk, gv, gg, go, gdq, gdk, gdv };
     for (int i = 0; i < 8; i++) be->free(ds[i]);
     be->free(gatt);
@@ -59,7 +73,7 @@ static void run_long(int T, int H, int Hkv, int Dh) {
     gc_poison_act(go, nq);
     be->attention_fwd(go, gatt, gq, gk, gv, 1, T, H, Hkv, Dh);
     float *ho = gc_get_act(go, nq);
-    const int rows[] = { 0, 1, 31, 32, 1000, T / 2, T - 2, T - 1 };
+    const int rows[] = { 0, 1, 31 % T, 32 % T, 1000 % T, T / 2, T - 2, T - 1 };
     const int nr = (int)(sizeof rows / sizeof rows[0]);
     float *ref = gc_host((size_t)nr * H * Dh), *got = gc_host((size_t)nr * H * Dh);
     double *s = (double *)malloc((size_t)T * sizeof(double));
@@ -100,6 +114,12 @@ int main(void) {
         run(1, 100, 8, 2, 128);
         run(1, 257, 4, 4, 128);
         run(2, 64, 6, 1, 64);
+        if (gc_emulated()) { /* the emulator runs kernels on the CPU: the long cases shrink */
+            run(1, 130, 2, 1, 128);
+            run_long(300, 2, 1, 128);
+            run_long(193, 4, 2, 64);
+            continue;
+        }
         run(1, 1024, 8, 2, 128);
         run(1, 200, 4, 1, 128);
         run_long(32768, 2, 1, 128);

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# gpu_emu_train.sh: ballast-worker's CUDA backend on the emulated GPU
+# (tests/emu), through ballastd: activation offload (out and back a
+# horizon ahead), optimizer state offloaded to host (double buffered), and
+# two ranks sharing the one emulated device with staged collectives; each
+# must give the losses of one process without savers, to the bit (the
+# kernels are deterministic, so random thread and stream orders may not
+# change a single bit unless an ordering is missing).
+source "$(dirname "$0")/../lib.sh"
+source "$(dirname "$0")/ballastd.lib"
+E=$ROOT/$BUILD/tests/emu/bin
+[ -x "$E/ballast-worker" ] || { t_fail "emu ballast-worker built" "missing $E/ballast-worker"; t_done; exit; }
+export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_NUM_THREADS=1
+export LD_LIBRARY_PATH=$ROOT/$BUILD/emu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+D=$(t_tmpdir)
+cat > "$D/cfg.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+ "num_key_value_heads": 1, "head_dim": 64, "intermediate_size": 256, "vocab_size": 256,
+ "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false}
+JSON
+"$BIN/ballast" data synth --out "$D/c.bin" --tokens 20000 --vocab 256 >/dev/null
+bd_start main "$D" --pool-bytes 64M --no-mlock ||
+    { t_fail "ballastd starts" "$(tail -3 "$D/main.log")"; t_done; exit; }
+COMMON=(--backend cuda --model "$D/cfg.json" --init-seed 3 --data "$D/c.bin" --seq-len 32 --steps 4 --threads 1
+        --offload-socket "$(bd_sock main)" --rdzv-timeout 60s)
+run() {  # NAME NPROC MICRO [flags...]
+    local name=$1 np=$2 mb=$3; shift 3
+    timeout 300 "$E/ballast" train --nproc "$np" --micro-batch "$mb" "${COMMON[@]}" --offload-job "$name" \
+        --log-json "$D/$name.jsonl" "$@" > "$D/$name.out" 2>&1
+}
+same() {  # NAME: its losses equal ref's, every step, to the bit
+    /usr/bin/python3 - "$D/ref.jsonl" "$D/$1.jsonl" <<'PY'
+import sys
+import jsonlog
+ref, run = jsonlog.by_step(sys.argv[1], "loss"), jsonlog.by_step(sys.argv[2], "loss")
+if len(ref) != 4 or ref != run:
+    sys.exit("losses differ: %s vs %s" % (ref, run))
+PY
+}
+cd "$ROOT"
+if ! run ref 1 2; then t_fail "emu: one process on the emulated GPU trains" "$(tail -4 "$D/ref.out")"; t_done; exit; fi
+t_ok "emu: one process on the emulated GPU trains 4 steps"
+check() {  # NAME LABEL NPROC MICRO flags...
+    local name=$1 label=$2; shift 2
+    if ! run "$name" "$@"; then t_fail "emu: $label" "$(grep -E 'gpu-emu|error|ERROR' "$D/$name.out" | head -4)"; return; fi
+    if why=$(same "$name" 2>&1); then t_ok "emu: $label: the losses of one process, to the bit"
+    else t_fail "emu: $label" "$why"; fi
+}
+check act "activation offload, horizon 1" 1 2 --activation-offload --activation-loading-horizon 1
+check actck "activation offload, horizon 0, with checkpointing" 1 2 --activation-offload --activation-loading-horizon 0 \
+    --activation-checkpointing
+check opt "optimizer state offloaded to host" 1 2 --optimizer-offload host
+check w2 "two ranks on one emulated GPU (S 2), staged collectives" 2 1 --hybrid-shard-degree 2
+t_done
