@@ -93,4 +93,18 @@ $(BUILD)/tests/emu/selftest: $(EMU_DIR)/obj/tests/emu/selftest.o $(EMU_LIBDIR)/l
 	@echo "  LD   $@"
 	$(Q)$(EMU_CXX) $(EMU_SAN) -o $@ $< -L$(EMU_LIBDIR) -Wl,-rpath,$(abspath $(EMU_LIBDIR)) -lcudart
 
-UNIT_TESTS += $(EMU_CHECKS) $(EMU_BINS) $(BUILD)/tests/emu/selftest
+# the emulated libraries against independent references, with stubs of the
+# runtime's emu_* functions (so without the runtime and without sanitizers:
+# its NCCL is loaded into a program that has no ASan runtime)
+$(BUILD)/tests/emu/test_emu_libs: tests/emu/test_emu_libs.cc tests/emu/cublaslt.cc $(EMU_HDRS)
+	@mkdir -p $(@D)
+	@echo "  CXX  $@"
+	$(Q)$(EMU_CXX) -std=c++17 -O1 -g -Wall -Wextra -Itests/emu/include -I. -rdynamic tests/emu/test_emu_libs.cc \
+	    tests/emu/cublaslt.cc -ldl -o $@
+$(EMU_DIR)/plain/libnccl.so.2: tests/emu/nccl.cc $(EMU_HDRS)
+	@mkdir -p $(@D)
+	@echo "  CXX  $@"
+	$(Q)$(EMU_CXX) -std=c++17 -O1 -g -Wall -Wextra -shared -fPIC -Itests/emu/include $< -o $@
+
+UNIT_TESTS += $(EMU_CHECKS) $(EMU_BINS) $(BUILD)/tests/emu/selftest $(BUILD)/tests/emu/test_emu_libs \
+              $(EMU_DIR)/plain/libnccl.so.2

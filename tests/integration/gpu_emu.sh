@@ -2,7 +2,9 @@
 # gpu_emu.sh: the emulation tier (tests/emu): the CUDA backend's real .cu
 # files compiled as host C++ and run on the CPU, with random thread and
 # stream orders and AddressSanitizer.
-#   1. the emulator's own semantics (selftest)
+#   1. the emulator's own semantics (selftest) and its libraries against
+#      independent references (test_emu_libs: bf16/FP8 conversions,
+#      cuBLASLt, NCCL)
 #   2. every GPU check (tests/gpu/check_*.c) against the CPU oracle, on the
 #      emulated device; each prints its seed (BALLAST_EMU_SEED replays it)
 #   3. gpu_train check: 20 training steps on the emulated GPU against the
@@ -47,6 +49,11 @@ run_tap() {
 }
 
 run_tap selftest "$E/selftest"
+if [ -x "$E/test_emu_libs" ]; then
+    run_tap test_emu_libs "$E/test_emu_libs" "$ROOT/$BUILD/emu/plain/libnccl.so.2"
+else
+    t_fail "emu/test_emu_libs" "$E/test_emu_libs was not built"
+fi
 
 for src in "$ROOT"/tests/gpu/check_*.c; do
     name=$(basename "$src" .c)
