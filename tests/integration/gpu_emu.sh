@@ -66,12 +66,7 @@ done
 
 if [ -x "$E/gpu_train" ]; then
     d=$(t_tmpdir)
-    # head_dim 64 as the GPU kernels need; small enough for the CPU
-    cat > "$d/config.json" <<'JSON'
-{"architectures": ["LlamaForCausalLM"], "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
- "num_key_value_heads": 1, "head_dim": 64, "intermediate_size": 256, "vocab_size": 256,
- "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false}
-JSON
+    cp "$ROOT/tests/emu/config.json" "$d/config.json"  # head_dim 64, as the GPU kernels need
     for ck in false true; do
         steps=20 seq=64 flag=()
         [ "$ck" = true ] && steps=8 seq=32 flag=(--activation-checkpointing)

@@ -13,11 +13,7 @@ E=$ROOT/$BUILD/tests/emu/bin
 export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_NUM_THREADS=1
 export LD_LIBRARY_PATH=$ROOT/$BUILD/emu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 D=$(t_tmpdir)
-cat > "$D/cfg.json" <<'JSON'
-{"architectures": ["LlamaForCausalLM"], "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
- "num_key_value_heads": 1, "head_dim": 64, "intermediate_size": 256, "vocab_size": 256,
- "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false}
-JSON
+cp "$ROOT/tests/emu/config.json" "$D/cfg.json"  # head_dim 64, as the GPU kernels need
 "$BIN/ballast" data synth --out "$D/c.bin" --tokens 20000 --vocab 256 >/dev/null
 bd_start main "$D" --pool-bytes 64M --no-mlock ||
     { t_fail "ballastd starts" "$(tail -3 "$D/main.log")"; t_done; exit; }
