@@ -26,13 +26,13 @@ done
 TIMEOUT=${BALLAST_TEST_TIMEOUT:-900}
 LOGDIR=$BUILD/test-logs
 rm -rf "$LOGDIR"; mkdir -p "$LOGDIR"
-PASS=0; FAIL=0; SKIP=0
+PASS=0; FAIL=0; SKIP=0; RUN_T0=$SECONDS
 FAILED_NAMES=()
 
 # Count TAP lines of one log; a program that failed without a failing line
 # counts as one failure.
 tally() {
-    local name=$1 log=$2 rc=$3
+    local name=$1 log=$2 rc=$3 secs=${4:-0}
     local p f s
     p=$(grep -E '^ok ' "$log" | grep -vc '# SKIP' || true)
     s=$(grep -E '^ok .*# SKIP' -c "$log" || true)
@@ -44,7 +44,7 @@ tally() {
     PASS=$((PASS + p)); FAIL=$((FAIL + f)); SKIP=$((SKIP + s))
     local status=PASS
     [ "$f" -gt 0 ] && { status=FAIL; FAILED_NAMES+=("$name"); }
-    printf '%-4s %-44s %4d passed %3d failed %3d skipped\n' "$status" "$name" "$p" "$f" "$s"
+    printf '%-4s %-44s %4d passed %3d failed %3d skipped %5ds\n' "$status" "$name" "$p" "$f" "$s" "$secs"
     if [ "$f" -gt 0 ]; then
         grep -E -A12 '^not ok ' "$log" | sed 's/^/     | /' | head -40
         echo "     | (full log: $log)"
@@ -96,22 +96,24 @@ for t in $(ls "$BUILD"/tests/unit/test_* 2>/dev/null | grep -v '\.d$' | sort); d
         continue
     fi
     jobs=2; [ ${#VG[@]} -gt 0 ] && jobs=1
+    t0=$SECONDS
     timeout "$TIMEOUT" "${VG[@]}" "$t" --tap="$log" -j$jobs --timeout 300 > "$LOGDIR/$(basename "$t").out" 2>&1
     rc=$?
     [ -f "$log" ] || : > "$log"
     check_reports "$name" "$LOGDIR/$(basename "$t").out" "$log"
-    tally "$name" "$log" $rc
+    tally "$name" "$log" $rc $((SECONDS - t0))
 done
 
 run_script() {
     local s=$1 name=$2
     local log=$LOGDIR/$(echo "$name" | tr '/' '_').tap
+    local t0=$SECONDS
     timeout "$TIMEOUT" bash "$s" > "$log" 2> "$log.err"
     local rc=$?
     [ $rc -eq 124 ] && echo "not ok - $name timed out after ${TIMEOUT}s" >> "$log"
     if [ $rc -ne 0 ]; then tail -20 "$log.err" | sed 's/^/# /' >> "$log"; fi
     check_reports "$name" "$log.err" "$log"
-    tally "$name" "$log" $rc
+    tally "$name" "$log" $rc $((SECONDS - t0))
 }
 
 for s in $(ls tests/integration/*.sh 2>/dev/null | sort); do
@@ -130,5 +132,6 @@ fi
 
 echo
 if [ ${#FAILED_NAMES[@]} -gt 0 ]; then echo "failed: ${FAILED_NAMES[*]}"; fi
+echo "tests ran for $((SECONDS - RUN_T0))s"
 echo "$PASS passed, $FAIL failed, $SKIP skipped"
 [ "$FAIL" -eq 0 ] && [ $((PASS + SKIP)) -gt 0 ]
