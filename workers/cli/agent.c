@@ -35,6 +35,7 @@ struct agent {
     double last_look;            /* ... and of the last look at the peers' */
     double store_ok;             /* the last time a store call succeeded */
     double lost_s;
+    bool store_lost;             /* cut off from node 0's store: no restart possible */
     peer_t *peer;                /* [nnodes] */
     char addr[300];
     char host[128];
@@ -195,6 +196,7 @@ static void lost_reason(agent_t *a, int q, char *why, size_t len) {
 /* Whether this node is cut off from the store for longer than lost_s. */
 static int cut_off(agent_t *a, char *why, size_t len) {
     if (clock_now_s() - a->store_ok <= a->lost_s) return 0;
+    a->store_lost = true;
     snprintf(why, len, "node 0 lost: the launchers' store at %s has not answered for %.1f s (node 0's launcher "
              "died, or the network to it is cut)", a->addr, clock_now_s() - a->store_ok);
     return 1;
@@ -223,6 +225,10 @@ int agent_begin(agent_t *a, int *attempt, char *err, size_t errlen) {
             publish(a, why, out, sizeof out);
             a->attempt++;
         }
+    } else if (a->store_lost) {
+        snprintf(err, errlen, "node %d: no restart without node 0 and its store at %s: start every node's "
+                 "launcher again (the workers resume with --resume auto)", a->c.node_rank, a->addr);
+        return -1;
     } else {
         a->attempt++;
     }
