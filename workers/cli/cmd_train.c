@@ -1,4 +1,11 @@
-/* cmd_train.c: `ballast train`, the local launcher.
+/* cmd_train.c: `ballast train`, the launcher of one node.
+ *
+ * --nnodes N > 1: one launcher per node; this one starts its
+ * --nproc-per-node P workers with RANK = node rank x P + local rank and
+ * MASTER_PORT = --master-port + 1 (rank 0 serves the workers' store there),
+ * and watches the other launchers through node 0's store on --master-port
+ * (agent.h): a failed rank or a lost node stops every node's workers;
+ * --max-restarts K starts them again (BALLAST_RESUME=auto) up to K times.
  *
  * --nproc 1: it replaces itself with one ballast-worker (found next to
  * this program, else on PATH) given the same worker flags.
@@ -54,9 +61,22 @@
 #define TRAIN_BD_STOP_S 30
 
 static void train_usage(FILE *out) {
-    fprintf(out, "usage: ballast train [--nproc N] [launcher options] [worker options]\n"
+    fprintf(out, "usage: ballast train [--nproc N | --nnodes N --node-rank R --nproc-per-node P --master-addr HOST\n"
+                 "                      --master-port PORT] [--max-restarts K] [launcher options] [worker options]\n"
                  "  --nproc N              worker processes on this machine (default 1); N > 1 trains with hybrid\n"
                  "                         sharding (--hybrid-shard-degree), rank 0 serving the rendezvous store\n"
+                 "One launcher per node (torchrun's flags; defaults from PET_NNODES, PET_NODE_RANK or\n"
+                 "JOB_COMPLETION_INDEX, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT):\n"
+                 "  --nnodes N             launchers in the job (default 1)\n"
+                 "  --node-rank R          this node, 0..N-1; its workers get ranks R*P .. R*P+P-1\n"
+                 "  --nproc-per-node P     workers on this node, one per GPU (--nproc is the one-node form)\n"
+                 "  --master-addr HOST     node 0's host (default 127.0.0.1)\n"
+                 "  --master-port PORT     node 0's launcher serves the launchers' store there, rank 0 the workers'\n"
+                 "                         store on PORT+1 (default 29500)\n"
+                 "  --max-restarts K       after a failure, restart every node's workers up to K times, from the\n"
+                 "                         newest complete checkpoint in --ckpt-dir (--resume auto) (default 0)\n"
+                 "  --rdzv-timeout D       (also a worker flag) bounds every wait; a node without a heartbeat for\n"
+                 "                         half of it (2 s to 30 s) is lost (default 300s)\n"
                  "With --activation-offload or --optimizer-offload host|nvme and no ballastd answering on\n"
                  "--offload-socket, the launcher starts one for the run and stops it at the end:\n"
                  "  --offload-pool SIZE    its host memory pool (default: 1G, at most a quarter of the RAM)\n"
