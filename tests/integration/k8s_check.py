@@ -17,11 +17,21 @@ checks what the schemas cannot see:
     mount of a hostPath (DaemonSet) and every worker mounts the same host
     path at the same directory; both run as the same uid (the fd socket's
     peer check);
+  - ballastd's DaemonSet updates OnDelete (a rollout never restarts the
+    service under a running job) and selects nodes by labels GKE and EKS set
+    without extra software (cloud.google.com/gke-accelerator, the well-known
+    instance type);
   - workers: /dev/shm is a memory emptyDir; nvidia.com/gpu limits set iff
-    BALLAST_BACKEND is cuda; an Indexed Job whose completions and parallelism
-    equal WORLD_SIZE (LOCAL_WORLD_SIZE 1); MASTER_ADDR is index 0 of the Job
-    under a headless Service with publishNotReadyAddresses that is the pod
-    template's subdomain;
+    BALLAST_BACKEND is cuda, and then equal to PET_NPROC_PER_NODE (one pod
+    per node holding all its GPUs); the container runs the launcher
+    (`ballast train`); an Indexed Job whose completions and parallelism
+    equal PET_NNODES; MASTER_ADDR is index 0 of the Job under a headless
+    Service with publishNotReadyAddresses that is the pod template's
+    subdomain; --ckpt-dir is a ReadWriteMany PersistentVolumeClaim; restarts
+    resume (BALLAST_RESUME or --resume auto, and --max-restarts, a Job
+    backoffLimit or a JobSet's maxRestarts); an EFA request equals its limit;
+  - NetworkPolicies that guard a pod with a metrics port admit Prometheus
+    to it;
   - offload: every worker-image container reading the training options
     (the worker and the `ballast doctor` init step) uses ballastd's --socket
     (BALLAST_OFFLOAD_SOCKET / --offload-socket), or in remote mode
@@ -40,6 +50,7 @@ KINDS = {
     ("v1", "ConfigMap"), ("v1", "Service"), ("v1", "Secret"), ("v1", "ServiceAccount"),
     ("apps/v1", "DaemonSet"), ("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"),
     ("batch/v1", "Job"), ("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("v1", "PersistentVolumeClaim"),
     ("jobset.x-k8s.io/v1alpha2", "JobSet"),
 }
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -119,7 +130,8 @@ def expand_jobsets(docs):
                      "ranks from JOB_COMPLETION_INDEX need replicas: 1")
             job = {"apiVersion": "batch/v1", "kind": "Job",
                    "metadata": {"name": f"{js['metadata']['name']}-{rj['name']}-0"},
-                   "spec": (rj.get("template") or {}).get("spec") or {}}
+                   "spec": (rj.get("template") or {}).get("spec") or {},
+                   "_jobset_max_restarts": (spec.get("failurePolicy") or {}).get("maxRestarts", 0)}
             job["spec"].setdefault("template", {}).setdefault("spec", {})
             if net.get("enableDNSHostnames"):
                 job["spec"]["template"]["spec"]["subdomain"] = sub
@@ -250,6 +262,18 @@ def main(path, label):
         vols = {v["name"]: v for v in pod_spec(w).get("volumes") or []}
         mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
         check(sockdir in mounts, f"{tag}: the socket directory {sockdir} is a volume", f"mounts {list(mounts)}")
+        if w["kind"] == "DaemonSet":
+            check(((w["spec"].get("updateStrategy") or {}).get("type")) == "OnDelete",
+                  f"{tag}: updateStrategy OnDelete (a rollout never drops a running job's optimizer state)",
+                  f"updateStrategy {w['spec'].get('updateStrategy')}")
+            ps_ = pod_spec(w)
+            terms = ((((ps_.get("affinity") or {}).get("nodeAffinity") or {})
+                      .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+            keys = {e.get("key") for t in terms for e in t.get("matchExpressions") or []}
+            if ps_.get("nodeSelector") or terms:
+                check(not ps_.get("nodeSelector") and {"cloud.google.com/gke-accelerator", "node.kubernetes.io/instance-type"} <= keys,
+                      f"{tag}: selects GPU nodes by labels GKE and EKS set with the stock device plugin",
+                      f"nodeSelector {ps_.get('nodeSelector')}, affinity keys {sorted(k for k in keys if k)}")
         if w["kind"] == "DaemonSet" and sockdir in mounts:
             hp = (vols.get(mounts[sockdir]) or {}).get("hostPath")
             if check(hp is not None, f"{tag}: the socket directory is a hostPath", "node-local ballastd needs one"):
@@ -280,6 +304,12 @@ def main(path, label):
                   f"{tag}: remote mode's API is guarded (--token-file, or a NetworkPolicy admitting only the workers to port {listen_port})",
                   f"no --token-file; NetworkPolicy admits the workers to {listen_port}: {from_workers}, anyone: {open_all}")
             remote_d.append((w, c, listen_port))
+            if mp and mp != "0":
+                mp_rules = [r for r in rules if r.get("ports") and any(str(pp.get("port")) == mp for pp in r["ports"])]
+                prom = any(any(((f.get("podSelector") or {}).get("matchLabels") or {}).get("app.kubernetes.io/name") == "prometheus"
+                               for f in r.get("from") or []) or not r.get("from") for r in mp_rules)
+                check(not rules or prom, f"{tag}: the NetworkPolicy lets Prometheus scrape --metrics-port {mp}",
+                      f"no ingress rule admits pods app.kubernetes.io/name=prometheus to {mp}")
 
     # ---- workers ----
     jobs = [w for w in by_kind.get("Job", []) if any(c.get("image", "").split(":")[0].endswith("ballast-worker")
@@ -301,10 +331,39 @@ def main(path, label):
                 check(wmp in [str(cp["containerPort"]) for cp in c.get("ports") or []],
                       f"{tag}/{c['name']}: the worker's metrics port {wmp} is a container port", f"ports {c.get('ports')}")
             backend = env.get("BALLAST_BACKEND", "cpu")
-            limits = (c.get("resources") or {}).get("limits") or {}
+            res = c.get("resources") or {}
+            limits = res.get("limits") or {}
             gpus = int(limits.get("nvidia.com/gpu", 0))
+            per_node = int(env.get("PET_NPROC_PER_NODE", "1"))
             check((backend == "cuda") == (gpus > 0), f"{tag}/{c['name']}: GPU limits match BALLAST_BACKEND={backend}",
                   f"nvidia.com/gpu limit {gpus}")
+            if gpus:
+                check(gpus == per_node, f"{tag}/{c['name']}: the pod holds PET_NPROC_PER_NODE {per_node} GPUs (one worker each)",
+                      f"nvidia.com/gpu limit {gpus}")
+            efa = limits.get("vpc.amazonaws.com/efa")
+            if efa is not None:
+                check((res.get("requests") or {}).get("vpc.amazonaws.com/efa") == efa,
+                      f"{tag}/{c['name']}: EFA request equals its limit ({efa})", f"requests {res.get('requests')}")
+            cmd = c.get("command") or []
+            check(cmd[-2:] == ["/usr/local/bin/ballast", "train"] or cmd[-1:] == ["train"] and "ballast" in cmd[0],
+                  f"{tag}/{c['name']}: runs the launcher (ballast train), one per pod",
+                  f"command {cmd}")
+            cargs = c.get("args") or []
+            ck = flag(cargs, "--ckpt-dir") or env.get("BALLAST_CKPT_DIR")
+            if check(ck is not None, f"{tag}/{c['name']}: has a --ckpt-dir", "no checkpoints: a restart would begin at step 0"):
+                mpath = max((m for m in mounts if ck == m or ck.startswith(m.rstrip("/") + "/")), key=len, default=None)
+                vol = vols.get(mounts.get(mpath), {})
+                claim = (vol.get("persistentVolumeClaim") or {}).get("claimName")
+                pvc = [x for x in by_kind.get("PersistentVolumeClaim", []) if x["metadata"]["name"] == claim]
+                check(bool(pvc) and "ReadWriteMany" in (pvc[0]["spec"].get("accessModes") or []),
+                      f"{tag}/{c['name']}: --ckpt-dir {ck} is a ReadWriteMany volume shared by every pod",
+                      f"{ck} is on {vol or 'no volume'}" + (f", claim {claim} modes {pvc[0]['spec'].get('accessModes')}" if pvc else ""))
+            resume = flag(cargs, "--resume") or env.get("BALLAST_RESUME", "false")
+            restarts = int(flag(cargs, "--max-restarts") or 0)
+            retry = (j["spec"].get("backoffLimit") or 0) > 0 or j.get("_jobset_max_restarts", 0) > 0
+            check(resume == "auto" and (restarts > 0 or retry),
+                  f"{tag}/{c['name']}: restarts resume (--resume auto; --max-restarts {restarts}, "
+                  f"backoffLimit {j['spec'].get('backoffLimit')})", f"resume {resume!r}")
             if sock_host:
                 hp, sockdir = sock_host
                 v = vols.get(mounts.get(sockdir), {})
@@ -312,13 +371,13 @@ def main(path, label):
                       f"{tag}/{c['name']}: mounts ballastd's socket directory (host {hp}) at {sockdir}",
                       f"{sockdir} is {v or 'not mounted'}")
             spec = j["spec"]
-            world = int(env.get("WORLD_SIZE", "1"))
-            lws = int(env.get("LOCAL_WORLD_SIZE", "1"))
-            check(spec.get("completionMode") == "Indexed", f"{tag}: Indexed (JOB_COMPLETION_INDEX is the rank)",
+            nodes = int(env.get("PET_NNODES", "1"))
+            check(spec.get("completionMode") == "Indexed", f"{tag}: Indexed (JOB_COMPLETION_INDEX is the node rank)",
                   f"completionMode {spec.get('completionMode')}")
-            check(lws == 1 and spec.get("completions") == world and spec.get("parallelism") == world,
-                  f"{tag}: completions and parallelism equal WORLD_SIZE {world}",
-                  f"completions {spec.get('completions')}, parallelism {spec.get('parallelism')}, LOCAL_WORLD_SIZE {lws}")
+            check(spec.get("completions") == nodes and spec.get("parallelism") == nodes and "WORLD_SIZE" not in env,
+                  f"{tag}: completions and parallelism equal PET_NNODES {nodes} (the launcher sets WORLD_SIZE)",
+                  f"completions {spec.get('completions')}, parallelism {spec.get('parallelism')}, "
+                  f"WORLD_SIZE {env.get('WORLD_SIZE')}")
             sub = ps.get("subdomain")
             hs = [s for s in by_kind.get("Service", []) if s["metadata"]["name"] == sub]
             check(bool(hs) and hs[0]["spec"].get("clusterIP") == "None" and hs[0]["spec"].get("publishNotReadyAddresses") is True,

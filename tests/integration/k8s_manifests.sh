@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # k8s_manifests.sh: docker/k8s renders with `kubectl kustomize` (base and
 # every overlay) and passes k8s_check.py (references, selectors, probes,
-# socket path, /dev/shm, GPU limits, ranks vs completions, the offload
-# address, the doctor init step). Then breaks a rendered manifest in nine
-# ways and expects the check to catch each one.
+# socket path, /dev/shm, GPU limits, nodes vs completions, the launcher per
+# pod, the shared checkpoint volume, restarts that resume, ballastd's node
+# selection and update strategy, Prometheus through the NetworkPolicy, the
+# offload address, the doctor init step). Then breaks a rendered manifest
+# in sixteen ways and expects the check to catch each one.
 # Every rendered object is validated against the Kubernetes OpenAPI schemas
 # offline (tests/k8s-schema/validate.js); that check must fail on broken
 # field types too. No cluster is needed (see docs/deploy.md).
@@ -94,7 +96,15 @@ broken() {
 }
 if [ -f "$D/base.yaml" ]; then
     broken "probe on a port the container does not declare" "FAIL\|.*Probe port 8082" 's/^( +)port: 8081$/\1port: 8082/'
-    broken "WORLD_SIZE differs from the Job's completions" "FAIL\|.*completions and parallelism" 's/^(  WORLD_SIZE: )"2"/\1"3"/'
+    broken "PET_NNODES differs from the Job's completions" "FAIL\|.*completions and parallelism equal PET_NNODES" 's/^(  PET_NNODES: )"2"/\1"3"/'
+    broken "a pod with another GPU count than PET_NPROC_PER_NODE" "FAIL\|.*holds PET_NPROC_PER_NODE 2 GPUs" \
+        's/^(  PET_NPROC_PER_NODE: )"1"/\1"2"/'
+    broken "the worker container without the launcher" "FAIL\|.*runs the launcher" '/^        - train$/d'
+    broken "checkpoints on a ReadWriteOnce claim" "FAIL\|.*ReadWriteMany volume shared" 's/ReadWriteMany/ReadWriteOnce/'
+    broken "restarts that begin at step 0" "FAIL\|.*restarts resume" 's/^(  BALLAST_RESUME: )auto/\1"false"/'
+    broken "ballastd updated by a rolling update" "FAIL\|.*updateStrategy OnDelete" 's/type: OnDelete/type: RollingUpdate/'
+    broken "ballastd only on GPU feature discovery's label" "FAIL\|.*labels GKE and EKS set" \
+        's/key: cloud.google.com\/gke-accelerator/key: example.com\/gpu/'
     broken "/dev/shm not mounted" "FAIL\|.*/dev/shm" 's#mountPath: /dev/shm#mountPath: /dev/shm-not#'
     broken "ballastd's socket outside its volume" "FAIL\|.*socket directory" 's#--socket=/run/ballast/#--socket=/run/elsewhere/#'
     broken "GPU backend without GPU limits" "FAIL\|.*GPU limits" '/nvidia.com\/gpu: 1/d'
@@ -109,6 +119,9 @@ if [ -f "$D/remote-offload.yaml" ]; then
         /usr/bin/python3 "$CHECK" "$D/broken.yaml" broken
     sed -E 's/- port: 7070$/- port: 7071/' "$D/remote-offload.yaml" > "$D/broken.yaml"
     t_expect_fail "check catches: a NetworkPolicy that does not admit the workers to ballastd's API" "FAIL\|.*remote mode's API is guarded" \
+        /usr/bin/python3 "$CHECK" "$D/broken.yaml" broken
+    sed -E 's/- port: 9464$/- port: 9465/' "$D/remote-offload.yaml" > "$D/broken.yaml"
+    t_expect_fail "check catches: a NetworkPolicy that keeps Prometheus from /metrics" "FAIL\|.*lets Prometheus scrape" \
         /usr/bin/python3 "$CHECK" "$D/broken.yaml" broken
 fi
 t_done

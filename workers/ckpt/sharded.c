@@ -27,6 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "errbuf.h"
 #include "workers/ckpt/safetensors.h"
@@ -323,4 +326,68 @@ int ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen) {
     }
     st_close(st);
     return rc;
+}
+
+/* ---- a shared checkpoint directory ---- */
+
+#define CKPT_SHARED_WAIT_S 5   /* how long a rank looks for rank 0's marker */
+
+int ckpt_check_shared(fsdp_t *f, const char *dir, int rank, const char *where, char *err, size_t errlen) {
+    char e[512], marker[4200];
+    int bad = 0;
+    uint32_t token = 0;
+    if (rank == 0) {
+        /* a token no earlier run left: time, pid and address bits */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        token = (uint32_t)(ts.tv_nsec ^ (ts.tv_sec << 20) ^ ((uint64_t)getpid() << 8) ^ (uintptr_t)&ts) & 0x7fffffffu;
+        if (!token) token = 1;
+        if (ckpt_mkdirs(dir, e, sizeof e)) {
+            bad = 2;
+            snprintf(err, errlen, "--ckpt-dir %s: rank 0 cannot create it: %s", dir, e);
+        } else {
+            snprintf(marker, sizeof marker, "%s/.shared-check-%08x", dir, token);
+            FILE *mf = fopen(marker, "w");
+            if (!mf || fprintf(mf, "ballast: rank 0 checks that every rank sees this directory\n") < 0 ||
+                fflush(mf) || fsync(fileno(mf))) {
+                bad = 2;
+                snprintf(err, errlen, "--ckpt-dir %s: rank 0 cannot write %s: %s", dir, marker, strerror(errno));
+            }
+            if (mf) fclose(mf);
+        }
+    }
+    double sum;
+    /* rank 0's token to everyone (exact in a double), then who fails */
+    if (fsdp_sum_all(f, rank == 0 ? (bad ? -1.0 : (double)token) : 0.0, &sum, e, sizeof e))
+        return errbuf_set(err, errlen, "checking --ckpt-dir: %s", e), -EIO;
+    if (sum < 0) {
+        if (rank == 0) return -EACCES;
+        snprintf(err, errlen, "--ckpt-dir %s: rank 0 could not write it (see its message)", dir);
+        return -EXDEV;
+    }
+    token = (uint32_t)sum;
+    snprintf(marker, sizeof marker, "%s/.shared-check-%08x", dir, token);
+    if (rank != 0) {
+        struct stat st;
+        bool seen = false;
+        for (int i = 0; i < CKPT_SHARED_WAIT_S * 10 && !seen; i++) {
+            seen = stat(marker, &st) == 0;
+            if (!seen) usleep(100000);
+        }
+        if (!seen) bad = 1;
+    }
+    double nbad;
+    if (fsdp_sum_all(f, bad, &nbad, e, sizeof e)) return errbuf_set(err, errlen, "checking --ckpt-dir: %s", e), -EIO;
+    if (rank == 0) unlink(marker);
+    if (bad)
+        return errbuf_set(err, errlen, "%s--ckpt-dir %s is not the directory rank 0 writes: rank 0's marker %s is not "
+                          "there after %d s. Every rank writes its own shard into one checkpoint directory, so "
+                          "--ckpt-dir must be shared by all nodes: mount the same ReadWriteMany volume (Kubernetes) "
+                          "or shared file system (NFS, EFS, Lustre, ...) at that path on every node", where, dir,
+                          marker, CKPT_SHARED_WAIT_S), -ENOENT;
+    if (nbad > 0)
+        return errbuf_set(err, errlen, "--ckpt-dir %s is not shared: %.0f rank%s do not see rank 0's marker in it (their "
+                          "messages name them); mount one shared directory (a ReadWriteMany volume) at --ckpt-dir on "
+                          "every node", dir, nbad, nbad == 1 ? "" : "s"), -EXDEV;
+    return 0;
 }

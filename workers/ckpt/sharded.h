@@ -29,4 +29,14 @@ int ckpt_save(fsdp_t *f, const char *dir, const ckpt_meta_t *meta, int rank, int
  * Sizes and crc32 are checked. Local: no collective. */
 int ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen);
 
+/* Check that every rank sees DIR as the same directory, at start (a save
+ * has every rank write its file into one step directory): rank 0 creates
+ * DIR and leaves a marker file named by a random token, every rank looks
+ * for it (for a few seconds, for network file systems), and rank 0 removes
+ * it. Collective over every rank. 0 when all see it; -ENOENT on a rank
+ * that does not (err names DIR, the marker, `where` and the fix); -EXDEV on
+ * the others (err says how many ranks do not); another -errno when rank 0
+ * cannot write DIR. */
+int ckpt_check_shared(fsdp_t *f, const char *dir, int rank, const char *where, char *err, size_t errlen);
+
 #endif

@@ -1,4 +1,11 @@
-/* cmd_train.c: `ballast train`, the local launcher.
+/* cmd_train.c: `ballast train`, the launcher of one node.
+ *
+ * --nnodes N > 1: one launcher per node; this one starts its
+ * --nproc-per-node P workers with RANK = node rank x P + local rank and
+ * MASTER_PORT = --master-port + 1 (rank 0 serves the workers' store there),
+ * and watches the other launchers through node 0's store on --master-port
+ * (agent.h): a failed rank or a lost node stops every node's workers;
+ * --max-restarts K starts them again (BALLAST_RESUME=auto) up to K times.
  *
  * --nproc 1: it replaces itself with one ballast-worker (found next to
  * this program, else on PATH) given the same worker flags.
@@ -40,19 +47,36 @@
 #include "log.h"
 #include "clock.h"
 #include "options.h"
+#include "topology.h"
+#include "workers/cli/agent.h"
 #include "workers/cli/cli.h"
 
 #define TRAIN_MAX_NPROC 1024
 #define TRAIN_KILL_GRACE_S 5
+#define TRAIN_MAX_NODES 65536
+#define TRAIN_MAX_RESTARTS 1000
 
 #define TRAIN_DEFAULT_SOCKET "unix:/run/ballast/ballastd.sock"
 #define TRAIN_BD_READY_S 20
 #define TRAIN_BD_STOP_S 30
 
 static void train_usage(FILE *out) {
-    fprintf(out, "usage: ballast train [--nproc N] [launcher options] [worker options]\n"
+    fprintf(out, "usage: ballast train [--nproc N | --nnodes N --node-rank R --nproc-per-node P --master-addr HOST\n"
+                 "                      --master-port PORT] [--max-restarts K] [launcher options] [worker options]\n"
                  "  --nproc N              worker processes on this machine (default 1); N > 1 trains with hybrid\n"
                  "                         sharding (--hybrid-shard-degree), rank 0 serving the rendezvous store\n"
+                 "One launcher per node (torchrun's flags; defaults from PET_NNODES, PET_NODE_RANK or\n"
+                 "JOB_COMPLETION_INDEX, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT):\n"
+                 "  --nnodes N             launchers in the job (default 1)\n"
+                 "  --node-rank R          this node, 0..N-1; its workers get ranks R*P .. R*P+P-1\n"
+                 "  --nproc-per-node P     workers on this node, one per GPU (--nproc is the one-node form)\n"
+                 "  --master-addr HOST     node 0's host (default 127.0.0.1)\n"
+                 "  --master-port PORT     node 0's launcher serves the launchers' store there, rank 0 the workers'\n"
+                 "                         store on PORT+1 (default 29500)\n"
+                 "  --max-restarts K       after a failure, restart every node's workers up to K times, from the\n"
+                 "                         newest complete checkpoint in --ckpt-dir (--resume auto) (default 0)\n"
+                 "  --rdzv-timeout D       (also a worker flag) bounds every wait; a node without a heartbeat for\n"
+                 "                         half of it (2 s to 30 s) is lost (default 300s)\n"
                  "With --activation-offload or --optimizer-offload host|nvme and no ballastd answering on\n"
                  "--offload-socket, the launcher starts one for the run and stops it at the end:\n"
                  "  --offload-pool SIZE    its host memory pool (default: 1G, at most a quarter of the RAM)\n"
@@ -299,110 +323,241 @@ static int free_port(void) {
     return port;
 }
 
-static volatile sig_atomic_t g_fwd_sig, g_alarm;
+static volatile sig_atomic_t g_fwd_sig;
 static void on_fwd(int sig) { g_fwd_sig = sig; }
-static void on_alarm(int sig) { (void)sig; g_alarm = 1; }
 
-static int launch(int nproc, char *const *wargv) {
-    int port = free_port();
-    if (port < 0) { fprintf(stderr, "ballast train: cannot find a free TCP port on 127.0.0.1: %s\n", strerror(errno)); return 1; }
+/* ---- the workers of one attempt ---- */
+
+/* Where this launcher's workers sit and what they are told. */
+typedef struct {
+    int nnodes, node_rank, nproc;  /* nodes, this node, workers per node (P) */
+    char master_addr[TOPO_ADDR_MAX];
+    int worker_port;               /* the workers' store: rank 0 serves it */
+    int max_restarts;              /* --max-restarts */
+    double rdzv_timeout;           /* --rdzv-timeout (seconds) */
+    bool resume_given;             /* --resume / BALLAST_RESUME set by the user */
+    const char *ckpt_dir;          /* --ckpt-dir, NULL = none */
+    char host[128];                /* this node's host name */
+} launch_t;
+
+typedef enum { RUN_OK = 0, RUN_FAILED, RUN_STOPPED } run_end_t;
+
+static void child_env(const launch_t *L, int local, int attempt) {
+    char val[32];
+    snprintf(val, sizeof val, "%d", L->node_rank * L->nproc + local);
+    setenv("RANK", val, 1);
+    snprintf(val, sizeof val, "%d", local);
+    setenv("LOCAL_RANK", val, 1);
+    snprintf(val, sizeof val, "%d", L->nnodes * L->nproc);
+    setenv("WORLD_SIZE", val, 1);
+    snprintf(val, sizeof val, "%d", L->nproc);
+    setenv("LOCAL_WORLD_SIZE", val, 1);
+    setenv("MASTER_ADDR", L->master_addr, 1);
+    snprintf(val, sizeof val, "%d", L->worker_port);
+    setenv("MASTER_PORT", val, 1);
+    /* the launcher resolved these already; the workers go by RANK and WORLD_SIZE */
+    static const char *const stale[] = { "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR",
+                                         "PET_MASTER_PORT", "JOB_COMPLETION_INDEX", "GROUP_RANK" };
+    for (size_t i = 0; i < sizeof stale / sizeof stale[0]; i++) unsetenv(stale[i]);
+    /* a restart continues from the newest complete checkpoint */
+    if (attempt > 0 && !L->resume_given) setenv("BALLAST_RESUME", "auto", 1);
+    /* P ranks share the cores unless the user chose otherwise */
+    if (!getenv("OMP_NUM_THREADS")) {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        snprintf(val, sizeof val, "%ld", ncpu / L->nproc > 1 ? ncpu / L->nproc : 1);
+        setenv("OMP_NUM_THREADS", val, 1);
+    }
+}
+
+static void kill_all(pid_t *pids, int n, int sig) {
+    for (int i = 0; i < n; i++) if (pids[i] > 0) kill(pids[i], sig);
+}
+
+static void describe_exit(const launch_t *L, int local, pid_t p, int st, char *out, size_t len) {
+    int r = L->node_rank * L->nproc + local;
+    char where[200] = "";
+    if (L->nnodes > 1) snprintf(where, sizeof where, " (node %d, host %s)", L->node_rank, L->host);
+    if (WIFSIGNALED(st))
+        snprintf(out, len, "rank %d%s (pid %d) was killed by signal %d (%s)", r, where, (int)p, WTERMSIG(st),
+                 strsignal(WTERMSIG(st)));
+    else
+        snprintf(out, len, "rank %d%s (pid %d) failed with exit status %d (its message is above%s)", r, where, (int)p,
+                 WEXITSTATUS(st), L->nnodes > 1 ? ", in that node's log" : "");
+}
+
+/* Start this node's P workers for attempt `attempt` and watch them (and,
+ * with ag, the other nodes) until all have exited. *status: the exit
+ * status to return; cause: why the attempt failed. */
+static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *const *wargv, int *status,
+                             char *cause, size_t clen) {
+    int nproc = L->nproc;
     pid_t *pids = calloc((size_t)nproc, sizeof *pids);
     CHECK_ALLOC(pids);
-    struct sigaction sa = { 0 };
-    sa.sa_handler = on_fwd;          /* no SA_RESTART: waitpid returns EINTR */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sa.sa_handler = on_alarm;
-    sigaction(SIGALRM, &sa, NULL);
-    char val[32];
     int alive = 0;
+    run_end_t end = RUN_OK;
+    bool stopping = false;
+    double stop_t = 0;
+    *status = 0;
+    cause[0] = 0;
     for (int r = 0; r < nproc; r++) {
         pid_t p = fork();
         if (p < 0) {
-            fprintf(stderr, "ballast train: fork of rank %d failed: %s\n", r, strerror(errno));
-            for (int i = 0; i < r; i++) kill(pids[i], SIGTERM);
+            snprintf(cause, clen, "node %d: fork of local rank %d failed: %s", L->node_rank, r, strerror(errno));
+            fprintf(stderr, "ballast train: %s\n", cause);
+            end = RUN_FAILED;
+            *status = 1;
             break;
         }
         if (p == 0) {
             prctl(PR_SET_PDEATHSIG, SIGTERM); /* a launcher killed outright leaves no worker behind */
             signal(SIGINT, SIG_DFL);
             signal(SIGTERM, SIG_DFL);
-            signal(SIGALRM, SIG_DFL);
-            snprintf(val, sizeof val, "%d", r);
-            setenv("RANK", val, 1);
-            setenv("LOCAL_RANK", val, 1);
-            snprintf(val, sizeof val, "%d", nproc);
-            setenv("WORLD_SIZE", val, 1);
-            setenv("LOCAL_WORLD_SIZE", val, 1);
-            setenv("MASTER_ADDR", "127.0.0.1", 1);
-            snprintf(val, sizeof val, "%d", port);
-            setenv("MASTER_PORT", val, 1);
-            /* N ranks share the cores unless the user chose otherwise */
-            if (!getenv("OMP_NUM_THREADS")) {
-                long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-                snprintf(val, sizeof val, "%ld", ncpu / nproc > 1 ? ncpu / nproc : 1);
-                setenv("OMP_NUM_THREADS", val, 1);
-            }
+            child_env(L, r, attempt);
             execv(wargv[0], wargv);
             execvp("ballast-worker", wargv);
-            fprintf(stderr, "ballast train: rank %d: cannot start %s: %s\n", r, wargv[0], strerror(errno));
+            fprintf(stderr, "ballast train: rank %d: cannot start %s: %s\n", L->node_rank * nproc + r, wargv[0],
+                    strerror(errno));
             _exit(127);
         }
         pids[r] = p;
         alive++;
     }
-    int status = alive == nproc ? 0 : 1, failed = -1;
-    bool stopping = alive != nproc;
+    if (end != RUN_OK) {
+        kill_all(pids, nproc, SIGTERM);
+        stopping = true;
+        stop_t = clock_now_s();
+        if (ag) { char c2[AGENT_ERR_LEN]; agent_fail(ag, cause, c2, sizeof c2); }
+    }
     while (alive > 0) {
         int st;
-        pid_t p = waitpid(-1, &st, 0);
-        if (p < 0) {
-            if (errno != EINTR) break;
-            if (g_fwd_sig) {
-                int sig = g_fwd_sig;
-                g_fwd_sig = 0;
-                for (int i = 0; i < nproc; i++) if (pids[i] > 0) kill(pids[i], sig);
+        pid_t p = waitpid(-1, &st, WNOHANG);
+        if (p < 0 && errno != EINTR) break;
+        if (g_fwd_sig) {
+            int sig = g_fwd_sig;
+            g_fwd_sig = 0;
+            kill_all(pids, nproc, sig);
+            if (end == RUN_OK) {
+                end = RUN_STOPPED;
+                *status = 128 + sig;
+                snprintf(cause, clen, "node %d (host %s) was stopped by signal %d (%s)", L->node_rank, L->host, sig,
+                         strsignal(sig));
+                if (ag) agent_stop(ag, cause);
             }
-            if (g_alarm) {
-                g_alarm = 0;
-                for (int i = 0; i < nproc; i++) if (pids[i] > 0) kill(pids[i], SIGKILL);
+            stopping = true;
+            if (!stop_t) stop_t = clock_now_s();
+        }
+        if (p <= 0) {
+            /* nothing exited: watch the other nodes, enforce the grace period */
+            if (ag && !stopping && agent_poll(ag, cause, clen)) {
+                fprintf(stderr, "ballast train: node %d: %s; stopping this node's ranks\n", L->node_rank, cause);
+                end = agent_stopped(ag) ? RUN_STOPPED : RUN_FAILED;
+                *status = 1;
+                kill_all(pids, nproc, SIGTERM);
+                stopping = true;
+                stop_t = clock_now_s();
             }
+            if (stopping && clock_now_s() - stop_t > TRAIN_KILL_GRACE_S) kill_all(pids, nproc, SIGKILL);
+            usleep(50000);
             continue;
         }
-        int r = -1;
-        for (int i = 0; i < nproc; i++) if (pids[i] == p) r = i;
         if (p == g_bd_pid && g_bd_pid) {
             g_bd_died = true;
             fprintf(stderr, "ballast train: the ballastd this launcher started (pid %d) exited with status %d while "
                     "training; the workers will fail\n", (int)p, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
         }
+        int r = -1;
+        for (int i = 0; i < nproc; i++) if (pids[i] == p) r = i;
         if (r < 0) continue;
         pids[r] = 0;
         alive--;
         int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (code != 0 && failed < 0 && !stopping) {
-            failed = r;
-            status = code;
-            if (code == 130) {
-                stopping = true;   /* a forwarded signal: the others stop after the same step */
-            } else {
-                if (WIFSIGNALED(st))
-                    fprintf(stderr, "ballast train: rank %d (pid %d) was killed by signal %d (%s); stopping the other ranks\n",
-                            r, (int)p, WTERMSIG(st), strsignal(WTERMSIG(st)));
-                else
-                    fprintf(stderr, "ballast train: rank %d (pid %d) failed with exit status %d (its message is above); "
-                            "stopping the other ranks\n", r, (int)p, code);
-                for (int i = 0; i < nproc; i++) if (pids[i] > 0) kill(pids[i], SIGTERM);
-                stopping = true;
-                alarm(TRAIN_KILL_GRACE_S);
-            }
-        } else if (code != 0 && status == 0) {
-            status = code;
+        if (code == 0 || stopping) {
+            if (code != 0 && *status == 0) *status = code;
+            continue;
+        }
+        /* the first failure of this attempt on this node */
+        *status = code;
+        stopping = true;
+        stop_t = clock_now_s();
+        if (code == 130) {         /* a signal at the terminal: the others stop after the same step */
+            end = RUN_STOPPED;
+            snprintf(cause, clen, "rank %d was interrupted", L->node_rank * nproc + r);
+            if (ag) agent_stop(ag, cause);
+            continue;
+        }
+        end = RUN_FAILED;
+        char msg[AGENT_ERR_LEN];
+        describe_exit(L, r, p, st, msg, sizeof msg);
+        kill_all(pids, nproc, SIGTERM);
+        if (ag) agent_fail(ag, msg, cause, clen);
+        else snprintf(cause, clen, "%s", msg);
+        if (!strcmp(cause, msg))
+            fprintf(stderr, "ballast train: %s; stopping the other ranks\n", msg);
+        else
+            fprintf(stderr, "ballast train: node %d: %s; stopping this node's ranks (here %s after it)\n", L->node_rank,
+                    cause, msg);
+        if (ag && agent_stopped(ag)) end = RUN_STOPPED;
+    }
+    free(pids);
+    if (end == RUN_OK && ag && agent_finish(ag, cause, clen)) {
+        fprintf(stderr, "ballast train: node %d: this node's ranks finished, but %s\n", L->node_rank, cause);
+        end = agent_stopped(ag) ? RUN_STOPPED : RUN_FAILED;
+        *status = 1;
+    }
+    return end;
+}
+
+/* Attempts until one succeeds, a signal stops the job or the restarts
+ * are used up. Returns the launcher's exit status. */
+static int launch(const launch_t *L, char *const *wargv) {
+    struct sigaction sa = { 0 };
+    sa.sa_handler = on_fwd;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    agent_t *ag = NULL;
+    char err[AGENT_ERR_LEN], cause[AGENT_ERR_LEN];
+    if (L->nnodes > 1) {
+        agent_cfg_t ac = { .nnodes = L->nnodes, .node_rank = L->node_rank, .master_addr = L->master_addr,
+                           .master_port = L->worker_port - 1, .rdzv_timeout_s = L->rdzv_timeout };
+        if (!(ag = agent_open(&ac, err, sizeof err))) {
+            fprintf(stderr, "ballast train: %s\n", err);
+            return 1;
         }
     }
-    alarm(0);
-    free(pids);
+    int attempt = -1, status = 1;
+    for (;;) {
+        if (ag) {
+            if (agent_begin(ag, &attempt, err, sizeof err)) {
+                fprintf(stderr, "ballast train: %s\n", err);
+                status = 1;
+                break;
+            }
+        } else {
+            attempt++;
+        }
+        if (attempt > L->max_restarts) {
+            fprintf(stderr, "ballast train: node %d: the job is at attempt %d, past --max-restarts %d; not starting "
+                    "again\n", L->node_rank, attempt, L->max_restarts);
+            status = 1;
+            break;
+        }
+        if (attempt > 0)
+            fprintf(stderr, "ballast train: restart %d of %d: starting this node's %d rank%s again, from %s\n", attempt,
+                    L->max_restarts, L->nproc, L->nproc == 1 ? "" : "s",
+                    L->resume_given ? "what --resume says"
+                    : L->ckpt_dir ? "the newest complete checkpoint in --ckpt-dir (--resume auto)"
+                    : "step 0 (no --ckpt-dir to resume from)");
+        run_end_t end = run_attempt(L, ag, attempt, wargv, &status, cause, sizeof cause);
+        if (end == RUN_OK) { status = 0; break; }
+        if (end == RUN_STOPPED) break;
+        if (attempt >= L->max_restarts) {
+            fprintf(stderr, "ballast train: the job failed (%s)%s\n", cause,
+                    L->max_restarts ? "; no restarts left (--max-restarts)" : "; --max-restarts K restarts it");
+            break;
+        }
+    }
+    agent_close(ag);
     return status;
 }
 
@@ -417,43 +572,148 @@ static const char *own_flag(int argc, char **argv, int *i, const char *name, boo
     return argv[++*i];
 }
 
+/* Parse launcher integer flag `name` from val into *out within [lo, hi]. */
+static int int_flag(const char *name, const char *val, int lo, int hi, int *out) {
+    int64_t v;
+    char err[256];
+    if (parse_int64(val, &v, err, sizeof err) || v < lo || v > hi) {
+        fprintf(stderr, "ballast train: --%s '%s': expected an integer from %d to %d\n", name, val, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* Where this launcher sits: flags first, then the environment as
+ * topology.h reads it (PET_*, JOB_COMPLETION_INDEX, MASTER_*). 0 or -1
+ * (message printed). */
+static int resolve_launch(launch_t *L, int nproc, int per_node, int nnodes, int node_rank, const char *maddr,
+                          int mport) {
+    if (nproc != TOPO_UNSET && per_node != TOPO_UNSET && nproc != per_node) {
+        fprintf(stderr, "ballast train: --nproc %d and --nproc-per-node %d disagree; --nproc is the one-node form of "
+                "--nproc-per-node: give one of them\n", nproc, per_node);
+        return -1;
+    }
+    if (per_node == TOPO_UNSET) per_node = nproc;
+    topo_flags_t f;
+    topo_flags_init(&f);
+    f.nnodes = nnodes;
+    f.node_rank = node_rank;
+    f.local_world_size = per_node;
+    f.local_rank = 0;
+    f.master_addr = maddr;
+    f.master_port = mport;
+    /* the launcher's own view: a RANK or WORLD_SIZE in its environment is for workers, not for it */
+    const char *hide[] = { "RANK", "LOCAL_RANK", "WORLD_SIZE" };
+    char *saved[3];
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(hide[i]);
+        saved[i] = v ? strdup(v) : NULL;
+        unsetenv(hide[i]);
+    }
+    topo_t t;
+    char err[TOPO_ERR_LEN];
+    int rc = topo_resolve(&f, &t, err, sizeof err);
+    for (int i = 0; i < 3; i++) if (saved[i]) { setenv(hide[i], saved[i], 1); free(saved[i]); }
+    if (rc) { fprintf(stderr, "ballast train: %s\n", err); return -1; }
+    L->nnodes = t.nnodes;
+    L->node_rank = t.node_rank;
+    L->nproc = t.local_world_size;
+    if (L->nproc > TRAIN_MAX_NPROC) {
+        fprintf(stderr, "ballast train: %d workers per node: at most %d\n", L->nproc, TRAIN_MAX_NPROC);
+        return -1;
+    }
+    snprintf(L->master_addr, sizeof L->master_addr, "%s", t.master_addr);
+    bool port_default = !strcmp(t.origin[TOPO_MASTER_PORT], "default");
+    if (L->nnodes > 1) {
+        if (t.master_port >= 65535) {
+            fprintf(stderr, "ballast train: --master-port %d: the workers' store takes the port after it; pick a "
+                    "port below 65535\n", t.master_port);
+            return -1;
+        }
+        if (!strcmp(t.origin[TOPO_MASTER_ADDR], "default"))
+            fprintf(stderr, "ballast train: warning: --nnodes %d without --master-addr (or MASTER_ADDR): node 0 is "
+                    "taken to be %s\n", L->nnodes, L->master_addr);
+        L->worker_port = t.master_port + 1;
+    } else if (port_default) {
+        L->worker_port = 0; /* a free port, picked at start */
+    } else {
+        L->worker_port = t.master_port;
+    }
+    return 0;
+}
+
 int cmd_train(int argc, char **argv) {
-    int64_t nproc = 1;
+    int nproc = TOPO_UNSET, per_node = TOPO_UNSET, nnodes = TOPO_UNSET, node_rank = TOPO_UNSET;
+    int mport = TOPO_UNSET, max_restarts = 0;
+    const char *maddr = NULL;
     const char *run_dir = NULL, *pool = NULL, *spill = NULL, *spill_bytes = NULL;
     char **wargv = calloc((size_t)argc + 2, sizeof *wargv);
     CHECK_ALLOC(wargv);
     int wn = 1;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = NULL;
+        const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             train_usage(stdout);
             free(wargv);
             return 0;
         }
-        if (!strcmp(a, "--nproc")) {
-            if (i + 1 >= argc) { fprintf(stderr, "ballast train: --nproc needs a value\n"); free(wargv); return 2; }
-            val = argv[++i];
-        } else if (!strncmp(a, "--nproc=", 8)) {
-            val = a + 8;
-        }
         bool bad = false;
         const char *ov;
+        int irc = 0;
         if ((ov = own_flag(argc, argv, &i, "run-dir", &bad))) { run_dir = ov; continue; }
         if ((ov = own_flag(argc, argv, &i, "offload-pool", &bad))) { pool = ov; continue; }
         if ((ov = own_flag(argc, argv, &i, "offload-spill-dir", &bad))) { spill = ov; continue; }
         if ((ov = own_flag(argc, argv, &i, "offload-spill-bytes", &bad))) { spill_bytes = ov; continue; }
-        if (bad) { free(wargv); return 2; }
-        if (val) {
-            char err[256];
-            if (parse_int64(val, &nproc, err, sizeof err) || nproc < 1 || nproc > TRAIN_MAX_NPROC) {
-                fprintf(stderr, "ballast train: --nproc '%s': expected an integer from 1 to %d\n", val, TRAIN_MAX_NPROC);
-                free(wargv);
-                return 2;
+        if ((ov = own_flag(argc, argv, &i, "nproc", &bad))) irc = int_flag("nproc", ov, 1, TRAIN_MAX_NPROC, &nproc);
+        else if ((ov = own_flag(argc, argv, &i, "nproc-per-node", &bad)))
+            irc = int_flag("nproc-per-node", ov, 1, TRAIN_MAX_NPROC, &per_node);
+        else if ((ov = own_flag(argc, argv, &i, "nnodes", &bad))) irc = int_flag("nnodes", ov, 1, TRAIN_MAX_NODES, &nnodes);
+        else if ((ov = own_flag(argc, argv, &i, "node-rank", &bad)))
+            irc = int_flag("node-rank", ov, 0, TRAIN_MAX_NODES - 1, &node_rank);
+        else if ((ov = own_flag(argc, argv, &i, "master-port", &bad))) irc = int_flag("master-port", ov, 1, 65535, &mport);
+        else if ((ov = own_flag(argc, argv, &i, "max-restarts", &bad)))
+            irc = int_flag("max-restarts", ov, 0, TRAIN_MAX_RESTARTS, &max_restarts);
+        else if ((ov = own_flag(argc, argv, &i, "master-addr", &bad))) {
+            if (!ov[0] || strlen(ov) >= TOPO_ADDR_MAX || strpbrk(ov, " /:\t")) {
+                fprintf(stderr, "ballast train: --master-addr '%s': expected node 0's host name or IPv4 address\n", ov);
+                irc = -1;
             }
-            continue;
+            maddr = ov;
+        }
+        if (bad || irc) { free(wargv); return 2; }
+        if (ov) continue;
+        if (!strncmp(a, "--rank", 6) || !strncmp(a, "--world-size", 12) || !strncmp(a, "--local-rank", 12)) {
+            fprintf(stderr, "ballast train: %s: the launcher gives every worker its rank and the world size; use "
+                    "--nnodes, --node-rank and --nproc-per-node\n", a);
+            free(wargv);
+            return 2;
         }
         wargv[wn++] = argv[i];
     }
+    launch_t L = { 0 };
+    if (nnodes != TOPO_UNSET && nnodes > 1 && nproc != TOPO_UNSET && per_node == TOPO_UNSET) {
+        fprintf(stderr, "ballast train: --nproc is the one-node form; with --nnodes %d give --nproc-per-node %d\n",
+                nnodes, nproc);
+        free(wargv);
+        return 2;
+    }
+    if (resolve_launch(&L, nproc, per_node, nnodes, node_rank, maddr, mport)) { free(wargv); return 2; }
+    L.max_restarts = max_restarts;
+    if (gethostname(L.host, sizeof L.host - 1)) snprintf(L.host, sizeof L.host, "?");
+    const char *rt = env_or(flag_value(wn, wargv, "rdzv-timeout", false), "BALLAST_RDZV_TIMEOUT", "300s");
+    char e[256];
+    if (parse_duration(rt, &L.rdzv_timeout, e, sizeof e) || L.rdzv_timeout <= 0) {
+        fprintf(stderr, "ballast train: --rdzv-timeout '%s': expected a duration such as 30s or 5m\n", rt);
+        free(wargv);
+        return 2;
+    }
+    L.resume_given = env_or(flag_value(wn, wargv, "resume", true), "BALLAST_RESUME", NULL) != NULL;
+    L.ckpt_dir = env_or(flag_value(wn, wargv, "ckpt-dir", false), "BALLAST_CKPT_DIR", NULL);
+    if (max_restarts > 0 && !L.ckpt_dir && !L.resume_given)
+        fprintf(stderr, "ballast train: warning: --max-restarts %d without --ckpt-dir: a restart begins at step 0\n",
+                max_restarts);
+
     char self[PATH_MAX], worker[PATH_MAX + 32];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     wargv[0] = "ballast-worker";
@@ -467,8 +727,17 @@ int cmd_train(int argc, char **argv) {
     offload_flags_t of;
     offload_flags(wn, wargv, &of);
     if (ballastd_ensure(&of, run_dir, pool, spill, spill_bytes, n > 0 ? self : NULL)) { free(wargv); return 1; }
-    if (nproc > 1 || g_bd_pid) {
-        int rc = launch((int)nproc, wargv);
+    if (L.nnodes > 1 || L.nproc > 1 || g_bd_pid || L.max_restarts > 0) {
+        if (L.nnodes == 1 && !L.worker_port) {
+            snprintf(L.master_addr, sizeof L.master_addr, "127.0.0.1");
+            if ((L.worker_port = free_port()) < 0) {
+                fprintf(stderr, "ballast train: cannot find a free TCP port on 127.0.0.1: %s\n", strerror(errno));
+                ballastd_stop();
+                free(wargv);
+                return 1;
+            }
+        }
+        int rc = launch(&L, wargv);
         ballastd_stop();
         free(wargv);
         return rc;

@@ -21,6 +21,7 @@
  * ranks, so all take it together. */
 #include "workers/train/train.h"
 
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -83,7 +84,10 @@ static offload_opts_t offload_opts(const train_opts_t *o) {
 
 static int check_flags(run_t *r) {
     const train_opts_t *o = r->o;
-    if (o->resume && !o->ckpt_dir) { log_error("--resume needs --ckpt-dir DIR (where the step-NNNNNNNN directories are)"); return -1; }
+    if (o->resume && !o->ckpt_dir && !o->resume_path) {
+        log_error("--resume %s needs --ckpt-dir DIR (where the step-NNNNNNNN directories are)", o->resume_arg);
+        return -1;
+    }
     if (o->ckpt_every && !o->ckpt_dir) { log_error("--ckpt-every needs --ckpt-dir DIR"); return -1; }
     if (o->dump_grads && r->job.world > 1) {
         log_error("rank %d: --dump-grads works with one process only; use --dump-params", r->job.rank);
@@ -213,7 +217,10 @@ static int check_resume(run_t *r, const char *ck, const ckpt_meta_t *meta) {
 static int resume(run_t *r) {
     const train_opts_t *o = r->o;
     char ck[4200];
-    int found = ckpt_find_latest(o->ckpt_dir, ck, sizeof ck, r->err, sizeof r->err), bad = found < 0;
+    int found = 1;
+    if (o->resume_path) snprintf(ck, sizeof ck, "%s", o->resume_path);
+    else found = ckpt_find_latest(o->ckpt_dir, ck, sizeof ck, r->err, sizeof r->err);
+    int bad = found < 0;
     if (found > 0) {
         ckpt_meta_t meta;
         bad = ckpt_read_meta(ck, &meta, r->err, sizeof r->err) || check_resume(r, ck, &meta) ||
@@ -227,10 +234,28 @@ static int resume(run_t *r) {
     if (found > 0) {
         r->start = r->fs.opt.step;
         if (r->job.rank == 0) log_info("resumed from %s (step %lld)", ck, (long long)r->start);
+    } else if (r->job.rank == 0 && o->resume_auto) {
+        log_info("--resume auto: no complete checkpoint under %s yet: starting at step 0", o->ckpt_dir);
     } else if (r->job.rank == 0) {
         log_warn("--resume: no checkpoint under %s yet, starting from scratch", o->ckpt_dir);
     }
     return 0;
+}
+
+/* A checkpoint directory every rank shares (several processes): checked
+ * at step 0, so an unshared one fails here, not at the first save. 0 or
+ * -1 (logged). */
+static int check_ckpt_dir(run_t *r) {
+    const train_opts_t *o = r->o;
+    if (!o->ckpt_dir || r->job.world == 1) return 0;
+    char host[128] = "?", where[256];
+    gethostname(host, sizeof host - 1);
+    snprintf(where, sizeof where, "rank %d (node %d, host %s): ", r->job.rank, r->job.topo.node_rank, host);
+    int rc = ckpt_check_shared(&r->fs, o->ckpt_dir, r->job.rank, where, r->err, sizeof r->err);
+    if (rc == 0) return 0;
+    if (rc == -ENOENT) log_error("%s", r->err);
+    else log_error("%s%s", r->who, r->err);
+    return -1;
 }
 
 /* ---- what the run tells ---- */
@@ -499,6 +524,7 @@ static int setup(run_t *r) {
     r->B = (int)o->micro_batch;
     r->T = (int)o->seq_len;
     if (open_data(r) || check_memory(r) || build(r)) return -1;
+    if (check_ckpt_dir(r)) return -1;
     if (o->resume && resume(r)) return -1;
     if (r->start == 0 && o->init_from && r->job.rank == 0) log_info("loaded weights from %s", o->init_from);
     /* offload: the ballastd session; --resume-from-service sets start */

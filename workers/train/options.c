@@ -40,7 +40,7 @@ static const opt_t train_options[] = {
     { "grad-clip", OPT_DOUBLE, "1.0", 0, 1e30, NULL, "max global gradient L2 norm; 0 turns clipping off", &g_opts.grad_clip },
     { "ckpt-dir", OPT_STRING, NULL, 0, 0, NULL, "directory for step-NNNNNNNN checkpoints", &g_opts.ckpt_dir },
     { "ckpt-every", OPT_INT, "0", 0, 9.2e18, NULL, "steps between checkpoints (0: only at the end); needs --ckpt-dir", &g_opts.ckpt_every },
-    { "resume", OPT_BOOL, "false", 0, 0, NULL, "continue from the newest checkpoint in --ckpt-dir", &g_opts.resume },
+    { "resume", OPT_STRING, "false", 0, 0, NULL, "continue from a checkpoint: auto or true (the newest complete one in --ckpt-dir; none yet: start fresh), a step directory, or false", &g_opts.resume_arg },
     { "log-json", OPT_STRING, NULL, 0, 0, NULL, "write one JSON object per step to FILE (- for stdout)", &g_opts.log_json },
     { "log-every", OPT_INT, "1", 1, 9.2e18, NULL, "print a progress line every N steps", &g_opts.log_every },
     { "activation-checkpointing", OPT_BOOL, "false", 0, 0, NULL, "keep only block inputs; recompute blocks in backward", &g_opts.act_ckpt },
@@ -78,13 +78,44 @@ static const opt_t train_options[] = {
 };
 #define N_OPTS (sizeof train_options / sizeof train_options[0])
 
+/* --resume alone (as when it was a switch) means --resume=true, --no-resume
+ * --resume=false; a value may follow as the next argument. Rewrites argv
+ * in place. */
+static void resume_forms(int argc, char **argv) {
+    static char on[] = "--resume=true", off[] = "--resume=false";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        if (!strcmp(argv[i], "--no-resume")) argv[i] = off;
+        else if (!strcmp(argv[i], "--resume") && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))) argv[i] = on;
+    }
+}
+
+/* --resume's value into o->resume, resume_auto, resume_path. */
+static int resume_resolve(train_opts_t *o) {
+    const char *v = o->resume_arg ? o->resume_arg : "false";
+    o->resume = true;
+    o->resume_auto = false;
+    o->resume_path = NULL;
+    bool b;
+    char e[64];
+    if (!strcmp(v, "auto")) o->resume_auto = true;
+    else if (!parse_bool(v, &b, e, sizeof e)) o->resume = b;
+    else if (!v[0]) {
+        fprintf(stderr, "ballast-worker: --resume '': expected auto, true, false or a checkpoint step directory\n");
+        return -1;
+    } else o->resume_path = v;
+    return 0;
+}
+
 int train_parse(int argc, char **argv, train_opts_t *o) {
     char err[OPT_ERR_LEN];
     const char *pos[1];
     int npos = 0;
+    resume_forms(argc, argv);
     int rc = opt_parse(train_options, N_OPTS, argc, argv, pos, 0, &npos,
                        "usage: ballast-worker --data SHARDS [--model M | --init-from DIR] [options]", err, sizeof err);
     if (rc < 0) { fprintf(stderr, "ballast-worker: %s\n", err); return -1; }
+    if (rc == 0 && resume_resolve(&g_opts)) return -1;
     *o = g_opts;
     return rc;
 }

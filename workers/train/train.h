@@ -40,7 +40,10 @@ typedef struct {
     int64_t warmup_steps;
     const char *ckpt_dir;
     int64_t ckpt_every;       /* steps between checkpoints; 0 = only at the end */
-    bool resume;              /* continue from the newest checkpoint in ckpt_dir */
+    const char *resume_arg;   /* --resume as given: false|true|auto|PATH */
+    bool resume;              /* continue from a checkpoint (resolved from resume_arg) */
+    bool resume_auto;         /* --resume auto: no checkpoint yet is a normal fresh start */
+    const char *resume_path;  /* --resume PATH: that step directory; NULL = the newest in ckpt_dir */
     const char *log_json;     /* file, "-" for stdout, or NULL */
     int64_t log_every;        /* console line every N steps */
     bool act_ckpt;            /* --activation-checkpointing */
