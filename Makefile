@@ -7,6 +7,7 @@
 #   make asan       unit + integration tests under ASan + UBSan (build-asan/)
 #   make tsan       the concurrency tests under ThreadSanitizer (build-tsan/)
 #   make valgrind   unit tests under valgrind memcheck
+#   make fuzz       run each libFuzzer target for FUZZ_SECONDS (default 60)
 #   make deps       install missing Debian packages (as root), npm packages of tests/k8s-schema
 #
 # Each part of the tree adds itself through a module.mk fragment; see
@@ -29,7 +30,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 DEPS_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
              liburing-dev libjemalloc-dev libjansson-dev libmicrohttpd-dev libcriterion-dev \
              python3-torch python3-numpy libopenblas0-pthread fio valgrind docker-compose python3-yaml \
-             libboost-context-dev
+             libboost-context-dev clang-14 libclang-rt-14-dev
 PKGS      := grpc libprotobuf-c liburing jansson libmicrohttpd
 
 # jemalloc is the process allocator of ballastd and ballast-worker (and of
@@ -97,7 +98,7 @@ all: deps
 	$(Q)$(MAKE) --no-print-directory build
 
 help:
-	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,15p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---- dependencies ----
 deps:
@@ -125,6 +126,7 @@ report:
 	@echo "build: nvcc $(if $(filter 1,$(HAVE_CUDA)),found at $(NVCC): building CUDA parts,$(if $(filter 0,$(CUDA)),disabled (CUDA=0),missing: CUDA parts skipped))"
 	@echo "build: fio $(if $(shell command -v fio),found,missing: spill benchmark compares nothing)"
 	@echo "build: python3-torch $(if $(shell /usr/bin/python3 -c 'import torch' 2>/dev/null && echo y),found,missing: reference tests skip)"
+	@echo "build: libFuzzer $(if $(filter 1,$(HAVE_FUZZ)),found ($(FUZZ_CC)): fuzz targets in $(BUILD)/fuzz,$(if $(SAN),not in sanitizer builds,missing (clang-14, libclang-rt-14-dev): fuzz targets skipped))"
 .PHONY: report
 
 $(BUILD)/.cuda-stamp: $(CUDA_OBJS)

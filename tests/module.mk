@@ -57,3 +57,4 @@ $(BUILD)/tests/bin/ballast $(BUILD)/tests/bin/ballastd: $(BUILD)/tests/bin/%: $(
 	@mkdir -p $(@D)
 	$(Q)cp $< $@
 -include tests/emu/module.mk
+-include tests/fuzz/module.mk

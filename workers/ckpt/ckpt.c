@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,7 +120,7 @@ int ckpt_write_manifest(const char *dir, const ckpt_meta_t *meta, int world, int
     json_t *man = json_pack("{s:s, s:i, s:I, s:s, s:{s:i, s:i, s:i}, s:{s:s, s:s, s:I, s:i, s:i, s:i, s:i, s:I},"
                             " s:{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s, s:I, s:I, s:I},"
                             " s:{s:I, s:I}, s:o}",
-                            "format", "ballast-checkpoint", "version", 1, "step", (json_int_t)meta->step,
+                            "format", "ballast-checkpoint", "version", CKPT_VERSION, "step", (json_int_t)meta->step,
                             "config", "config.json",
                             "layout", "world", world, "shard_degree", S, "tensor_parallel_degree", T,
                             "data", "path", meta->data, "order", order_name(meta->data_order),
@@ -146,9 +147,62 @@ int ckpt_write_manifest(const char *dir, const ckpt_meta_t *meta, int world, int
 static json_t *load_manifest(const char *path, char *man, size_t manlen, char *err, size_t errlen) {
     snprintf(man, manlen, "%s/manifest.json", path);
     json_error_t je;
-    json_t *root = json_load_file(man, 0, &je);
+    json_t *root = json_load_file(man, JSON_REJECT_DUPLICATES, &je);
     if (!root) errbuf_set(err, errlen, "%s: not a readable JSON manifest (%s)", man, je.text);
     return root;
+}
+
+/* Whether file (a path under step directory dir) resolves, symlinks
+ * followed, to a place inside dir: 0, or -1 with a message. */
+static int inside_dir(const char *dir, const char *file, char *err, size_t errlen) {
+    char rd[PATH_MAX], rf[PATH_MAX];
+    if (!realpath(dir, rd)) return errbuf_set(err, errlen, "%s: cannot resolve: %s", dir, strerror(errno));
+    if (!realpath(file, rf)) return errbuf_set(err, errlen, "%s: cannot read: %s", file, strerror(errno));
+    size_t n = strlen(rd);
+    if (strncmp(rf, rd, n) || rf[n] != '/')
+        return errbuf_set(err, errlen, "%s: resolves to %s, outside the checkpoint directory %s: a checkpoint's "
+                          "files must lie inside it", file, rf, rd);
+    return 0;
+}
+
+/* The checks of a manifest's header, alone: format, version, and the step
+ * against the optimizer's step, the data position and the directory name
+ * (step-NNNNNNNN). man is the manifest's file name for messages. 0, or -1
+ * with a message. */
+static int check_header(const char *path, const char *man, json_t *root, char *err, size_t errlen) {
+    if (!json_is_object(root)) return errbuf_set(err, errlen, "%s: not a JSON object", man);
+    json_t *fmt = json_object_get(root, "format"), *ver = json_object_get(root, "version");
+    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "ballast-checkpoint"))
+        return errbuf_set(err, errlen, "%s: not a ballast checkpoint manifest (format is not \"ballast-checkpoint\")",
+                          man);
+    if (!json_is_integer(ver) || json_integer_value(ver) != CKPT_VERSION)
+        return errbuf_set(err, errlen, "%s: manifest version %s; this ballast reads version %d (a newer ballast "
+                          "wrote it, or the manifest is damaged)", man, json_is_integer(ver) ? "other than 1" : "missing",
+                          CKPT_VERSION);
+    json_t *st = json_object_get(root, "step");
+    if (!json_is_integer(st) || json_integer_value(st) < 0)
+        return errbuf_set(err, errlen, "%s: \"step\" must be a non-negative integer", man);
+    json_int_t step = json_integer_value(st);
+    struct { const char *obj, *key; } also[] = { { "optimizer", "step" }, { "data", "next_step" } };
+    for (size_t i = 0; i < sizeof also / sizeof also[0]; i++) {
+        json_t *o = json_object_get(root, also[i].obj), *v = json_is_object(o) ? json_object_get(o, also[i].key) : NULL;
+        if (!v) continue;
+        if (!json_is_integer(v) || json_integer_value(v) != step)
+            return errbuf_set(err, errlen, "%s: step %lld, but %s.%s says %s: the manifest contradicts itself (damaged "
+                              "or edited); restore it or resume from another step", man, (long long)step, also[i].obj,
+                              also[i].key, json_is_integer(v) ? "another step" : "no integer");
+    }
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    long long dstep;
+    char tail;
+    if (!*base) base = path; /* "dir/" */
+    if (sscanf(base, "step-%lld%c", &dstep, &tail) == 1 && dstep != (long long)step)
+        return errbuf_set(err, errlen, "%s: step %lld, but the directory is %s: the manifest belongs to another step",
+                          man, (long long)step, base);
+    json_t *cfg = json_object_get(root, "config");
+    if (cfg && (!json_is_string(cfg) || strcmp(json_string_value(cfg), "config.json")))
+        return errbuf_set(err, errlen, "%s: \"config\" must be \"config.json\" (the file beside the manifest)", man);
+    return 0;
 }
 
 int ckpt_find_latest(const char *dir, char *path, size_t len, char *err, size_t errlen) {
@@ -188,9 +242,10 @@ int ckpt_read_meta(const char *path, ckpt_meta_t *meta, char *err, size_t errlen
     if (llama_config_load_json(p, &meta->cfg, err, errlen)) return -1;
     snprintf(p, sizeof p, "%s/manifest.json", path);
     json_error_t je;
-    json_t *root = json_load_file(p, 0, &je);
+    json_t *root = json_load_file(p, JSON_REJECT_DUPLICATES, &je);
     if (!root) { snprintf(err, errlen, "%s: not a readable JSON manifest (%s)", p, je.text); return -1; }
     int rc = -1;
+    if (check_header(path, p, root, err, errlen)) goto out;
     json_t *fmt = json_object_get(root, "format");
     json_t *data = json_object_get(root, "data"), *opt = json_object_get(root, "optimizer"),
            *rng = json_object_get(root, "rng");
@@ -259,12 +314,13 @@ int ckpt_read_layout(const char *path, ckpt_layout_t *lay, char *err, size_t err
 
 /* The file of one manifest shard entry, checked against its size and
  * crc32: its path into sp. 0, or -1 with a message. */
-static int open_shard(const char *path, const char *man, json_t *sh, int i, char *sp, size_t splen, st_t **st,
-                      char *err, size_t errlen) {
+static int open_shard(const char *path, const char *man, json_int_t step, json_t *sh, int i, char *sp, size_t splen,
+                      st_t **st, char *err, size_t errlen) {
     json_t *file = json_is_object(sh) ? json_object_get(sh, "file") : NULL;
     if (!file || !json_is_string(file) || strchr(json_string_value(file), '/'))
         return errbuf_set(err, errlen, "%s: shard %d has no plain file name", man, i), -1;
     snprintf(sp, splen, "%s/%s", path, json_string_value(file));
+    if (inside_dir(path, sp, err, errlen)) return -1;
     uint32_t crc;
     uint64_t bytes;
     if (ckpt_file_crc32(sp, &crc, &bytes))
@@ -275,7 +331,26 @@ static int open_shard(const char *path, const char *man, json_t *sh, int i, char
         return errbuf_set(err, errlen, "%s: size %llu / crc32 %08x, manifest says %lld / %08llx: the shard is damaged "
                           "or from another checkpoint", sp, (unsigned long long)bytes, crc, (long long)want_bytes,
                           (unsigned long long)want_crc), -1;
-    return st_open(sp, st, err, errlen) ? -1 : 0;
+    if (st_open(sp, st, err, errlen)) return -1;
+    /* the file's own record of what it is: its step, and (in the sharded
+     * form) its chunk and TP rank, as the manifest's entry says */
+    const char *what[3] = { "step", "shard", "tp_rank" };
+    json_int_t want[3] = { step, json_integer_value(json_object_get(sh, "shard")),
+                           json_integer_value(json_object_get(sh, "tp_rank")) };
+    for (int k = 0; k < 3; k++) {
+        const char *v = st_metadata(*st, what[k]);
+        if (k > 0 && (!v || !json_object_get(sh, what[k]))) continue;
+        char want_s[32];
+        snprintf(want_s, sizeof want_s, "%lld", (long long)want[k]);
+        if (!v || strcmp(v, want_s)) {
+            errbuf_set(err, errlen, "%s: the file records %s %s, the manifest says %s: the shard is from another "
+                       "checkpoint or the manifest is damaged", sp, what[k], v ? v : "(none)", want_s);
+            st_close(*st);
+            *st = NULL;
+            return -1;
+        }
+    }
+    return 0;
 }
 
 int ckpt_open_shard(const char *path, int i, st_t **st, char *sp, size_t splen, char *err, size_t errlen) {
@@ -283,8 +358,8 @@ int ckpt_open_shard(const char *path, int i, st_t **st, char *sp, size_t splen, 
     json_t *root = load_manifest(path, man, sizeof man, err, errlen);
     if (!root) return -1;
     json_t *shards = json_object_get(root, "shards");
-    int rc = open_shard(path, man, json_is_array(shards) ? json_array_get(shards, (size_t)i) : NULL, i, sp, splen, st,
-                        err, errlen);
+    int rc = open_shard(path, man, json_integer_value(json_object_get(root, "step")),
+                        json_is_array(shards) ? json_array_get(shards, (size_t)i) : NULL, i, sp, splen, st, err, errlen);
     json_decref(root);
     return rc;
 }
@@ -304,10 +379,17 @@ static int json_shape(json_t *a, int64_t shape[2]) {
     return 0;
 }
 
-/* One part of a manifest: validate it against the model's full tensor and
- * scatter the file's elements (weights and moments) into the full arrays. */
-static int read_part(st_t *st, const char *sp, const char *man, json_t *pj, const model_t *m, float *dst[3],
-                     uint8_t *covered, char *err, size_t errlen) {
+/* One part of a manifest, checked against the model's full tensor: the
+ * tensor, its TP-local shape, TP rank and element range [a, b) of the
+ * TP-local tensor. 0, or -1 with a message naming the tensor. */
+typedef struct {
+    const model_tensor_t *full;
+    int64_t lshape[2];
+    int tp_rank, tp_size;
+    int64_t a, b;
+} part_info_t;
+
+static int parse_part(const char *man, json_t *pj, const model_t *m, part_info_t *pi, char *err, size_t errlen) {
     const char *name = json_string_value(json_object_get(pj, "name"));
     const model_tensor_t *full = name ? model_find(m, name) : NULL;
     if (!full)
@@ -319,22 +401,44 @@ static int read_part(st_t *st, const char *sp, const char *man, json_t *pj, cons
                           name, (long long)full->shape[0], (long long)full->shape[1]), -1;
     /* the one-process form lists whole tensors: no TP fields */
     json_t *jt = json_object_get(pj, "tp_size");
-    int tsz = jt ? (int)json_integer_value(jt) : 1, trk = (int)json_integer_value(json_object_get(pj, "tp_rank"));
-    int tdim = jt ? (int)json_integer_value(json_object_get(pj, "tp_dim")) : full->tp_dim;
+    if (jt && (!json_is_integer(jt) || !json_is_integer(json_object_get(pj, "tp_rank")) ||
+               !json_is_integer(json_object_get(pj, "tp_dim"))))
+        return errbuf_set(err, errlen, "%s: %s: tp_size, tp_rank and tp_dim must be integers", man, name), -1;
+    json_int_t tsz = jt ? json_integer_value(jt) : 1, trk = json_integer_value(json_object_get(pj, "tp_rank"));
+    json_int_t tdim = jt ? json_integer_value(json_object_get(pj, "tp_dim")) : full->tp_dim;
     if (!jt) memcpy(lshape, shape, sizeof lshape);
     else if (json_shape(json_object_get(pj, "local_shape"), lshape)) lshape[0] = -1;
     int64_t want0 = shape[0], want1 = shape[1];
     if (tsz > 1 && tdim == 0) want0 = full->block < 0 ? (shape[0] + tsz - 1) / tsz : shape[0] / tsz;
     if (tsz > 1 && tdim == 1) want1 = shape[1] / tsz;
-    if (tsz < 1 || trk < 0 || trk >= tsz || tdim != full->tp_dim || lshape[0] != want0 || lshape[1] != want1)
-        return errbuf_set(err, errlen, "%s: %s: tensor-parallel split (dim %d, rank %d of %d, local shape %lld x %lld) "
-                          "does not fit the tensor", man, name, tdim, trk, tsz, (long long)lshape[0],
-                          (long long)lshape[1]), -1;
+    if (tsz < 1 || tsz > 1 << 16 || trk < 0 || trk >= tsz || tdim != full->tp_dim || lshape[0] != want0 ||
+        lshape[1] != want1)
+        return errbuf_set(err, errlen, "%s: %s: tensor-parallel split (dim %lld, rank %lld of %lld, local shape %lld x "
+                          "%lld) does not fit the tensor", man, name, (long long)tdim, (long long)trk, (long long)tsz,
+                          (long long)lshape[0], (long long)lshape[1]), -1;
     json_t *rg = json_object_get(pj, "range");
-    json_int_t a = json_integer_value(json_array_get(rg, 0)), b = json_integer_value(json_array_get(rg, 1));
-    if (!json_is_array(rg) || json_array_size(rg) != 2 || a < 0 || b <= a || b > lshape[0] * lshape[1])
+    json_t *ja = json_array_get(rg, 0), *jb = json_array_get(rg, 1);
+    json_int_t a = json_integer_value(ja), b = json_integer_value(jb);
+    if (!json_is_array(rg) || json_array_size(rg) != 2 || !json_is_integer(ja) || !json_is_integer(jb) || a < 0 ||
+        b <= a || b > lshape[0] * lshape[1])
         return errbuf_set(err, errlen, "%s: %s: range is not inside the %lld elements of the part", man, name,
                           (long long)(lshape[0] * lshape[1])), -1;
+    *pi = (part_info_t){ .full = full, .lshape = { lshape[0], lshape[1] }, .tp_rank = (int)trk, .tp_size = (int)tsz,
+                         .a = a, .b = b };
+    return 0;
+}
+
+/* One part of a manifest: validate it against the model's full tensor and
+ * scatter the file's elements (weights and moments) into the full arrays. */
+static int read_part(st_t *st, const char *sp, const char *man, json_t *pj, const model_t *m, float *dst[3],
+                     uint8_t *covered, char *err, size_t errlen) {
+    part_info_t pi;
+    if (parse_part(man, pj, m, &pi, err, errlen)) return -1;
+    const model_tensor_t *full = pi.full;
+    const char *name = full->name;
+    const int64_t *lshape = pi.lshape;
+    int trk = pi.tp_rank;
+    int64_t a = pi.a, b = pi.b;
     size_t n = (size_t)(b - a);
     float *buf = malloc(n * sizeof(float));
     if (!buf) return errbuf_set(err, errlen, "out of memory reading %s", sp), -1;
@@ -364,9 +468,136 @@ static int read_part(st_t *st, const char *sp, const char *man, json_t *pj, cons
     return rc;
 }
 
+/* ---- checking a checkpoint before it is read ---- */
+
+int ckpt_verify(const char *path, const model_t *m, char *err, size_t errlen) {
+    char man[4400], fp[4600];
+    json_t *root = load_manifest(path, man, sizeof man, err, errlen);
+    if (!root) return -1;
+    int rc = -1;
+    int64_t *next = NULL;   /* (tensor, TP rank): the next element the parts in shard order must start at */
+    int *last = NULL;       /* (tensor, TP rank): the shard that holds the range before it, -1 none */
+    if (check_header(path, man, root, err, errlen)) goto out;
+    if (inside_dir(path, man, err, errlen)) goto out;
+    snprintf(fp, sizeof fp, "%s/config.json", path);
+    if (inside_dir(path, fp, err, errlen)) goto out;
+    json_t *layout = json_object_get(root, "layout"), *shards = json_object_get(root, "shards");
+    json_t *jw = json_object_get(layout, "world"), *js = json_object_get(layout, "shard_degree"),
+           *jt = json_object_get(layout, "tensor_parallel_degree");
+    if (!json_is_integer(jw) || !json_is_integer(js) || !json_is_integer(jt) || json_integer_value(js) < 1 ||
+        json_integer_value(jt) < 1 || json_integer_value(js) > 1 << 16 || json_integer_value(jt) > 1 << 16 ||
+        json_integer_value(jw) < json_integer_value(js) * json_integer_value(jt) ||
+        json_integer_value(jw) % (json_integer_value(js) * json_integer_value(jt))) {
+        errbuf_set(err, errlen, "%s: layout needs integers world, shard_degree (S) and tensor_parallel_degree (T) "
+                   "with world a multiple of S x T", man);
+        goto out;
+    }
+    int S = (int)json_integer_value(js), T = (int)json_integer_value(jt), nf = S * T;
+    if (!json_is_array(shards) || json_array_size(shards) != (size_t)nf) {
+        errbuf_set(err, errlen, "%s: layout (S %d, T %d) needs %d shard files, the manifest lists %zu", man, S, T, nf,
+                   json_is_array(shards) ? json_array_size(shards) : 0);
+        goto out;
+    }
+    size_t nk = (size_t)m->n_tensors * (size_t)T;
+    next = calloc(nk, sizeof *next);
+    last = malloc(nk * sizeof *last);
+    if (!next || !last) { errbuf_set(err, errlen, "out of memory"); goto out; }
+    for (size_t k = 0; k < nk; k++) last[k] = -1;
+    for (int i = 0; i < nf; i++) {
+        json_t *sh = json_array_get(shards, (size_t)i), *parts = json_object_get(sh, "tensors");
+        char want[64];
+        snprintf(want, sizeof want, CKPT_SHARD_FMT, i, nf);
+        json_t *file = json_object_get(sh, "file");
+        if (!json_is_string(file) || strcmp(json_string_value(file), want)) {
+            errbuf_set(err, errlen, "%s: shard %d must be the file %s of this directory (the manifest names %s)", man, i,
+                       want, json_is_string(file) ? json_string_value(file) : "no file");
+            goto out;
+        }
+        json_t *fs = json_object_get(sh, "shard"), *ft = json_object_get(sh, "tp_rank");
+        if ((fs && (!json_is_integer(fs) || json_integer_value(fs) != i / T)) ||
+            (ft && (!json_is_integer(ft) || json_integer_value(ft) != i % T))) {
+            errbuf_set(err, errlen, "%s: shard %d (%s) must be chunk %d of TP rank %d, the manifest says otherwise", man,
+                       i, want, i / T, i % T);
+            goto out;
+        }
+        json_t *jb = json_object_get(sh, "bytes"), *jc = json_object_get(sh, "crc32");
+        if (!json_is_integer(jb) || !json_is_integer(jc) || json_integer_value(jb) < 0 || json_integer_value(jc) < 0 ||
+            json_integer_value(jc) > 0xFFFFFFFFll) {
+            errbuf_set(err, errlen, "%s: shard %d needs integer bytes and crc32", man, i);
+            goto out;
+        }
+        snprintf(fp, sizeof fp, "%s/%s", path, want);
+        if (inside_dir(path, fp, err, errlen)) goto out;
+        struct stat sb;
+        if (stat(fp, &sb) || !S_ISREG(sb.st_mode) || (json_int_t)sb.st_size != json_integer_value(jb)) {
+            errbuf_set(err, errlen, "%s: %s, the manifest says a file of %lld bytes: the shard is damaged or from "
+                       "another checkpoint", fp, stat(fp, &sb) ? strerror(errno) : !S_ISREG(sb.st_mode) ?
+                       "not a regular file" : "another size", (long long)json_integer_value(jb));
+            goto out;
+        }
+        if (!json_is_array(parts) || !json_array_size(parts)) {
+            errbuf_set(err, errlen, "%s: shard %d lists no tensors", man, i);
+            goto out;
+        }
+        for (size_t k = 0; k < json_array_size(parts); k++) {
+            part_info_t pi;
+            if (parse_part(man, json_array_get(parts, k), m, &pi, err, errlen)) goto out;
+            const char *nm = pi.full->name;
+            bool whole = !json_object_get(json_array_get(parts, k), "tp_size");
+            if ((whole && T != 1) || (!whole && (pi.tp_size != T || pi.tp_rank != i % T))) {
+                errbuf_set(err, errlen, "%s: %s in shard %d: TP rank %d of %d, but the file belongs to TP rank %d of %d",
+                           man, nm, i, pi.tp_rank, pi.tp_size, i % T, T);
+                goto out;
+            }
+            size_t key = (size_t)(pi.full - m->tensors) * (size_t)T + (size_t)pi.tp_rank;
+            if (last[key] == i) {
+                errbuf_set(err, errlen, "%s: %s is listed twice in shard %d", man, nm, i);
+                goto out;
+            }
+            if (pi.a > next[key]) {
+                errbuf_set(err, errlen, "%s: %s (TP rank %d): shard %d holds [%lld, %lld), but no shard before it holds "
+                           "[%lld, %lld): a gap, or ranges out of shard order (swapped ranges would permute the "
+                           "weights)", man, nm, pi.tp_rank, i, (long long)pi.a, (long long)pi.b, (long long)next[key],
+                           (long long)pi.a);
+                goto out;
+            }
+            if (pi.a < next[key]) {
+                errbuf_set(err, errlen, "%s: %s (TP rank %d): shard %d holds [%lld, %lld), but shard %d before it "
+                           "already reaches %lld: overlapping ranges, or ranges out of shard order (swapped ranges would permute "
+                           "the weights)",
+                           man, nm, pi.tp_rank, i, (long long)pi.a, (long long)pi.b, last[key], (long long)next[key]);
+                goto out;
+            }
+            next[key] = pi.b;
+            last[key] = i;
+        }
+    }
+    for (int t = 0; t < m->n_tensors; t++)
+        for (int r = 0; r < T; r++) {
+            const model_tensor_t *full = &m->tensors[t];
+            size_t key = (size_t)t * (size_t)T + (size_t)r;
+            /* every TP rank's local tensor has the same element count */
+            int64_t l0 = full->shape[0], l1 = full->ndim == 2 ? full->shape[1] : 1;
+            if (T > 1 && full->tp_dim == 0) l0 = full->block < 0 ? (l0 + T - 1) / T : l0 / T;
+            if (T > 1 && full->tp_dim == 1) l1 /= T;
+            if (next[key] != l0 * l1) {
+                errbuf_set(err, errlen, "%s: %s (TP rank %d): elements [%lld, %lld) are in no shard: the checkpoint is "
+                           "incomplete", man, full->name, r, (long long)next[key], (long long)(l0 * l1));
+                goto out;
+            }
+        }
+    rc = 0;
+out:
+    free(next);
+    free(last);
+    json_decref(root);
+    return rc;
+}
+
 int ckpt_read_full(const char *path, const model_t *m, float *params, float *exp_avg, float *exp_avg_sq,
                    int64_t *step, char *err, size_t errlen) {
     char man[4400], sp[4600];
+    if (ckpt_verify(path, m, err, errlen)) return -1;
     json_t *root = load_manifest(path, man, sizeof man, err, errlen);
     if (!root) return -1;
     int rc = -1;
@@ -378,7 +609,9 @@ int ckpt_read_full(const char *path, const model_t *m, float *params, float *exp
     for (size_t i = 0; i < json_array_size(shards); i++) {
         json_t *sh = json_array_get(shards, i), *parts = json_object_get(sh, "tensors");
         st_t *st = NULL;
-        if (open_shard(path, man, sh, (int)i, sp, sizeof sp, &st, err, errlen)) goto out;
+        if (open_shard(path, man, json_integer_value(json_object_get(root, "step")), sh, (int)i, sp, sizeof sp, &st,
+                       err, errlen))
+            goto out;
         int bad = !json_is_array(parts);
         if (bad) errbuf_set(err, errlen, "%s: shard %zu lists no tensors", man, i);
         for (size_t k = 0; !bad && k < json_array_size(parts); k++)

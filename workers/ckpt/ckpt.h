@@ -38,6 +38,7 @@
 #include "workers/model/optim.h"
 
 #define CKPT_SHARD_FMT "shard-%05d-of-%05d.safetensors" /* file index, file count */
+#define CKPT_VERSION 1                                  /* the manifest version this build writes and reads */
 
 typedef struct {
     int64_t step;               /* optimizer updates done */
@@ -102,6 +103,21 @@ int ckpt_read_layout(const char *path, ckpt_layout_t *lay, char *err, size_t err
  * checking its size and crc32 against the manifest: *st (st_close it) and
  * its path in sp. 0, or -1 with a message naming a damaged file. */
 int ckpt_open_shard(const char *path, int i, st_t **st, char *sp, size_t splen, char *err, size_t errlen);
+
+/* Every check a checkpoint must pass before any of it is loaded, the
+ * same for --resume (ckpt_load, ckpt_read_full) and `ballast ckpt info`:
+ * the manifest's format and version (CKPT_VERSION), its step against the
+ * optimizer's, the data position's, the directory name's and every shard
+ * file's; the layout against the shard list; each shard's file name (the
+ * one its index gives: no path, no "..") and size, and that every file
+ * read (config.json, the manifest, the shards), symlinks resolved, lies
+ * inside the step directory; each part against m's tensor (name, shape,
+ * tensor-parallel split); and, for every tensor and TP rank, that the
+ * parts' element ranges tile the TP-local tensor exactly in shard order
+ * (no gap, no overlap, no swapped ranges). File contents (crc32) are
+ * checked when a shard is opened. 0, or -1 with a message naming the file
+ * and the tensor. */
+int ckpt_verify(const char *path, const model_t *m, char *err, size_t errlen);
 
 /* The full tensors of a checkpoint of any layout (both forms) in m's full
  * layout (m may come from model_layout): weights into params, the AdamW

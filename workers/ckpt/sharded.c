@@ -314,7 +314,9 @@ int ckpt_load(fsdp_t *f, const char *path, char *err, size_t errlen) {
     ckpt_layout_t lay;
     if (ckpt_read_layout(path, &lay, err, errlen)) return -EINVAL;
     if (lay.S != f->S || lay.T != f->T || lay.whole_tensors) return load_resharded(f, path, err, errlen);
-    /* the same layout: this rank's own file */
+    /* the same layout: this rank's own file, once the whole manifest passed
+     * the checks another layout's load makes */
+    if (ckpt_verify(path, f->m, err, errlen)) return -EINVAL;
     char sp[4600];
     st_t *st = NULL;
     int idx = f->sidx * f->T + f->tidx, rc = -EINVAL;

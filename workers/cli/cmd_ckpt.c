@@ -72,6 +72,12 @@ static int ckpt_info(int argc, char **argv) {
     if (resolve_ckpt(argv[1], path, sizeof path)) return 1;
     ckpt_meta_t meta;
     if (ckpt_read_meta(path, &meta, err, sizeof err)) { fprintf(stderr, "ballast ckpt info: %s\n", err); return 1; }
+    /* the checks --resume makes, then every file's crc32 below */
+    model_t m;
+    if (model_layout(&m, &meta.cfg, err, sizeof err)) { fprintf(stderr, "ballast ckpt info: %s: %s\n", path, err); return 1; }
+    int bad_manifest = ckpt_verify(path, &m, err, sizeof err);
+    model_destroy(&m);
+    if (bad_manifest) { fprintf(stderr, "ballast ckpt info: %s\n", err); return 1; }
     const llama_config_t *c = &meta.cfg;
     const optim_config_t *oc = &meta.ocfg;
     printf("checkpoint  %s\n", path);
@@ -87,7 +93,7 @@ static int ckpt_info(int argc, char **argv) {
     char man[4400];
     snprintf(man, sizeof man, "%s/manifest.json", path);
     json_error_t je;
-    json_t *root = json_load_file(man, 0, &je);
+    json_t *root = json_load_file(man, JSON_REJECT_DUPLICATES, &je);
     json_t *shards = root ? json_object_get(root, "shards") : NULL;
     int status = 0;
     for (size_t i = 0; shards && i < json_array_size(shards); i++) {

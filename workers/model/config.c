@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -36,6 +37,17 @@ const char *llama_preset_names(void) {
 
 /* ---- validation and counts ---- */
 
+/* Bounds past every published Llama-class model (theta up to 1e7 for
+ * million-token contexts, eps 1e-5 / 1e-6); beyond them a value is a typo
+ * or an overflow, not a model. */
+#define CFG_MAX_RMS_EPS    1e-1
+#define CFG_MIN_ROPE_THETA 1.0
+#define CFG_MAX_ROPE_THETA 1e10
+#define CFG_MAX_DIM        (1 << 18)
+#define CFG_MAX_LAYERS     4096
+#define CFG_MAX_HEADS      4096
+#define CFG_MAX_VOCAB      (1 << 24)
+
 int llama_config_validate(const llama_config_t *c, char *err, size_t errlen) {
 #define BAD(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
     if (c->dim <= 0) BAD("hidden_size must be positive (got %d)", c->dim);
@@ -49,8 +61,19 @@ int llama_config_validate(const llama_config_t *c, char *err, size_t errlen) {
     if (c->ffn_dim <= 0) BAD("intermediate_size must be positive (got %d)", c->ffn_dim);
     if (c->vocab <= 1) BAD("vocab_size must be at least 2 (got %d)", c->vocab);
     if (c->max_seq <= 0) BAD("max_position_embeddings must be positive (got %d)", c->max_seq);
-    if (!(c->rms_eps > 0)) BAD("rms_norm_eps must be positive (got %g)", c->rms_eps);
-    if (!(c->rope_theta > 0)) BAD("rope_theta must be positive (got %g)", c->rope_theta);
+    /* finite and in the range real models use: a float that overflowed to
+     * inf, or an eps that swamps the mean square, is a broken config */
+    if (!(c->rms_eps > 0) || !isfinite(c->rms_eps) || c->rms_eps > CFG_MAX_RMS_EPS)
+        BAD("rms_norm_eps must be finite and in (0, %g] (got %g)", CFG_MAX_RMS_EPS, c->rms_eps);
+    if (!(c->rope_theta >= CFG_MIN_ROPE_THETA) || !isfinite(c->rope_theta) || c->rope_theta > CFG_MAX_ROPE_THETA)
+        BAD("rope_theta must be finite and in [%g, %g] (got %g)", CFG_MIN_ROPE_THETA, CFG_MAX_ROPE_THETA,
+            c->rope_theta);
+    if (c->dim > CFG_MAX_DIM || c->ffn_dim > CFG_MAX_DIM || c->head_dim > CFG_MAX_DIM)
+        BAD("hidden_size, intermediate_size and head_dim must be at most %d (got %d, %d, %d)", CFG_MAX_DIM, c->dim,
+            c->ffn_dim, c->head_dim);
+    if (c->n_layers > CFG_MAX_LAYERS) BAD("num_hidden_layers must be at most %d (got %d)", CFG_MAX_LAYERS, c->n_layers);
+    if (c->n_heads > CFG_MAX_HEADS) BAD("num_attention_heads must be at most %d (got %d)", CFG_MAX_HEADS, c->n_heads);
+    if (c->vocab > CFG_MAX_VOCAB) BAD("vocab_size must be at most %d (got %d)", CFG_MAX_VOCAB, c->vocab);
     return 0;
 #undef BAD
 }
@@ -95,14 +118,118 @@ static int get_int(json_t *root, const char *key, int *out, bool required, const
 static int get_num(json_t *root, const char *key, float *out, const char *path, char *err, size_t errlen) {
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v)) return 1;
-    if (!json_is_number(v)) { snprintf(err, errlen, "%s: \"%s\" must be a number", path, key); return -1; }
+    if (!json_is_number(v) || !isfinite(json_number_value(v)) || !isfinite((float)json_number_value(v))) {
+        snprintf(err, errlen, "%s: \"%s\" must be a finite number (a float32)", path, key);
+        return -1;
+    }
     *out = (float)json_number_value(v);
     return 0;
 }
 
+/* Every key a config.json may hold, and what ballast does with it. A key
+ * outside this table is refused by name: ballast cannot tell whether it
+ * changes the model, and training a different model than the file
+ * describes is worse than stopping. */
+typedef enum {
+    F_READ,     /* read into llama_config_t (or refused by its own check below) */
+    F_SILU,     /* hidden_act: "silu" (HF's "swish" is the same function) */
+    F_FALSE,    /* a boolean that must be false: a bias ballast's blocks do not have */
+    F_ZERO,     /* a number that must be 0 (attention dropout) */
+    F_POS_INT,  /* pretraining_tp: HF splits its matmuls that many ways, the same product */
+    F_WINDOW,   /* sliding_window: null, or no shorter than max_position_embeddings */
+    F_STRING,   /* metadata strings: no effect on the model */
+    F_STRINGS,  /* architectures: a list of strings */
+    F_BOOL,     /* a boolean with no effect on training (use_cache) */
+    F_NUMBER,   /* a number with no effect on a loaded model (initializer_range) */
+    F_TOKEN,    /* token ids: an integer, a list of integers or null */
+} field_kind_t;
+
+static const struct { const char *key; field_kind_t kind; } config_fields[] = {
+    { "model_type", F_READ }, { "hidden_size", F_READ }, { "num_hidden_layers", F_READ },
+    { "num_attention_heads", F_READ }, { "num_key_value_heads", F_READ }, { "head_dim", F_READ },
+    { "intermediate_size", F_READ }, { "vocab_size", F_READ }, { "max_position_embeddings", F_READ },
+    { "rms_norm_eps", F_READ }, { "rope_theta", F_READ }, { "rope_scaling", F_READ },
+    { "tie_word_embeddings", F_READ },
+    { "hidden_act", F_SILU }, { "attention_bias", F_FALSE }, { "mlp_bias", F_FALSE },
+    { "use_sliding_window", F_FALSE }, { "attention_dropout", F_ZERO }, { "pretraining_tp", F_POS_INT },
+    { "sliding_window", F_WINDOW },
+    { "torch_dtype", F_STRING }, { "transformers_version", F_STRING }, { "tokenizer_class", F_STRING },
+    { "architectures", F_STRINGS }, { "use_cache", F_BOOL }, { "initializer_range", F_NUMBER },
+    { "bos_token_id", F_TOKEN }, { "eos_token_id", F_TOKEN }, { "pad_token_id", F_TOKEN },
+};
+
+/* Refuse, by name, every key of root that ballast would not honour. Keys
+ * starting with '_' (_name_or_path, _attn_implementation) are Hugging
+ * Face's bookkeeping and implementation hints, and are accepted. 0, or -1
+ * with a message. */
+static int check_fields(json_t *root, const char *path, char *err, size_t errlen) {
+#define BADF(...) do { snprintf(err, errlen, __VA_ARGS__); return -1; } while (0)
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        if (key[0] == '_') continue;
+        size_t i, n = sizeof config_fields / sizeof config_fields[0];
+        for (i = 0; i < n && strcmp(config_fields[i].key, key); i++) {}
+        if (i == n)
+            BADF("%s: unknown key \"%s\": ballast cannot tell whether it changes the model; remove it if it does "
+                 "not (docs/training.md lists the keys it reads and accepts)", path, key);
+        switch (config_fields[i].kind) {
+        case F_READ: break;
+        case F_SILU:
+            if (!json_is_string(v) || (strcmp(json_string_value(v), "silu") && strcmp(json_string_value(v), "swish")))
+                BADF("%s: hidden_act must be \"silu\" (the SwiGLU MLP ballast implements); this config asks for "
+                     "another activation", path);
+            break;
+        case F_FALSE:
+            if (json_is_null(v)) break;
+            if (!json_is_boolean(v)) BADF("%s: \"%s\" must be true or false (a JSON boolean)", path, key);
+            if (json_is_true(v))
+                BADF("%s: \"%s\" is true: ballast's blocks have no such bias or option; use a model without it", path,
+                     key);
+            break;
+        case F_ZERO:
+            if (!json_is_number(v) || json_number_value(v) != 0)
+                BADF("%s: \"%s\" must be 0: ballast trains without dropout", path, key);
+            break;
+        case F_POS_INT:
+            if (!json_is_integer(v) || json_integer_value(v) < 1)
+                BADF("%s: \"%s\" must be a positive integer", path, key);
+            break;
+        case F_WINDOW: break; /* checked against max_position_embeddings once that is read */
+        case F_STRING:
+            if (!json_is_string(v) && !json_is_null(v)) BADF("%s: \"%s\" must be a string", path, key);
+            break;
+        case F_STRINGS: {
+            size_t k;
+            json_t *e;
+            if (!json_is_array(v)) BADF("%s: \"%s\" must be a list of strings", path, key);
+            json_array_foreach(v, k, e) if (!json_is_string(e)) BADF("%s: \"%s\" must be a list of strings", path, key);
+            break;
+        }
+        case F_BOOL:
+            if (!json_is_boolean(v) && !json_is_null(v)) BADF("%s: \"%s\" must be true or false (a JSON boolean)", path, key);
+            break;
+        case F_NUMBER:
+            if (!json_is_number(v) && !json_is_null(v)) BADF("%s: \"%s\" must be a number", path, key);
+            break;
+        case F_TOKEN: {
+            size_t k;
+            json_t *e;
+            if (json_is_null(v) || json_is_integer(v)) break;
+            if (!json_is_array(v)) BADF("%s: \"%s\" must be a token id or a list of them", path, key);
+            json_array_foreach(v, k, e) if (!json_is_integer(e))
+                BADF("%s: \"%s\" must be a token id or a list of them", path, key);
+            break;
+        }
+        }
+    }
+    return 0;
+#undef BADF
+}
+
 int llama_config_load_json(const char *path, llama_config_t *c, char *err, size_t errlen) {
     json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         snprintf(err, errlen, "%s: not valid JSON (line %d: %s)", path, je.line, je.text);
         return -1;
@@ -111,10 +238,15 @@ int llama_config_load_json(const char *path, llama_config_t *c, char *err, size_
     memset(c, 0, sizeof *c);
     if (!json_is_object(root)) { snprintf(err, errlen, "%s: expected a JSON object", path); goto out; }
     json_t *mt = json_object_get(root, "model_type");
-    if (mt && json_is_string(mt) && strcmp(json_string_value(mt), "llama") != 0) {
-        snprintf(err, errlen, "%s: model_type is \"%s\", only \"llama\" is supported", path, json_string_value(mt));
+    if (mt && !json_is_string(mt)) { snprintf(err, errlen, "%s: model_type must be a string", path); goto out; }
+    /* Mistral without a sliding window is Llama under another name; Qwen2's
+     * attention has q/k/v biases */
+    if (mt && strcmp(json_string_value(mt), "llama") && strcmp(json_string_value(mt), "mistral")) {
+        snprintf(err, errlen, "%s: model_type is \"%s\", only \"llama\" (and \"mistral\" without a sliding window) "
+                 "is supported", path, json_string_value(mt));
         goto out;
     }
+    if (check_fields(root, path, err, errlen)) goto out;
     if (get_int(root, "hidden_size", &c->dim, true, path, err, errlen) < 0) goto out;
     if (get_int(root, "num_hidden_layers", &c->n_layers, true, path, err, errlen) < 0) goto out;
     if (get_int(root, "num_attention_heads", &c->n_heads, true, path, err, errlen) < 0) goto out;
@@ -143,7 +275,17 @@ int llama_config_load_json(const char *path, llama_config_t *c, char *err, size_
         goto out;
     }
     json_t *tie = json_object_get(root, "tie_word_embeddings");
+    if (tie && !json_is_null(tie) && !json_is_boolean(tie)) {
+        snprintf(err, errlen, "%s: \"tie_word_embeddings\" must be true or false (a JSON boolean)", path);
+        goto out;
+    }
     c->tie_embeddings = tie && json_is_true(tie);
+    json_t *sw = json_object_get(root, "sliding_window");
+    if (sw && !json_is_null(sw) && (!json_is_integer(sw) || json_integer_value(sw) < c->max_seq)) {
+        snprintf(err, errlen, "%s: sliding_window is shorter than max_position_embeddings (%d): ballast's attention "
+                 "sees the whole sequence; use a model without a sliding window", path, c->max_seq);
+        goto out;
+    }
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     snprintf(c->name, sizeof c->name, "%s", base);
     char why[256];
