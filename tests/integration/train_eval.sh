@@ -4,7 +4,7 @@
 #     exactly the evaluation steps and after the last, on the progress
 #     line, in /metrics (ballast_train_val_loss) and in `ballast report`;
 #     equal to `ballast eval` of the final checkpoint on the same windows;
-#     the same in a world of 2 (S 2) up to reduction order;
+#     the same in a world of 2 (S 2, and T 2) up to reduction order;
 #   - --lr-schedule linear and wsd: the logged lr of every step against the
 #     formula of docs/training.md, computed here; --min-lr-ratio;
 #   - --ckpt-keep 2: only the two newest complete checkpoints stay, a
@@ -67,7 +67,10 @@ else t_fail "ballast report shows the validation loss" "$(ls -la "$D/r.html" 2>&
     --data-order sequential --log-json "$D/v1.jsonl" > "$D/v1.out" 2>&1
 "$B" train --nproc 2 --hybrid-shard-degree 2 "${COMMON[@]}" --micro-batch 2 --steps 6 --val-data "$D/val.bin" \
     --eval-every 3 --eval-batches 3 --data-order sequential --log-json "$D/v2.jsonl" > "$D/v2.out" 2>&1
-if /usr/bin/python3 - "$D/v1.jsonl" "$D/v2.jsonl" <<'PY'
+"$B" train --nproc 2 --tensor-parallel-degree 2 "${COMMON[@]}" --micro-batch 4 --steps 6 --val-data "$D/val.bin" \
+    --eval-every 3 --eval-batches 3 --data-order sequential --log-json "$D/vt.jsonl" > "$D/vt.out" 2>&1
+for v in v2 vt; do
+if /usr/bin/python3 - "$D/v1.jsonl" "$D/$v.jsonl" <<'PY'
 import sys, jsonlog
 a = {r["step"]: r.get("val_loss") for r in jsonlog.steps(sys.argv[1])}
 b = {r["step"]: r.get("val_loss") for r in jsonlog.steps(sys.argv[2])}
@@ -75,8 +78,9 @@ ok = a[3] and b[3] and a[6] and b[6] and all(abs(a[s] - b[s]) <= 1e-5 * abs(a[s]
 print(a[3], b[3], a[6], b[6])
 sys.exit(0 if ok else 1)
 PY
-then t_ok "world 2 (S 2, micro-batch 2 each) gives one process's val_loss (micro-batch 4) within 1e-5"
-else t_fail "world 2 gives one process's val_loss" "$(tail -2 "$D/v2.out")"; fi
+then t_ok "world 2 ($([ $v = v2 ] && echo "S 2, micro-batch 2 each" || echo "T 2")) gives one process's val_loss within 1e-5"
+else t_fail "world 2 ($v) gives one process's val_loss" "$(tail -2 "$D/$v.out")"; fi
+done
 
 # ---- schedules ----
 for sch in linear wsd; do
