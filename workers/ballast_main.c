@@ -23,6 +23,8 @@ int main(int argc, char **argv) {
         { "train", cmd_train, "train a model: starts ballastd when needed and N workers" },
         { "data", cmd_data, "token shards: synth, pack, info" },
         { "ckpt", cmd_ckpt, "checkpoints: export to Hugging Face, info" },
+        { "eval", cmd_eval, "loss and perplexity of a checkpoint or model on token shards" },
+        { "generate", cmd_generate, "continue a prompt with a checkpoint or model (KV cache, CPU)" },
         { "plan", cmd_plan, "choose (S, T, offload) for a cluster and predict TFLOP/s" },
         { "status", cmd_status, "ballastd: pool, spill, sessions" },
         { "store", cmd_store, "ballastd blobs: put, get, ls, rm" },

@@ -118,8 +118,8 @@ WRAP(matmul_fwd, (act_t *out, const act_t *x, const act_t *w, int N, int I, int 
 WRAP(matmul_bwd,
      (act_t *dx, float *dw, const act_t *dout, const act_t *x, const act_t *w, int N, int I, int O, bool acc),
      (dx, dw, dout, x, w, N, I, O, acc))
-WRAP(rope_fwd, (act_t *x, int B, int T, int nh, int Dh, float th), (x, B, T, nh, Dh, th))
-WRAP(rope_bwd, (act_t *x, int B, int T, int nh, int Dh, float th), (x, B, T, nh, Dh, th))
+WRAP(rope_fwd, (act_t *x, int B, int T, int nh, int Dh, int p0, const be_rope_t *r), (x, B, T, nh, Dh, p0, r))
+WRAP(rope_bwd, (act_t *x, int B, int T, int nh, int Dh, int p0, const be_rope_t *r), (x, B, T, nh, Dh, p0, r))
 WRAP(attention_fwd,
      (act_t *out, float *att, const act_t *q, const act_t *k, const act_t *v, int B, int T, int H, int Hkv, int Dh),
      (out, att, q, k, v, B, T, H, Hkv, Dh))

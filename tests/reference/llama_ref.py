@@ -99,9 +99,36 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def rope_cos_sin(T, Dh, theta):
-    inv = 1.0 / (theta ** (torch.arange(0, Dh, 2, dtype=torch.get_default_dtype()) / Dh))
-    f = torch.outer(torch.arange(T, dtype=torch.get_default_dtype()), inv)
+def inv_freq(cfg):
+    """Frequencies of the rotary pairs: rope_theta^(-2i/Dh), then rope_scaling as
+    transformers defines it. linear: all divided by factor. llama3: with
+    wavelength w = 2 pi / f and C = original_max_position_embeddings, a pair whose
+    w is longer than C / low_freq_factor is divided by factor, one shorter than
+    C / high_freq_factor is kept, and in between it is interpolated between the
+    two, with weight s = (C / w - low) / (high - low) on the kept frequency."""
+    Dh, theta = cfg["head_dim"], cfg["rope_theta"]
+    base = [theta ** (-(2.0 * i) / Dh) for i in range(Dh // 2)]
+    rs = cfg.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    out = []
+    for f in base:
+        if kind == "linear":
+            f = f / rs["factor"]
+        elif kind == "llama3":
+            C, lo, hi, fac = (rs["original_max_position_embeddings"], rs["low_freq_factor"], rs["high_freq_factor"],
+                              rs["factor"])
+            w = 2 * math.pi / f
+            if w > C / lo:
+                f = f / fac
+            elif w >= C / hi:
+                s = (C / w - lo) / (hi - lo)
+                f = s * f + (1 - s) * f / fac
+        out.append(f)
+    return torch.tensor(out, dtype=torch.get_default_dtype())
+
+
+def rope_cos_sin(T, cfg, pos0=0):
+    f = torch.outer(torch.arange(pos0, pos0 + T, dtype=torch.get_default_dtype()), inv_freq(cfg))
     emb = torch.cat((f, f), dim=-1)
     return emb.cos(), emb.sin()
 
@@ -111,7 +138,7 @@ def forward(P, cfg, tokens):
     B, T = tokens.shape
     D, H, Hkv, Dh = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps = cfg["rms_norm_eps"]
-    cos, sin = rope_cos_sin(T, Dh, cfg["rope_theta"])
+    cos, sin = rope_cos_sin(T, cfg)
     x = P["model.embed_tokens.weight"][tokens]
     mask = torch.full((T, T), float("-inf")).triu(1)
     for l in range(cfg["num_hidden_layers"]):
@@ -336,6 +363,14 @@ CONFIGS = [
     ("odd", "F16", 2, dict(hidden_size=72, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=3, head_dim=24,
                  intermediate_size=100, vocab_size=131, max_position_embeddings=64, rms_norm_eps=1e-6,
                  rope_theta=500000.0, tie_word_embeddings=True), 3, 23, 1),
+    # Llama 3.2 in miniature: grouped-query heads (8 over 2), tied embeddings, rope_theta 5e5 and
+    # rope_scaling llama3 with original_max_position_embeddings 64, so that at head_dim 16 the pairs
+    # fall in all three bands (kept, interpolated, divided by factor 32) within 32 positions
+    ("llama3.2", "BF16", 1, dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                 head_dim=16, intermediate_size=128, vocab_size=160, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                 rope_theta=500000.0, tie_word_embeddings=True,
+                 rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                   original_max_position_embeddings=64)), 2, 32, 1),
 ]
 
 

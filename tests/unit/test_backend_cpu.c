@@ -108,8 +108,29 @@ static void ref_matmul(double *out, const double *x, const double *w, int N, int
         }
 }
 
+/* Frequencies written as one clamped blend (the Llama 3 paper's form): with
+ * s = clamp((C / wavelength - low) / (high - low), 0, 1), f' = s f + (1 - s) f / factor. */
+static void ref_inv_freq(double *f, int Dh, const be_rope_t *r) {
+    for (int i = 0; i < Dh / 2; i++) {
+        f[i] = pow(r->theta, -2.0 * i / Dh);
+        if (r->type == BE_ROPE_LINEAR) f[i] /= r->factor;
+        if (r->type == BE_ROPE_LLAMA3) {
+            double s = (r->original_max_pos * f[i] / (2 * M_PI) - r->low_freq_factor) /
+                       (r->high_freq_factor - r->low_freq_factor);
+            s = s < 0 ? 0 : s > 1 ? 1 : s;
+            f[i] = s * f[i] + (1 - s) * f[i] / r->factor;
+        }
+    }
+}
+
+static const be_rope_t *g_ref_rope;
+static int g_ref_pos0;
+
 static void ref_rope(double *out, const double *x, int B, int T, int nh, int Dh, double theta) {
     int half = Dh / 2;
+    be_rope_t plain = { .theta = (float)theta };
+    double inv[64];
+    ref_inv_freq(inv, Dh, g_ref_rope ? g_ref_rope : &plain);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < nh; h++) {
@@ -117,7 +138,7 @@ static void ref_rope(double *out, const double *x, int B, int T, int nh, int Dh,
                 double *o = out + (((size_t)b * T + t) * nh + h) * Dh;
                 for (int d = 0; d < Dh; d++) {
                     int i = d % half;
-                    double ang = t * pow(theta, -2.0 * i / Dh);
+                    double ang = (t + g_ref_pos0) * inv[i];
                     double rot = d < half ? -p[d + half] : p[d - half];   /* rotate_half */
                     o[d] = p[d] * cos(ang) + rot * sin(ang);
                 }
@@ -284,20 +305,52 @@ static double rope_loss(void *p) {
     return dot(c->tmp, c->wo, (size_t)c->B * c->T * c->nh * c->Dh);
 }
 
-Test(backend_cpu, rope, .init = setup, .fini = teardown) {
-    int B = 2, T = 7, nh = 3, Dh = 10;
+/* forward and backward of one rope setting, rows starting at position pos0 */
+static void check_rope(int B, int T, int nh, int Dh, int pos0, const be_rope_t *r, const char *what) {
     size_t n = (size_t)B * T * nh * Dh;
-    rope_ctx c = { drand_vec(n, 1), drand_vec(n, 1), tmalloc(n * sizeof(double)), B, T, nh, Dh, 10000.0 };
+    rope_ctx c = { drand_vec(n, 1), drand_vec(n, 1), tmalloc(n * sizeof(double)), B, T, nh, Dh, r->theta };
+    g_ref_rope = r;
+    g_ref_pos0 = pos0;
     round_f(c.x, n); round_f(c.wo, n);
     float *x = to_f(c.x, n);
-    be->rope_fwd(x, B, T, nh, Dh, (float)c.theta);
+    be->rope_fwd(x, B, T, nh, Dh, pos0, r);
     ref_rope(c.tmp, c.x, B, T, nh, Dh, c.theta);
-    CHECK_REL(x, c.tmp, n, "rope forward");
+    char name[128];
+    snprintf(name, sizeof name, "rope forward (%s)", what);
+    CHECK_REL(x, c.tmp, n, name);
     float *g = to_f(c.wo, n);
-    be->rope_bwd(g, B, T, nh, Dh, (float)c.theta);
+    be->rope_bwd(g, B, T, nh, Dh, pos0, r);
     double *gx = tmalloc(n * sizeof(double));
     fd_grad(c.x, n, rope_loss, &c, gx);
-    CHECK_REL(g, gx, n, "rope backward");
+    snprintf(name, sizeof name, "rope backward (%s)", what);
+    CHECK_REL(g, gx, n, name);
+    g_ref_rope = NULL;
+    g_ref_pos0 = 0;
+}
+
+Test(backend_cpu, rope, .init = setup, .fini = teardown) {
+    be_rope_t plain = { .theta = 10000.f };
+    check_rope(2, 7, 3, 10, 0, &plain, "default");
+}
+
+/* Llama 3 scaling at head_dim 32 with original_max_position_embeddings 48:
+ * its pairs fall in all three bands (kept, blended, divided by factor);
+ * linear scaling; and rows starting past position 0 (KV-cached decoding). */
+Test(backend_cpu, rope_scaled, .init = setup, .fini = teardown) {
+    be_rope_t l3 = { .theta = 10000.f, .type = BE_ROPE_LLAMA3, .factor = 8.f, .low_freq_factor = 1.f,
+                     .high_freq_factor = 4.f, .original_max_pos = 48 };
+    int bands[3] = { 0, 0, 0 };
+    for (int i = 0; i < 16; i++) {
+        double w = 2 * M_PI * pow(10000.0, 2.0 * i / 32);
+        bands[w < 12 ? 0 : w > 48 ? 2 : 1]++;
+    }
+    cr_assert(bands[0] && bands[1] && bands[2], "the bands kept/blended/divided hold %d/%d/%d pairs", bands[0],
+              bands[1], bands[2]);
+    check_rope(2, 9, 2, 32, 0, &l3, "llama3");
+    check_rope(1, 3, 2, 32, 41, &l3, "llama3, from position 41");
+    be_rope_t lin = { .theta = 500000.f, .type = BE_ROPE_LINEAR, .factor = 4.f };
+    check_rope(2, 5, 3, 12, 0, &lin, "linear");
+    check_rope(1, 2, 3, 12, 100, &lin, "linear, from position 100");
 }
 
 /* ---- attention ---- */

@@ -78,6 +78,56 @@ Test(model, lr_schedule_and_clip) {
     cr_assert_eq(optim_clip_coef(50.0, 0.0), 1.0f);
 }
 
+/* The linear and warmup-stable-decay schedules against their formulas,
+ * written here step by step for random settings: warmup, then (linear) a
+ * straight line from the peak to the floor over the steps after warmup,
+ * or (wsd) the peak until the last round(f * S) steps, which fall in a
+ * straight line to the floor. */
+Test(model, lr_schedule_linear_wsd) {
+    srand(20261201);
+    for (int trial = 0; trial < 200; trial++) {
+        optim_config_t c = { .lr = 1e-4 + (double)rand() / RAND_MAX, .total_steps = 1 + rand() % 300 };
+        c.min_lr = c.lr * (double)rand() / RAND_MAX * 0.5;
+        c.warmup_steps = rand() % (c.total_steps + 1);
+        c.decay_fraction = 0.01 + 0.99 * (double)rand() / RAND_MAX;
+        int64_t S = c.total_steps, W = c.warmup_steps;
+        int64_t dd = (int64_t)floor(c.decay_fraction * S + 0.5);
+        if (dd > S - W) dd = S - W;
+        for (int64_t k = 0; k < S + 3; k++) {
+            double want_lin, want_wsd;
+            if (k < W) {
+                want_lin = want_wsd = c.lr * (k + 1) / W;
+            } else {
+                double span = S - W > 1 ? (double)(S - W) : 1.0, p = (k - W) / span;
+                want_lin = c.lr - (c.lr - c.min_lr) * (p < 1 ? p : 1);
+                if (k < S - dd) want_wsd = c.lr;
+                else {
+                    double q = (k - (S - dd)) / (dd > 1 ? (double)dd : 1.0);
+                    want_wsd = c.lr - (c.lr - c.min_lr) * (q < 1 ? q : 1);
+                }
+            }
+            c.schedule = LR_LINEAR;
+            double got = optim_lr(&c, k);
+            cr_assert(fabs(got - want_lin) <= 1e-12 * c.lr, "linear S %lld W %lld k %lld: %.17g vs %.17g",
+                      (long long)S, (long long)W, (long long)k, got, want_lin);
+            c.schedule = LR_WSD;
+            got = optim_lr(&c, k);
+            cr_assert(fabs(got - want_wsd) <= 1e-12 * c.lr, "wsd S %lld W %lld f %g k %lld: %.17g vs %.17g",
+                      (long long)S, (long long)W, c.decay_fraction, (long long)k, got, want_wsd);
+        }
+    }
+    /* a worked case: 10 steps, warmup 2, decay over the last 4 */
+    optim_config_t c = { .lr = 1.0, .min_lr = 0.2, .warmup_steps = 2, .total_steps = 10, .schedule = LR_WSD,
+                         .decay_fraction = 0.4 };
+    double want[10] = { 0.5, 1, 1, 1, 1, 1, 1, 0.8, 0.6, 0.4 };
+    for (int k = 0; k < 10; k++) cr_assert_float_eq(optim_lr(&c, k), want[k], 1e-12, "wsd step %d", k);
+    cr_assert_eq(optim_schedule_parse("wsd"), LR_WSD);
+    cr_assert_eq(optim_schedule_parse("linear"), LR_LINEAR);
+    cr_assert_eq(optim_schedule_parse("cosine"), LR_COSINE);
+    cr_assert_eq(optim_schedule_parse("step"), -1);
+    cr_assert_str_eq(optim_schedule_name(LR_WSD), "wsd");
+}
+
 /* Chaining model_block_forward from the embedding reproduces the model's
  * last block output bit for bit, and activation checkpointing (recompute in
  * backward) gives bit-identical loss and gradients. */

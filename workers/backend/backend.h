@@ -27,6 +27,7 @@
 #ifndef BALLAST_BACKEND_H
 #define BALLAST_BACKEND_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -41,6 +42,37 @@ typedef struct {
     void *base;
     size_t bytes;
 } be_range_t;
+
+/* The rotary embedding's frequencies: Hugging Face's rope_theta and
+ * rope_scaling ("default", "linear", "llama3"). */
+typedef enum { BE_ROPE_DEFAULT = 0, BE_ROPE_LINEAR = 1, BE_ROPE_LLAMA3 = 2 } be_rope_type_t;
+typedef struct {
+    float theta;              /* rope_theta */
+    be_rope_type_t type;
+    float factor;             /* linear, llama3: how much longer the context became */
+    float low_freq_factor;    /* llama3 */
+    float high_freq_factor;   /* llama3 */
+    int original_max_pos;     /* llama3: original_max_position_embeddings */
+} be_rope_t;
+
+/* Inverse frequency of pair (i, i + Dh/2), in double; every backend builds
+ * its angles from it. Default: theta^(-2i/Dh). Linear: that / factor.
+ * Llama 3 (transformers' _compute_llama3_parameters): with wavelength
+ * w = 2 pi / f and C = original_max_pos, frequencies whose w exceeds
+ * C / low_freq_factor are divided by factor, those whose w is under
+ * C / high_freq_factor stay, and in between they blend,
+ * (1 - s) f / factor + s f with s = (C / w - low) / (high - low). */
+static inline double be_rope_inv_freq(const be_rope_t *r, int Dh, int i) {
+    double f = 1.0 / pow((double)r->theta, (2.0 * i) / Dh);
+    if (r->type == BE_ROPE_LINEAR) return f / r->factor;
+    if (r->type != BE_ROPE_LLAMA3) return f;
+    double C = (double)r->original_max_pos, lo = r->low_freq_factor, hi = r->high_freq_factor;
+    double w = 2.0 * 3.14159265358979323846 / f;
+    if (w > C / lo) return f / r->factor;
+    if (w < C / hi) return f;
+    double s = (C / w - lo) / (hi - lo);
+    return (1.0 - s) * f / r->factor + s * f;
+}
 
 typedef struct backend {
     const char *name;
@@ -98,11 +130,11 @@ typedef struct backend {
                        int N, int I, int O, bool dx_acc);
 
     /* ---- rotary position embedding, rotate-half form, in place ---- */
-    /* x (B, T, nh, Dh): position of row t is t; pair (i, i + Dh/2) turns by
-     * t * theta^(-2i/Dh). */
-    void (*rope_fwd)(act_t *x, int B, int T, int nh, int Dh, float theta);
+    /* x (B, T, nh, Dh): position of row t is pos0 + t; pair (i, i + Dh/2)
+     * turns by position * be_rope_inv_freq(r, Dh, i); r is host memory. */
+    void (*rope_fwd)(act_t *x, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r);
     /* the inverse rotation applied to a gradient (B, T, nh, Dh) in place */
-    void (*rope_bwd)(act_t *dx, int B, int T, int nh, int Dh, float theta);
+    void (*rope_bwd)(act_t *dx, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r);
 
     /* ---- causal attention with grouped-query heads ---- */
     /* q (B, T, H, Dh), k, v (B, T, Hkv, Dh), out (B, T, H, Dh);

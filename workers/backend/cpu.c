@@ -241,15 +241,14 @@ static void cpu_matmul_bwd(float *dx, float *dw, const float *dout, const float 
 
 /* ---- RoPE ---- */
 
-/* cos/sin of angle t * theta^(-2i/Dh), computed in double then rounded. */
-static void rope_apply(float *x, int B, int T, int nh, int Dh, float theta, float dir) {
+/* cos/sin of angle (pos0 + t) * inv_freq(i), computed in double then rounded. */
+static void rope_apply(float *x, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r, float dir) {
     int half = Dh / 2;
 #pragma omp parallel for schedule(static) if ((size_t)B * T * nh * Dh > PAR_MIN)
     for (int t = 0; t < T; t++) {
         float c[half > 0 ? half : 1], s[half > 0 ? half : 1];
         for (int i = 0; i < half; i++) {
-            double inv = 1.0 / pow((double)theta, (2.0 * i) / Dh);
-            double a = (double)t * inv;
+            double a = (double)(pos0 + t) * be_rope_inv_freq(r, Dh, i);
             c[i] = (float)cos(a);
             s[i] = dir * (float)sin(a);
         }
@@ -265,8 +264,12 @@ static void rope_apply(float *x, int B, int T, int nh, int Dh, float theta, floa
     }
 }
 
-static void cpu_rope_fwd(float *x, int B, int T, int nh, int Dh, float theta) { rope_apply(x, B, T, nh, Dh, theta, 1.f); }
-static void cpu_rope_bwd(float *dx, int B, int T, int nh, int Dh, float theta) { rope_apply(dx, B, T, nh, Dh, theta, -1.f); }
+static void cpu_rope_fwd(float *x, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r) {
+    rope_apply(x, B, T, nh, Dh, pos0, r, 1.f);
+}
+static void cpu_rope_bwd(float *dx, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r) {
+    rope_apply(dx, B, T, nh, Dh, pos0, r, -1.f);
+}
 
 /* ---- attention ---- */
 

@@ -113,7 +113,7 @@ int ckpt_write_manifest(const char *dir, const ckpt_meta_t *meta, int world, int
                         const ckpt_shard_t *shards, int n_shards, char *err, size_t errlen) {
     char path[4400];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (llama_config_save_json(&meta->cfg, path, err, errlen)) return -1;
+    if (llama_config_save_json(&meta->cfg, path, "float32", err, errlen)) return -1;
     json_t *js = json_array();
     for (int i = 0; i < n_shards; i++) json_array_append_new(js, shard_json(&shards[i], S, T));
     const optim_config_t *oc = &meta->ocfg;
@@ -128,11 +128,14 @@ int ckpt_write_manifest(const char *dir, const ckpt_meta_t *meta, int world, int
                             "grad_accum", meta->accum, "dp", meta->dp, "next_step", (json_int_t)meta->step,
                             "optimizer", "type", "adamw", "lr", oc->lr, "min_lr", oc->min_lr, "beta1", oc->beta1,
                             "beta2", oc->beta2, "eps", oc->eps, "weight_decay", oc->weight_decay,
-                            "grad_clip", oc->grad_clip, "schedule", oc->schedule == LR_COSINE ? "cosine" : "constant",
+                            "grad_clip", oc->grad_clip, "schedule", optim_schedule_name(oc->schedule),
                             "warmup_steps", (json_int_t)oc->warmup_steps, "total_steps", (json_int_t)oc->total_steps,
                             "step", (json_int_t)meta->step,
                             "rng", "init_seed", (json_int_t)meta->init_seed, "data_seed", (json_int_t)meta->data_seed,
                             "shards", js);
+    if (man && meta->tokenizer[0]) json_object_set_new(man, "tokenizer", json_string(meta->tokenizer));
+    if (man && oc->schedule == LR_WSD)
+        json_object_set_new(json_object_get(man, "optimizer"), "decay_fraction", json_real(oc->decay_fraction));
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     int rc = man ? json_dump_file(man, path, JSON_INDENT(2)) : -1;
     json_decref(man);
@@ -228,6 +231,53 @@ int ckpt_find_latest(const char *dir, char *path, size_t len, char *err, size_t 
     return 1;
 }
 
+static int cmp_ll(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+int ckpt_prune(const char *dir, int keep, int *removed, char *err, size_t errlen) {
+    *removed = 0;
+    if (keep <= 0) return 0;
+    DIR *d = opendir(dir);
+    if (!d) return errbuf_set(err, errlen, "%s: cannot read checkpoint directory: %s", dir, strerror(errno));
+    long long *steps = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long s;
+        char tail;
+        /* complete ones only: step-N.tmp (being written) never matches */
+        if (sscanf(e->d_name, "step-%lld%c", &s, &tail) != 1) continue;
+        char man[4400];
+        snprintf(man, sizeof man, "%s/%s/manifest.json", dir, e->d_name);
+        if (access(man, R_OK) != 0) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            long long *ns = realloc(steps, cap * sizeof *ns);
+            if (!ns) { free(steps); closedir(d); return errbuf_set(err, errlen, "out of memory"); }
+            steps = ns;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    if (n > (size_t)keep) {
+        qsort(steps, n, sizeof *steps, cmp_ll);
+        for (size_t i = 0; i + (size_t)keep < n; i++) {
+            char p[4400];
+            snprintf(p, sizeof p, "%s/step-%08lld", dir, steps[i]);
+            /* the manifest goes first, so a half-deleted directory is no longer complete */
+            char man[4500];
+            snprintf(man, sizeof man, "%s/manifest.json", p);
+            unlink(man);
+            rm_rf(p);
+            (*removed)++;
+        }
+    }
+    free(steps);
+    return 0;
+}
+
 static int jget_num(json_t *o, const char *k, double *out) {
     json_t *v = json_object_get(o, k);
     if (!v || !json_is_number(v)) return -1;
@@ -272,7 +322,12 @@ int ckpt_read_meta(const char *path, ckpt_meta_t *meta, char *err, size_t errlen
     meta->ocfg.warmup_steps = (int64_t)v[13]; meta->ocfg.total_steps = (int64_t)v[14];
     meta->init_seed = (uint64_t)json_integer_value(json_object_get(rng, "init_seed"));
     json_t *sch = json_object_get(opt, "schedule");
-    meta->ocfg.schedule = sch && json_is_string(sch) && !strcmp(json_string_value(sch), "cosine") ? LR_COSINE : LR_CONSTANT;
+    int si = sch && json_is_string(sch) ? optim_schedule_parse(json_string_value(sch)) : -1;
+    meta->ocfg.schedule = si < 0 ? LR_CONSTANT : (lr_schedule_t)si;
+    json_t *tk = json_object_get(root, "tokenizer");
+    if (tk && json_is_string(tk)) snprintf(meta->tokenizer, sizeof meta->tokenizer, "%s", json_string_value(tk));
+    json_t *df = json_object_get(opt, "decay_fraction");
+    meta->ocfg.decay_fraction = df && json_is_number(df) ? json_number_value(df) : 0;
     json_t *ord = json_object_get(data, "order");
     meta->data_order = ord && json_is_string(ord) && !strcmp(json_string_value(ord), "sequential") ? DATA_SEQUENTIAL
                                                                                                    : DATA_SHUFFLED;

@@ -49,6 +49,7 @@ typedef struct {
     uint64_t data_seed;
     uint64_t init_seed;
     int B, T, accum, dp;        /* micro-batch, seq-len, grad-accum, data-parallel ranks */
+    char tokenizer[1024];       /* the run's --tokenizer (tokenizer.json or its directory), "" when none */
 } ckpt_meta_t;
 
 /* ---- writing ---- */
@@ -77,6 +78,12 @@ typedef struct {
  * or -1 with a message. */
 int ckpt_write_manifest(const char *dir, const ckpt_meta_t *meta, int world, int S, int T,
                         const ckpt_shard_t *shards, int n_shards, char *err, size_t errlen);
+
+/* Keep the newest keep complete checkpoints (step-N with a manifest) under
+ * dir and delete the older ones (keep <= 0: none). Directories being written
+ * (step-N.tmp) are never touched, so with keep >= 1 the newest complete one
+ * always stays. *removed gets how many went. 0, or -1 when dir cannot be read. */
+int ckpt_prune(const char *dir, int keep, int *removed, char *err, size_t errlen);
 
 /* ---- reading ---- */
 

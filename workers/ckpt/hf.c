@@ -89,7 +89,9 @@ int ckpt_write_hf(const char *out_dir, const model_t *m, const float *host, int 
     if (ckpt_mkdirs(out_dir, err, errlen)) return -1;
     char p[4400];
     snprintf(p, sizeof p, "%s/config.json", out_dir);
-    if (llama_config_save_json(&m->cfg, p, err, errlen)) return -1;
+    if (llama_config_save_json(&m->cfg, p, dtype == ST_BF16 ? "bfloat16" : dtype == ST_F16 ? "float16" : "float32", err,
+                               errlen))
+        return -1;
     st_writer_t *w = st_writer_new();
     if (!w) { snprintf(err, errlen, "out of memory"); return -1; }
     int rc = -1;

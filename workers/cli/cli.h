@@ -11,5 +11,7 @@ int cmd_status(int argc, char **argv); /* ballastd pool, spill and sessions */
 int cmd_store(int argc, char **argv);  /* put | get | ls | rm blobs in ballastd */
 int cmd_doctor(int argc, char **argv); /* what this machine supports */
 int cmd_report(int argc, char **argv); /* HTML report from a run's JSON log */
+int cmd_eval(int argc, char **argv);   /* loss and perplexity of a model on token shards */
+int cmd_generate(int argc, char **argv); /* sample text from a model (KV-cached, CPU) */
 
 #endif

@@ -58,7 +58,7 @@ static const char *usage_text =
 
 /* ---- helpers ---- */
 
-static const char *yn(bool b) { return b ? "yes" : "no"; }
+static const char *yes_no(bool b) { return b ? "yes" : "no"; }
 
 static json_t *layout_json(const plan_result_t *r) {
     const plan_layout_t *l = &r->layout;
@@ -114,7 +114,7 @@ static void print_row(int rank, const plan_result_t *r, const plan_cluster_t *c)
     const plan_layout_t *l = &r->layout;
     const plan_mem_t *m = &r->mem;
     printf("%4d %5d %2d %5d %4s %4s %4s %4d %4d  %8.2f %6.1f %8.3f  %7.2f %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f\n", rank,
-           l->S, l->T, l->R, yn(l->ckpt), yn(l->act_offload), yn(l->opt_offload), l->micro_batch, l->n_micro,
+           l->S, l->T, l->R, yes_no(l->ckpt), yes_no(l->act_offload), yes_no(l->opt_offload), l->micro_batch, l->n_micro,
            r->time.tflops, 100.0 * r->time.tflops / c->gpu->bf16_tflops, r->time.step, m->params / GIB,
            m->grads / GIB, m->optim / GIB, m->acts / GIB, m->comm / GIB, m->overhead / GIB, m->total / GIB);
 }
@@ -187,8 +187,8 @@ static int run_calibrate(void) {
                "predicted", "residual", "rank", "predicted variant");
         for (size_t i = 0; i < n; i++)
             printf("%-11s %5d %4d %3d %5s  %9.2f %9.2f %+7.1f%% %5d  mb %d, ckpt %s\n", rows[i].model, rows[i].nodes,
-                   rows[i].S, rows[i].T, yn(rows[i].act_offload), rows[i].tflops, ch[i].predicted,
-                   100 * ch[i].residual, ch[i].rank, ch[i].best.layout.micro_batch, yn(ch[i].best.layout.ckpt));
+                   rows[i].S, rows[i].T, yes_no(rows[i].act_offload), rows[i].tflops, ch[i].predicted,
+                   100 * ch[i].residual, ch[i].rank, ch[i].best.layout.micro_batch, yes_no(ch[i].best.layout.ckpt));
     }
     free(ch);
     return 0;
@@ -232,8 +232,8 @@ static int run_sweep(const llama_config_t *cfg, plan_cluster_t c, const plan_par
             json_array_append_new(rows, r);
         } else {
             const plan_layout_t *x = &b->layout;
-            printf("%6d %8d %6d %3s %4s %4s %4d %4d  %9.2f %8.3f %8.1f%%\n", nodes[i], x->S, x->T, yn(x->ckpt),
-                   yn(x->act_offload), yn(x->opt_offload), x->micro_batch, x->n_micro, b->time.tflops, b->time.step,
+            printf("%6d %8d %6d %3s %4s %4s %4d %4d  %9.2f %8.3f %8.1f%%\n", nodes[i], x->S, x->T, yes_no(x->ckpt),
+                   yes_no(x->act_offload), yes_no(x->opt_offload), x->micro_batch, x->n_micro, b->time.tflops, b->time.step,
                    100 * eff);
         }
         plan_list_free(&l);
@@ -287,7 +287,7 @@ static int run_list(const llama_config_t *cfg, const plan_cluster_t *c, const pl
             printf("\nexcluded:\n%5s %2s %4s %4s %4s  %s\n", "S", "T", "ckpt", "aoff", "ooff", "reason");
             for (size_t i = 0; i < l.n_excluded; i++) {
                 const plan_layout_t *x = &l.excluded[i].layout;
-                printf("%5d %2d %4s %4s %4s  %s\n", x->S, x->T, yn(x->ckpt), yn(x->act_offload), yn(x->opt_offload),
+                printf("%5d %2d %4s %4s %4s  %s\n", x->S, x->T, yes_no(x->ckpt), yes_no(x->act_offload), yes_no(x->opt_offload),
                        l.excluded[i].reason);
             }
         }

@@ -17,12 +17,12 @@
 
 enum {
     F_LOSS, F_LR, F_GNORM, F_TOKENS, F_TPS, F_TPS_GPU, F_TFLOPS, F_MFU, F_STEP_S, F_COMPUTE, F_COMM, F_OFFW,
-    F_DATA, F_ELAPSED, F_MEM_GPU, F_MEM_GPU_PEAK, F_MEM_HOST, F_OFF_H, F_OFF_D, NF
+    F_DATA, F_ELAPSED, F_MEM_GPU, F_MEM_GPU_PEAK, F_MEM_HOST, F_OFF_H, F_OFF_D, F_VAL, NF
 };
 static const char *const FIELD[NF] = {
     "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "step_s",
     "compute_s", "comm_s", "offload_wait_s", "data_s", "elapsed_s", "mem_gpu_bytes", "mem_gpu_peak_bytes",
-    "mem_host_bytes", "offload_to_host_bytes", "offload_to_device_bytes",
+    "mem_host_bytes", "offload_to_host_bytes", "offload_to_device_bytes", "val_loss",
 };
 
 typedef struct {
@@ -237,7 +237,7 @@ typedef struct {
 } plot_def_t;
 
 static const plot_def_t PLOTS[] = {
-    { "loss", "Loss", "nats per token", U_PLAIN, 1, { F_LOSS }, true },
+    { "loss", "Loss", "nats per token", U_PLAIN, 2, { F_LOSS, F_VAL }, true },
     { "throughput", "Throughput, all GPUs", "tokens/s", U_SI, 1, { F_TPS }, false },
     { "mfu", "Model FLOPs utilization", "MFU", U_PCT, 1, { F_MFU }, false },
     { "memory", "Memory", "bytes", U_BYTES, 3, { F_MEM_GPU, F_MEM_GPU_PEAK, F_MEM_HOST }, false },
@@ -260,7 +260,7 @@ static bool write_plot(FILE *o, const report_log_t *l, const plot_def_t *pd, dou
     double lo = INFINITY, hi = -INFINITY;
     size_t stride = l->n > REPORT_MAX_POINTS ? (l->n + REPORT_MAX_POINTS - 1) / REPORT_MAX_POINTS : 1;
     for (size_t i = 0; i < l->n; i++) {
-        if (i % stride && i != l->n - 1) continue;
+        if (i % stride && i != l->n - 1 && !isfinite(l->recs[i].v[F_VAL])) continue;
         bool has = false;
         for (int k = 0; k < pd->nf; k++) {
             double v = l->recs[i].v[pd->fields[k]];
@@ -318,8 +318,9 @@ static bool write_plot(FILE *o, const report_log_t *l, const plot_def_t *pd, dou
         int f = pd->fields[k];
         bool open = false;
         for (size_t i = 0; i < l->n; i++) {
-            if (i % stride && i != l->n - 1) continue;
+            if (f != F_VAL && i % stride && i != l->n - 1) continue;
             double v = l->recs[i].v[f];
+            if (!isfinite(v) && f == F_VAL) continue; /* measured every --eval-every steps: one line */
             if (!isfinite(v)) { /* a gap splits the line */
                 if (open) fputs("\"/>\n", o);
                 open = false;
@@ -404,6 +405,14 @@ static void write_summary(FILE *o, const report_log_t *l, double floor_v) {
     if (isfinite(last)) {
         snprintf(v, sizeof v, "%.4f (lowest %.4f at step %lld)", last, best, (long long)best_step);
         row(o, "final loss", v);
+    }
+    double vlast = NAN;
+    int64_t vstep = 0;
+    for (size_t i = 0; i < l->n; i++)
+        if (isfinite(l->recs[i].v[F_VAL])) { vlast = l->recs[i].v[F_VAL]; vstep = l->recs[i].step; }
+    if (isfinite(vlast)) {
+        snprintf(v, sizeof v, "%.4f at step %lld (perplexity %.2f)", vlast, (long long)vstep, exp(vlast));
+        row(o, "validation loss", v);
     }
     if (isfinite(floor_v) && isfinite(last)) {
         snprintf(v, sizeof v, "%.4f nats; final loss is %.4f above it", floor_v, last - floor_v);

@@ -16,8 +16,9 @@ static const llama_config_t presets[] = {
     { "llama2-13b",  5120, 40, 40, 40, 128, 13824, 32000,  4096,  1e-5f, 10000.f, false },
     { "llama2-70b",  8192, 80, 64, 8,  128, 28672, 32000,  4096,  1e-5f, 10000.f, false },
     { "llama3-8b",   4096, 32, 32, 8,  128, 14336, 128256, 8192,  1e-5f, 500000.f, false },
-    { "llama3.2-1b", 2048, 16, 32, 8,  64,  8192,  128256, 8192,  1e-5f, 500000.f, true },
-    { "llama3.2-3b", 3072, 28, 24, 8,  128, 8192,  128256, 8192,  1e-5f, 500000.f, true },
+    /* Llama 3.2: rope_scaling llama3, factor 32, low 1, high 4, original 8192 */
+    { "llama3.2-1b", 2048, 16, 32, 8,  64,  8192,  128256, 131072, 1e-5f, 500000.f, true, BE_ROPE_LLAMA3, 32.f, 1.f, 4.f, 8192 },
+    { "llama3.2-3b", 3072, 28, 24, 8,  128, 8192,  128256, 131072, 1e-5f, 500000.f, true, BE_ROPE_LLAMA3, 32.f, 1.f, 4.f, 8192 },
     /* small shapes for tests and the demo */
     { "tiny",        64,   2,  4,  2,  16,  176,   256,    256,   1e-5f, 10000.f, false },
     { "small",       256,  4,  8,  4,  32,  688,   512,    1024,  1e-5f, 10000.f, false },
@@ -33,6 +34,13 @@ const llama_config_t *llama_preset(const char *name) {
 
 const char *llama_preset_names(void) {
     return "llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3.2-1b, llama3.2-3b, tiny, small, demo";
+}
+
+be_rope_t llama_rope(const llama_config_t *c) {
+    be_rope_t r = { .theta = c->rope_theta, .type = c->rope_type, .factor = c->rope_factor,
+                    .low_freq_factor = c->rope_low_freq_factor, .high_freq_factor = c->rope_high_freq_factor,
+                    .original_max_pos = c->rope_orig_max_pos };
+    return r;
 }
 
 /* ---- validation and counts ---- */
@@ -74,6 +82,21 @@ int llama_config_validate(const llama_config_t *c, char *err, size_t errlen) {
     if (c->n_layers > CFG_MAX_LAYERS) BAD("num_hidden_layers must be at most %d (got %d)", CFG_MAX_LAYERS, c->n_layers);
     if (c->n_heads > CFG_MAX_HEADS) BAD("num_attention_heads must be at most %d (got %d)", CFG_MAX_HEADS, c->n_heads);
     if (c->vocab > CFG_MAX_VOCAB) BAD("vocab_size must be at most %d (got %d)", CFG_MAX_VOCAB, c->vocab);
+    if (c->rope_type == BE_ROPE_LINEAR || c->rope_type == BE_ROPE_LLAMA3) {
+        if (!(c->rope_factor >= 1) || !isfinite(c->rope_factor))
+            BAD("rope_scaling.factor must be a number >= 1 (got %g)", c->rope_factor);
+    } else if (c->rope_type != BE_ROPE_DEFAULT) {
+        BAD("unknown rope type %d", (int)c->rope_type);
+    }
+    if (c->rope_type == BE_ROPE_LLAMA3) {
+        if (!(c->rope_low_freq_factor > 0) || !isfinite(c->rope_low_freq_factor))
+            BAD("rope_scaling.low_freq_factor must be positive (got %g)", c->rope_low_freq_factor);
+        if (!(c->rope_high_freq_factor > c->rope_low_freq_factor) || !isfinite(c->rope_high_freq_factor))
+            BAD("rope_scaling.high_freq_factor (%g) must be greater than low_freq_factor (%g)",
+                c->rope_high_freq_factor, c->rope_low_freq_factor);
+        if (c->rope_orig_max_pos <= 0)
+            BAD("rope_scaling.original_max_position_embeddings must be positive (got %d)", c->rope_orig_max_pos);
+    }
     return 0;
 #undef BAD
 }
@@ -227,6 +250,54 @@ static int check_fields(json_t *root, const char *path, char *err, size_t errlen
 #undef BADF
 }
 
+/* rope_scaling as transformers reads it: the type under "rope_type" (or the
+ * older "type"); "default" is none; "linear" needs factor, "llama3" also
+ * low_freq_factor, high_freq_factor and original_max_position_embeddings.
+ * Every other type is refused by name. */
+static int load_rope_scaling(json_t *rs, llama_config_t *c, const char *path, char *err, size_t errlen) {
+    if (!rs || json_is_null(rs)) return 0;
+    if (!json_is_object(rs)) {
+        snprintf(err, errlen, "%s: rope_scaling must be an object or null", path);
+        return -1;
+    }
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!t || json_is_null(t)) t = json_object_get(rs, "type");
+    if (!t || !json_is_string(t)) {
+        snprintf(err, errlen, "%s: rope_scaling needs a string \"rope_type\" (llama3, linear or default)", path);
+        return -1;
+    }
+    const char *ty = json_string_value(t);
+    if (strcmp(ty, "default") == 0) return 0;
+    if (strcmp(ty, "linear") == 0) c->rope_type = BE_ROPE_LINEAR;
+    else if (strcmp(ty, "llama3") == 0) c->rope_type = BE_ROPE_LLAMA3;
+    else {
+        snprintf(err, errlen, "%s: rope_scaling type \"%s\" is not supported (supported: llama3, linear, default)",
+                 path, ty);
+        return -1;
+    }
+    char key[64];
+    snprintf(key, sizeof key, "factor");
+    int rc = get_num(rs, "factor", &c->rope_factor, path, err, errlen);
+    if (rc == 0 && c->rope_type == BE_ROPE_LLAMA3) {
+        snprintf(key, sizeof key, "low_freq_factor");
+        rc = get_num(rs, key, &c->rope_low_freq_factor, path, err, errlen);
+        if (rc == 0) {
+            snprintf(key, sizeof key, "high_freq_factor");
+            rc = get_num(rs, key, &c->rope_high_freq_factor, path, err, errlen);
+        }
+        if (rc == 0) {
+            snprintf(key, sizeof key, "original_max_position_embeddings");
+            rc = get_int(rs, key, &c->rope_orig_max_pos, false, path, err, errlen);
+        }
+    }
+    if (rc < 0) return -1;
+    if (rc > 0) {
+        snprintf(err, errlen, "%s: rope_scaling of type %s needs \"%s\"", path, ty, key);
+        return -1;
+    }
+    return 0;
+}
+
 int llama_config_load_json(const char *path, llama_config_t *c, char *err, size_t errlen) {
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
@@ -269,11 +340,7 @@ int llama_config_load_json(const char *path, llama_config_t *c, char *err, size_
     if (get_num(root, "rms_norm_eps", &c->rms_eps, path, err, errlen) < 0) goto out;
     c->rope_theta = 10000.f;
     if (get_num(root, "rope_theta", &c->rope_theta, path, err, errlen) < 0) goto out;
-    json_t *rs = json_object_get(root, "rope_scaling");
-    if (rs && !json_is_null(rs)) {
-        snprintf(err, errlen, "%s: rope_scaling is not supported (remove it or use a model without it)", path);
-        goto out;
-    }
+    if (load_rope_scaling(json_object_get(root, "rope_scaling"), c, path, err, errlen) < 0) goto out;
     json_t *tie = json_object_get(root, "tie_word_embeddings");
     if (tie && !json_is_null(tie) && !json_is_boolean(tie)) {
         snprintf(err, errlen, "%s: \"tie_word_embeddings\" must be true or false (a JSON boolean)", path);
@@ -296,7 +363,8 @@ out:
     return rc;
 }
 
-int llama_config_save_json(const llama_config_t *c, const char *path, char *err, size_t errlen) {
+int llama_config_save_json(const llama_config_t *c, const char *path, const char *torch_dtype, char *err,
+                           size_t errlen) {
     json_t *o = json_object();
     json_object_set_new(o, "architectures", json_pack("[s]", "LlamaForCausalLM"));
     json_object_set_new(o, "model_type", json_string("llama"));
@@ -311,10 +379,18 @@ int llama_config_save_json(const llama_config_t *c, const char *path, char *err,
     json_object_set_new(o, "rms_norm_eps", json_real(c->rms_eps));
     json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
     json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_embeddings));
+    if (c->rope_type == BE_ROPE_LINEAR)
+        json_object_set_new(o, "rope_scaling", json_pack("{s:s,s:f}", "rope_type", "linear", "factor", (double)c->rope_factor));
+    else if (c->rope_type == BE_ROPE_LLAMA3)
+        json_object_set_new(o, "rope_scaling",
+                            json_pack("{s:s,s:f,s:f,s:f,s:i}", "rope_type", "llama3", "factor", (double)c->rope_factor,
+                                      "low_freq_factor", (double)c->rope_low_freq_factor, "high_freq_factor",
+                                      (double)c->rope_high_freq_factor, "original_max_position_embeddings",
+                                      c->rope_orig_max_pos));
     json_object_set_new(o, "hidden_act", json_string("silu"));
     json_object_set_new(o, "attention_bias", json_false());
     json_object_set_new(o, "mlp_bias", json_false());
-    json_object_set_new(o, "torch_dtype", json_string("float32"));
+    json_object_set_new(o, "torch_dtype", json_string(torch_dtype ? torch_dtype : "float32"));
     json_object_set_new(o, "bos_token_id", json_integer(1));
     json_object_set_new(o, "eos_token_id", json_integer(2));
     int rc = json_dump_file(o, path, JSON_INDENT(2) | JSON_SORT_KEYS);

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "workers/backend/backend.h"
+
 typedef struct {
     char name[64];       /* preset name or the config.json path's stem */
     int dim;             /* D: hidden_size */
@@ -23,7 +25,16 @@ typedef struct {
     float rms_eps;       /* rms_norm_eps */
     float rope_theta;    /* rope_theta */
     bool tie_embeddings; /* tie_word_embeddings: lm_head shares embed_tokens */
+    /* rope_scaling (absent: BE_ROPE_DEFAULT, the rest 0) */
+    be_rope_type_t rope_type;    /* rope_type (or type): default, linear, llama3 */
+    float rope_factor;           /* factor */
+    float rope_low_freq_factor;  /* low_freq_factor (llama3) */
+    float rope_high_freq_factor; /* high_freq_factor (llama3) */
+    int rope_orig_max_pos;       /* original_max_position_embeddings (llama3) */
 } llama_config_t;
+
+/* The rotary settings of cfg as the backend ops take them. */
+be_rope_t llama_rope(const llama_config_t *cfg);
 
 /* Look up a preset by name ("llama2-7b", "llama2-13b", "llama2-70b",
  * "llama3-8b", "llama3.2-1b", "llama3.2-3b", "tiny", "small", "demo").
@@ -41,8 +52,11 @@ int llama_config_resolve(const char *name_or_path, llama_config_t *cfg, char *er
 /* Parse a Hugging Face config.json. */
 int llama_config_load_json(const char *path, llama_config_t *cfg, char *err, size_t errlen);
 
-/* Write cfg as a Hugging Face config.json (architectures LlamaForCausalLM). */
-int llama_config_save_json(const llama_config_t *cfg, const char *path, char *err, size_t errlen);
+/* Write cfg as a Hugging Face config.json (architectures LlamaForCausalLM)
+ * whose torch_dtype is the given one ("float32", "bfloat16", "float16": the
+ * dtype of the weights beside it). */
+int llama_config_save_json(const llama_config_t *cfg, const char *path, const char *torch_dtype, char *err,
+                           size_t errlen);
 
 /* Check internal consistency (positive sizes, H % n_kv_heads == 0, ...). */
 int llama_config_validate(const llama_config_t *cfg, char *err, size_t errlen);

@@ -469,8 +469,9 @@ void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *
     be->matmul_fwd(a->q, a->xn1, wq, N, D, qd);
     be->matmul_fwd(a->k, a->xn1, wk, N, D, kvd);
     be->matmul_fwd(a->v, a->xn1, wv, N, D, kvd);
-    be->rope_fwd(a->q, B, T, H, Dh, c->rope_theta);
-    be->rope_fwd(a->k, B, T, Hkv, Dh, c->rope_theta);
+    be_rope_t rope = llama_rope(c);
+    be->rope_fwd(a->q, B, T, H, Dh, 0, &rope);
+    be->rope_fwd(a->k, B, T, Hkv, Dh, 0, &rope);
     be->attention_fwd(a->ao, a->att, a->q, a->k, a->v, B, T, H, Hkv, Dh);
     be->matmul_fwd(m->ftmp, a->ao, wo, N, qd, D);
     be->add(a->xmid, x_in, rows_summed(m, m->ftmp), (size_t)Nl * D);
@@ -500,8 +501,9 @@ void model_block_backward(model_t *m, const act_t *bp, float *bg, const act_t *x
     /* attention: dx is now dL/d xmid */
     be->matmul_bwd(m->dao, G(BLK_WO), rows_gathered(m, dx), a->ao, P(BLK_WO), N, qd, D, false);
     be->attention_bwd(m->dq, m->dk, m->dv, m->dao, a->ao, a->q, a->k, a->v, a->att, B, T, H, Hkv, Dh);
-    be->rope_bwd(m->dq, B, T, H, Dh, c->rope_theta);
-    be->rope_bwd(m->dk, B, T, Hkv, Dh, c->rope_theta);
+    be_rope_t rope = llama_rope(c);
+    be->rope_bwd(m->dq, B, T, H, Dh, 0, &rope);
+    be->rope_bwd(m->dk, B, T, Hkv, Dh, 0, &rope);
     be->matmul_bwd(m->dtmp, G(BLK_WQ), m->dq, a->xn1, P(BLK_WQ), N, D, qd, false);
     be->matmul_bwd(m->dtmp, G(BLK_WK), m->dk, a->xn1, P(BLK_WK), N, D, kvd, true);
     be->matmul_bwd(m->dtmp, G(BLK_WV), m->dv, a->xn1, P(BLK_WV), N, D, kvd, true);

@@ -29,12 +29,35 @@ void optim_destroy(optim_t *o) {
     memset(o, 0, sizeof *o);
 }
 
+static const char *const schedule_names[] = { "constant", "cosine", "linear", "wsd" };
+
+const char *optim_schedule_name(lr_schedule_t s) {
+    return (unsigned)s < 4 ? schedule_names[s] : "constant";
+}
+
+int optim_schedule_parse(const char *name) {
+    for (int i = 0; name && i < 4; i++)
+        if (!strcmp(name, schedule_names[i])) return i;
+    return -1;
+}
+
 double optim_lr(const optim_config_t *c, int64_t k) {
     if (k < c->warmup_steps) return c->lr * (double)(k + 1) / (double)c->warmup_steps;
     if (c->schedule == LR_CONSTANT) return c->lr;
     int64_t span = c->total_steps - c->warmup_steps;
+    if (c->schedule == LR_WSD) {
+        int64_t dd = llround(c->decay_fraction * (double)c->total_steps);
+        if (dd > span) dd = span;
+        if (dd < 0) dd = 0;
+        int64_t k0 = c->total_steps - dd;
+        if (k < k0) return c->lr;
+        double q = (double)(k - k0) / (double)(dd > 1 ? dd : 1);
+        if (q > 1) q = 1;
+        return c->min_lr + (c->lr - c->min_lr) * (1.0 - q);
+    }
     double p = (double)(k - c->warmup_steps) / (double)(span > 1 ? span : 1);
     if (p > 1) p = 1;
+    if (c->schedule == LR_LINEAR) return c->min_lr + (c->lr - c->min_lr) * (1.0 - p);
     return c->min_lr + (c->lr - c->min_lr) * 0.5 * (1.0 + cos(M_PI * p));
 }
 

@@ -15,11 +15,17 @@
 #include "workers/backend/backend.h"
 #include "workers/model/model.h"
 
-typedef enum { LR_CONSTANT = 0, LR_COSINE = 1 } lr_schedule_t;
+typedef enum { LR_CONSTANT = 0, LR_COSINE = 1, LR_LINEAR = 2, LR_WSD = 3 } lr_schedule_t;
+
+/* The schedule's name ("constant", "cosine", "linear", "wsd"), and back
+ * (-1 when unknown). */
+const char *optim_schedule_name(lr_schedule_t s);
+int optim_schedule_parse(const char *name);
 
 typedef struct {
     double lr;             /* peak learning rate */
-    double min_lr;         /* floor of the cosine schedule */
+    double min_lr;         /* floor of the cosine, linear and wsd schedules */
+    double decay_fraction; /* wsd: the last fraction of the steps that decays (0..1] */
     double beta1, beta2;   /* AdamW moment decay rates */
     double eps;            /* added to sqrt of the bias-corrected second moment */
     double weight_decay;   /* decoupled, on 2-D tensors */
@@ -44,10 +50,15 @@ typedef struct {
 int optim_create(optim_t *o, const optim_config_t *cfg, const backend_t *be, size_t n, char *err, size_t errlen);
 void optim_destroy(optim_t *o);
 
-/* Learning rate of 0-based update k (see docs/training.md):
+/* Learning rate of 0-based update k (see docs/training.md), with
+ * p = min(1, (k - W) / max(1, S - W)):
  *   k < W:      lr * (k + 1) / W
  *   constant:   lr
- *   cosine:     min_lr + (lr - min_lr) * (1 + cos(pi * min(1, (k - W) / max(1, S - W)))) / 2 */
+ *   cosine:     min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2
+ *   linear:     min_lr + (lr - min_lr) * (1 - p)
+ *   wsd:        with Dd = min(S - W, round(decay_fraction * S)) decay steps
+ *               starting at K = S - Dd: lr for k < K, then
+ *               min_lr + (lr - min_lr) * (1 - min(1, (k - K) / max(1, Dd))) */
 double optim_lr(const optim_config_t *cfg, int64_t k);
 
 /* Global L2 norm of the gradients (n floats), accumulated in double. */

@@ -461,6 +461,40 @@ fail: {
     }
 }
 
+int fsdp_forward_loss(fsdp_t *f, const int32_t *tokens, const int32_t *targets, double *loss_sum, char *err,
+                      size_t errlen) {
+    model_t *m = f->m;
+    const backend_t *be = f->be;
+    int L = m->cfg.n_layers, rc = 0;
+    const act_t *embed = f->rest_full, *norm = be_act_at(be, f->rest_full, f->rest_norm),
+                *lm = m->cfg.tie_embeddings ? f->rest_full : be_act_at(be, f->rest_full, f->rest_lm);
+    comm_req_t *g = NULL;
+    if (f->ao) return errbuf_set(err, errlen, "a forward-only pass does not run with activation offload"), -EINVAL;
+    model_embed_forward(m, embed, tokens, targets);
+    if (L > 0 && (rc = fetch_block(f, 0, &g, err, errlen))) return rc;
+    for (int l = 0; l < L; l++) {
+        if ((rc = use_req(f, &g, err, errlen))) goto fail;
+        if (l + 1 < L && (rc = fetch_block(f, l + 1, &g, err, errlen))) goto fail;
+        if (be->op_scope) be->op_scope(l);
+        model_block_forward(m, block_params(f, l), model_block_input(m, l), model_block_input(m, l + 1),
+                            &m->acts[m->act_ckpt ? 0 : l]);
+    }
+    if (be->op_scope) be->op_scope(-1);
+    *loss_sum = model_head_forward(m, norm, lm);
+    if (m->tp.rc) { rc = tp_failed(f, err, errlen); goto fail; }
+    if ((rc = comm_hold_release(&f->held, err, errlen))) goto fail;
+    if ((rc = tp_release(&m->tp, err, errlen))) goto fail;
+    return 0;
+fail: {
+        char e[COMM_ERR_LEN];
+        wait_req(&g, e, sizeof e);
+        comm_hold_release(&f->held, e, sizeof e);
+        tp_release(&m->tp, e, sizeof e);
+        if (be->op_scope) be->op_scope(-1);
+        return rc;
+    }
+}
+
 int fsdp_end_step(fsdp_t *f, char *err, size_t errlen) {
     int u = f->n_units - 1, rc;
     comm_req_t *r = NULL;

@@ -159,6 +159,13 @@ int fsdp_begin_step(fsdp_t *f, char *err, size_t errlen);
 int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, float loss_scale,
                     double *loss_sum, char *err, size_t errlen);
 
+/* Forward only of one micro-batch (evaluation): *loss_sum receives this
+ * rank's token cross-entropy sum; nothing accumulates. Call after
+ * fsdp_begin_step (which gathers the embedding/head unit) and before the
+ * step's first fsdp_micro_step; not with an activation saver (-EINVAL). */
+int fsdp_forward_loss(fsdp_t *f, const int32_t *tokens, const int32_t *targets, double *loss_sum, char *err,
+                      size_t errlen);
+
 /* Finish the gradients: reduce-scatter the rest unit, all-reduce the
  * chunks across replicas. */
 int fsdp_end_step(fsdp_t *f, char *err, size_t errlen);

@@ -26,6 +26,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -57,6 +58,8 @@ typedef struct {
     int A, B, T;               /* micro-steps per step, rows per micro-step, tokens per row */
     int64_t start;             /* the step the run continues after (0: fresh) */
     data_t *data;
+    data_t *val;               /* --val-data, or NULL */
+    int64_t eval_k;            /* micro-batches per evaluation on each data-parallel rank */
     model_t model;             /* activations and layout (the parameters are in fs) */
     bool have_model, have_fs;
     fsdp_t fs;
@@ -89,6 +92,34 @@ static int check_flags(run_t *r) {
         return -1;
     }
     if (o->ckpt_every && !o->ckpt_dir) { log_error("--ckpt-every needs --ckpt-dir DIR"); return -1; }
+    if (o->tokenizer) {
+        struct stat st;
+        char tj[4200];
+        snprintf(tj, sizeof tj, "%s/tokenizer.json", o->tokenizer);
+        if (stat(o->tokenizer, &st) != 0 || (S_ISDIR(st.st_mode) && access(tj, R_OK) != 0)) {
+            log_error("--tokenizer %s: neither a tokenizer.json file nor a directory holding one", o->tokenizer);
+            return -1;
+        }
+    }
+    if (o->ckpt_keep && !o->ckpt_dir) { log_error("--ckpt-keep needs --ckpt-dir DIR"); return -1; }
+    if (o->min_lr_ratio >= 0 && o->min_lr != 0) {
+        log_error("--min-lr %g and --min-lr-ratio %g both set the final learning rate; give one of them", o->min_lr,
+                  o->min_lr_ratio);
+        return -1;
+    }
+    if (o->lr_schedule == LR_WSD && !(o->decay_fraction > 0)) {
+        log_error("--lr-schedule wsd needs --decay-fraction in (0, 1] (got %g)", o->decay_fraction);
+        return -1;
+    }
+    if ((o->eval_every || o->eval_batches) && !o->val_data) {
+        log_error("--eval-every and --eval-batches need --val-data FILE|GLOB (a validation token shard)");
+        return -1;
+    }
+    if (o->val_data && o->act_offload) {
+        log_error("--val-data does not run with --activation-offload yet (evaluation is a forward pass without the saver); "
+                  "evaluate the checkpoint with `ballast eval --from CKPT --data SHARD` instead");
+        return -1;
+    }
     if (o->dump_grads && r->job.world > 1) {
         log_error("rank %d: --dump-grads works with one process only; use --dump-params", r->job.rank);
         return -1;
@@ -123,6 +154,27 @@ static int open_data(run_t *r) {
     const train_opts_t *o = r->o;
     if (train_grad_accum(o, r->dp, &r->A, r->err, sizeof r->err)) { log_error("%s", r->err); return -1; }
     if (data_open(o->data, r->cfg.vocab, &r->data, r->err, sizeof r->err)) { log_error("%s", r->err); return -1; }
+    if (o->val_data) {
+        if (data_open(o->val_data, r->cfg.vocab, &r->val, r->err, sizeof r->err)) {
+            log_error("--val-data: %s", r->err);
+            return -1;
+        }
+        /* K whole batches of dp x B rows of T tokens, never wrapping */
+        int64_t row = (int64_t)r->dp * r->B * r->T, have = (data_num_tokens(r->val) - 1) / row;
+        if (have < 1) {
+            log_error("--val-data %s: %lld tokens, fewer than one evaluation batch needs (data-parallel ranks x "
+                      "micro-batch x seq-len + 1 = %lld); use more validation data or a smaller --micro-batch",
+                      o->val_data, (long long)data_num_tokens(r->val), (long long)row + 1);
+            return -1;
+        }
+        r->eval_k = o->eval_batches > 0 ? o->eval_batches : 8;
+        if (r->eval_k > have) {
+            if (o->eval_batches > 0 && r->job.rank == 0)
+                log_warn("--eval-batches %lld: the validation data holds %lld whole batches; evaluating those",
+                         (long long)o->eval_batches, (long long)have);
+            r->eval_k = have;
+        }
+    }
     if (data_num_tokens(r->data) < (int64_t)r->T + 1) {
         log_error("%s: %lld tokens, fewer than seq-len + 1 = %d", o->data, (long long)data_num_tokens(r->data), r->T + 1);
         return -1;
@@ -156,7 +208,8 @@ static int build(run_t *r) {
         return -1;
     }
     r->ocfg = (optim_config_t){
-        .lr = o->lr, .min_lr = o->min_lr, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps,
+        .lr = o->lr, .min_lr = o->min_lr_ratio >= 0 ? o->lr * o->min_lr_ratio : o->min_lr,
+        .decay_fraction = o->decay_fraction, .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->adam_eps,
         .weight_decay = o->weight_decay, .grad_clip = o->grad_clip, .warmup_steps = o->warmup_steps,
         .total_steps = o->steps, .schedule = (lr_schedule_t)o->lr_schedule,
         /* optimizer offload from scratch (or from the service): the moments and,
@@ -280,6 +333,13 @@ static void announce(run_t *r) {
         fprintf(con, "batch: %d micro-steps x %d data-parallel ranks x %d rows x %d tokens = %lld tokens per step; "
                      "data %lld tokens\n", r->A, r->dp, r->B, r->T, (long long)r->A * r->dp * r->B * r->T,
                 (long long)data_num_tokens(r->data));
+    if (r->val) {
+        char when[64] = "after the last step";
+        if (o->eval_every) snprintf(when, sizeof when, "every %lld steps and after the last", (long long)o->eval_every);
+        fprintf(con, "validation: %lld micro-batches x %d data-parallel rank%s x %d rows x %d tokens = %lld tokens "
+                     "of %s, %s\n", (long long)r->eval_k, r->dp, r->dp == 1 ? "" : "s", r->B, r->T,
+                (long long)r->eval_k * r->dp * r->B * r->T, o->val_data, when);
+    }
     size_t state = fsdp_state_bytes(&r->fs), staging = offload_run_staging_bytes(&r->orun);
     uint64_t whole = (uint64_t)r->model.n_params * 16;
     char st[32], wh[32], tot[32];
@@ -377,6 +437,11 @@ static int save(run_t *r, int64_t s) {
                          .data_seed = (uint64_t)o->data_seed, .init_seed = (uint64_t)o->init_seed,
                          .B = r->B, .T = r->T, .accum = r->A, .dp = r->dp };
     snprintf(meta.data, sizeof meta.data, "%s", o->data);
+    if (o->tokenizer) {
+        char *abs = realpath(o->tokenizer, NULL);
+        snprintf(meta.tokenizer, sizeof meta.tokenizer, "%s", abs ? abs : o->tokenizer);
+        free(abs);
+    }
     int rc = offload_run_before_ckpt(&r->orun, r->err, sizeof r->err);
     if (!rc) rc = ckpt_save(&r->fs, o->ckpt_dir, &meta, r->job.rank, r->job.world, r->err, sizeof r->err);
     offload_run_after_ckpt(&r->orun);
@@ -388,7 +453,42 @@ static int save(run_t *r, int64_t s) {
     int nf = r->fs.S * r->fs.T;
     if (r->job.rank == 0)
         log_info("saved checkpoint %s/step-%08lld (%d shard file%s)", o->ckpt_dir, (long long)s, nf, nf == 1 ? "" : "s");
+    /* rank 0 renamed it complete before ckpt_save returned; older ones may go */
+    int removed = 0;
+    if (r->job.rank == 0 && o->ckpt_keep > 0 &&
+        ckpt_prune(o->ckpt_dir, (int)o->ckpt_keep, &removed, r->err, sizeof r->err))
+        log_warn("--ckpt-keep: %s", r->err);
+    if (removed) log_info("--ckpt-keep %lld: removed %d older checkpoint%s", (long long)o->ckpt_keep, removed,
+                          removed == 1 ? "" : "s");
     return 0;
+}
+
+/* The validation loss of the current weights: eval_k micro-batches of the
+ * validation data in sequential order from its start (the same windows at
+ * every evaluation; data-parallel rank r reads its disjoint rows as in
+ * training), forward only, the token mean over the job. 0 or -1 (logged). */
+static int evaluate(run_t *r, double *val_loss) {
+    fsdp_t *fs = &r->fs;
+    double sum = 0, total;
+    if (fsdp_begin_step(fs, r->err, sizeof r->err)) goto fail;
+    for (int64_t j = 0; j < r->eval_k; j++) {
+        if (data_batch(r->val, DATA_SEQUENTIAL, 0, j, 0, 1, r->dp_rank, r->dp, r->B, r->T, r->inputs, r->targets,
+                       r->err, sizeof r->err)) {
+            progress_clear_line(r->prog);
+            log_error("--val-data: %s", r->err);
+            return -1;
+        }
+        double ls;
+        if (fsdp_forward_loss(fs, r->inputs, r->targets, &ls, r->err, sizeof r->err)) goto fail;
+        sum += ls;
+    }
+    if (fsdp_sum_all(fs, sum, &total, r->err, sizeof r->err)) goto fail;
+    *val_loss = total / ((double)r->eval_k * r->dp * r->B * r->T);
+    return 0;
+fail:
+    progress_clear_line(r->prog);
+    log_error("%sevaluation: %s", r->who, r->err);
+    return -1;
 }
 
 /* Step s: A micro-steps, the gradient summed over the job, the loss and
@@ -460,7 +560,13 @@ static int step(run_t *r, int64_t s, double *stop) {
     } else {
         fs->opt.step++; /* skipped: keep the update count equal to the step, as a resume sets it */
     }
-    if (progress_end_step(r->prog, s, &tot0, loss, lr, norm, clock_now_s() - ts, data_s, act != PROGRESS_LOSS_OK,
+    double step_s = clock_now_s() - ts;
+    if (r->val && ((o->eval_every && s % o->eval_every == 0) || s == o->steps)) {
+        double vl;
+        if (evaluate(r, &vl)) return -1;
+        progress_set_val_loss(r->prog, vl);
+    }
+    if (progress_end_step(r->prog, s, &tot0, loss, lr, norm, step_s, data_s, act != PROGRESS_LOSS_OK,
                           r->err, sizeof r->err)) {
         log_error("%s%s", who, r->err);
         return -1;
@@ -607,5 +713,6 @@ done:
     free(r->logits_host);
     if (r->have_model) model_destroy(&r->model);
     if (r->data) data_close(r->data);
+    if (r->val) data_close(r->val);
     return status;
 }

@@ -33,10 +33,12 @@ struct progress {
     double win[ETA_WINDOW];    /* step seconds of the recent steps, after the first */
     int n_win, i_win;
     int nonfinite_run;         /* consecutive non-finite losses */
+    double val_pending;        /* progress_set_val_loss for the next step; NaN: none */
+    double val_last;           /* the last validation loss recorded; NaN: none yet */
     int64_t nonfinite_total;
     uint64_t offload_total;    /* bytes, both directions, whole run */
     /* metrics; NULL without a registry */
-    metric_t *m_steps, *m_tokens, *m_step_s, *m_step, *m_loss, *m_lr, *m_gnorm, *m_tps, *m_tps_total, *m_flops, *m_mfu;
+    metric_t *m_steps, *m_tokens, *m_step_s, *m_step, *m_loss, *m_val, *m_lr, *m_gnorm, *m_tps, *m_tps_total, *m_flops, *m_mfu;
     metric_t *m_phase[PROGRESS_NPHASES], *m_nonfinite, *m_mem_gpu, *m_mem_host;
 };
 
@@ -120,6 +122,8 @@ static int register_metrics(progress_t *p, char *err, size_t errlen) {
         step_buckets, (int)(sizeof step_buckets / sizeof step_buckets[0]))
     FAM(step, METRIC_GAUGE, "ballast_train_step", "Last optimizer step finished", NULL, 0, NULL, 0)
     FAM(loss, METRIC_GAUGE, "ballast_train_loss", "Mean training loss of the last step (nats per token)", NULL, 0, NULL, 0)
+    FAM(val, METRIC_GAUGE, "ballast_train_val_loss",
+        "Mean validation loss of the last evaluation (nats per token; --val-data)", NULL, 0, NULL, 0)
     FAM(lr, METRIC_GAUGE, "ballast_train_learning_rate", "Learning rate of the last step", NULL, 0, NULL, 0)
     FAM(gnorm, METRIC_GAUGE, "ballast_train_grad_norm", "Global gradient norm of the last step, before clipping", NULL, 0, NULL, 0)
     FAM(tps, METRIC_GAUGE, "ballast_train_tokens_per_second", "Training tokens per second of the last step, per GPU (rank)", NULL, 0, NULL, 0)
@@ -144,6 +148,7 @@ static int register_metrics(progress_t *p, char *err, size_t errlen) {
     p->m_step_s = metrics_series(step_s, NULL);
     p->m_step = metrics_series(step, NULL);
     p->m_loss = metrics_series(loss, NULL);
+    p->m_val = metrics_series(val, NULL);
     p->m_lr = metrics_series(lr, NULL);
     p->m_gnorm = metrics_series(gnorm, NULL);
     p->m_tps = metrics_series(tps, NULL);
@@ -166,6 +171,7 @@ progress_t *progress_new(const progress_cfg_t *cfg, char *err, size_t errlen) {
     progress_t *p = calloc(1, sizeof *p);
     if (!p) { snprintf(err, errlen, "out of memory"); return NULL; }
     p->cfg = *cfg;
+    p->val_pending = p->val_last = NAN;
     if (p->cfg.n_gpus < 1) p->cfg.n_gpus = 1;
     if (p->cfg.log_every < 1) p->cfg.log_every = 1;
     p->peak = cfg->peak_tflops > 0 ? cfg->peak_tflops : progress_peak_tflops(cfg->device);
@@ -193,6 +199,7 @@ void progress_step_init(progress_step_t *s, int64_t step) {
     s->step = step;
     s->loss = NAN;
     s->grad_norm = NAN;
+    s->val_loss = NAN;
     s->phase_s[PROGRESS_COMPUTE] = -1;
     s->mem_gpu_bytes = s->mem_gpu_peak_bytes = s->mem_host_bytes = -1;
 }
@@ -239,14 +246,18 @@ void progress_format_line(const progress_t *p, const progress_step_t *s, const p
         snprintf(off, sizeof off, " | offload %s", r);
     }
     const char *skip = s->skipped ? " | skipped (non-finite loss)" : "";
+    /* the live line keeps the last validation loss in view */
+    double vl = isfinite(s->val_loss) ? s->val_loss : live ? p->val_last : NAN;
+    char val[48] = "";
+    if (isfinite(vl)) snprintf(val, sizeof val, live ? " | val %.4f" : " | val loss %.6f", vl);
     if (live)
-        snprintf(buf, len, "step %lld/%lld | loss %.4f | %s tok/s | MFU %s | %.3f s/step | ETA %s%s%s",
-                 (long long)s->step, (long long)p->cfg.total_steps, s->loss, tps, mfu, s->step_s, eta, off, skip);
+        snprintf(buf, len, "step %lld/%lld | loss %.4f%s | %s tok/s | MFU %s | %.3f s/step | ETA %s%s%s",
+                 (long long)s->step, (long long)p->cfg.total_steps, s->loss, val, tps, mfu, s->step_s, eta, off, skip);
     else
         snprintf(buf, len,
-                 "step %6lld/%lld | loss %.6f | lr %.4e | grad norm %.4f | %s tok/s | %s tok/s/GPU | "
+                 "step %6lld/%lld | loss %.6f%s | lr %.4e | grad norm %.4f | %s tok/s | %s tok/s/GPU | "
                  "%.*f TFLOP/s/GPU | MFU %s | %.3f s/step | ETA %s%s%s | elapsed %.1f s",
-                 (long long)s->step, (long long)p->cfg.total_steps, s->loss, s->lr, s->grad_norm, tps, tpg,
+                 (long long)s->step, (long long)p->cfg.total_steps, s->loss, val, s->lr, s->grad_norm, tps, tpg,
                  st->tflops_per_gpu >= 1 ? 2 : 4, st->tflops_per_gpu, mfu, s->step_s, eta, off, skip, st->elapsed_s);
 }
 
@@ -294,6 +305,7 @@ static int write_step(progress_t *p, const progress_step_t *s, const progress_st
     json_t *o = json_object();
     json_object_set_new(o, "step", json_integer(s->step));
     put_num(o, "loss", s->loss);
+    if (isfinite(s->val_loss)) put_num(o, "val_loss", s->val_loss);
     put_num(o, "lr", s->lr);
     put_num(o, "grad_norm", s->grad_norm);
     json_object_set_new(o, "tokens", json_integer(s->step * p->cfg.tokens_per_step));
@@ -333,6 +345,7 @@ static void update_metrics(progress_t *p, const progress_step_t *s, const progre
     metric_observe(p->m_step_s, s->step_s);
     metric_set(p->m_step, (double)s->step);
     if (isfinite(s->loss)) metric_set(p->m_loss, s->loss);
+    if (isfinite(s->val_loss)) metric_set(p->m_val, s->val_loss);
     metric_set(p->m_lr, s->lr);
     if (isfinite(s->grad_norm)) metric_set(p->m_gnorm, s->grad_norm);
     metric_set(p->m_tps, st->tokens_per_s_per_gpu);
@@ -385,7 +398,13 @@ int progress_end_step(progress_t *p, int64_t step, const progress_totals_t *befo
     ps.phase_s[PROGRESS_DATA] = data_s;
     ps.mem_host_bytes = progress_rss_bytes();
     ps.skipped = skipped;
+    ps.val_loss = p->val_pending;
+    p->val_pending = NAN;
     return progress_record(p, &ps, NULL, err, errlen);
+}
+
+void progress_set_val_loss(progress_t *p, double val_loss) {
+    if (p) p->val_pending = val_loss;
 }
 
 int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *stats, char *err, size_t errlen) {
@@ -428,6 +447,7 @@ int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *s
 
     update_metrics(p, s, &st);
     if (stats) *stats = st;
+    if (isfinite(s->val_loss)) p->val_last = s->val_loss;
 
     if (p->cfg.console) {
         char line[512];
@@ -441,7 +461,8 @@ int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *s
                 p->drawn = true;
                 p->last_draw = now;
             }
-        } else if ((s->step - p->cfg.start_step) % p->cfg.log_every == 0 || last || p->n_recorded == 1 || s->skipped) {
+        } else if ((s->step - p->cfg.start_step) % p->cfg.log_every == 0 || last || p->n_recorded == 1 || s->skipped ||
+                   isfinite(s->val_loss)) {
             progress_format_line(p, s, &st, false, line, sizeof line);
             fprintf(p->cfg.console, "%s\n", line);
             fflush(p->cfg.console);

@@ -65,6 +65,7 @@ typedef struct {
     int64_t mem_gpu_peak_bytes;       /* peak device memory during the step, -1 = unknown */
     int64_t mem_host_bytes;           /* host memory of this process (or its ballastd share), -1 = unknown */
     bool skipped;                     /* the update was skipped (non-finite loss with --skip-nonfinite) */
+    double val_loss;                  /* mean validation loss after this step's update; NaN = none this step */
 } progress_step_t;
 
 /* What progress_record() derived from a step. */
@@ -136,6 +137,9 @@ int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *s
  * memory, then progress_record(). Returns what progress_record returns. */
 int progress_end_step(progress_t *p, int64_t step, const progress_totals_t *before, double loss, double lr,
                       double grad_norm, double step_s, double data_s, bool skipped, char *err, size_t errlen);
+
+/* The validation loss the next progress_end_step records (once). */
+void progress_set_val_loss(progress_t *p, double val_loss);
 
 /* Erase the live line so that a log message starts on a clean line (no-op
  * in plain mode); the next progress_record() draws it again. */

@@ -28,6 +28,9 @@ typedef struct {
     const char *init_from;    /* Hugging Face directory to load weights from */
     int64_t init_seed;        /* seed of the random initialisation */
     const char *data;         /* shard file or glob */
+    const char *val_data;     /* validation shard file or glob, or NULL */
+    int64_t eval_every;       /* steps between evaluations; 0 = after the last step only */
+    int64_t eval_batches;     /* micro-batches per evaluation (per data-parallel rank); 0 = 8 */
     int data_order;           /* data_order_t */
     int64_t data_seed;
     int64_t micro_batch;      /* B rows per micro-step */
@@ -37,9 +40,13 @@ typedef struct {
     int64_t steps;            /* optimizer steps in the whole run */
     double lr, min_lr, beta1, beta2, adam_eps, weight_decay, grad_clip;
     int lr_schedule;          /* lr_schedule_t */
+    double min_lr_ratio;      /* final lr / lr; < 0: unset (min_lr applies) */
+    double decay_fraction;    /* wsd: fraction of the steps that decays */
     int64_t warmup_steps;
+    const char *tokenizer;    /* recorded in checkpoints, or NULL */
     const char *ckpt_dir;
     int64_t ckpt_every;       /* steps between checkpoints; 0 = only at the end */
+    int64_t ckpt_keep;        /* newest complete checkpoints kept; 0 = all */
     const char *resume_arg;   /* --resume as given: false|true|auto|PATH */
     bool resume;              /* continue from a checkpoint (resolved from resume_arg) */
     bool resume_auto;         /* --resume auto: no checkpoint yet is a normal fresh start */

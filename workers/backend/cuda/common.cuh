@@ -133,7 +133,7 @@ void launch_embedding_bwd(float *dwte, const bf16 *dout, const int32_t *tok, int
 void launch_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, int N, int D, float eps); /* rmsnorm.cu */
 void launch_rmsnorm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, const float *rstd,
                         int N, int D);
-void launch_rope(bf16 *x, int B, int T, int nh, int Dh, float theta, bool inverse);   /* rope.cu */
+void launch_rope(bf16 *x, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r, bool inverse); /* rope.cu */
 void launch_swiglu_fwd(bf16 *h, const bf16 *g, const bf16 *u, size_t n);              /* swiglu.cu */
 void launch_swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n);
 void launch_xent_fwd(float *losses, const bf16 *logits, const int32_t *tgt, int N, int V); /* xent.cu */

@@ -145,11 +145,11 @@ static void cu_matmul_bwd(act_t *dx, float *dw, const act_t *dout, const act_t *
                           bool dx_acc) {
     TIMED(P_MM_B, gemm_bwd(BF(dx), dw, CBF(dout), CBF(x), CBF(w), N, I, O, dx_acc));
 }
-static void cu_rope_fwd(act_t *x, int B, int T, int nh, int Dh, float theta) {
-    TIMED(P_ROPE_F, launch_rope(BF(x), B, T, nh, Dh, theta, false));
+static void cu_rope_fwd(act_t *x, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r) {
+    TIMED(P_ROPE_F, launch_rope(BF(x), B, T, nh, Dh, pos0, r, false));
 }
-static void cu_rope_bwd(act_t *dx, int B, int T, int nh, int Dh, float theta) {
-    TIMED(P_ROPE_B, launch_rope(BF(dx), B, T, nh, Dh, theta, true));
+static void cu_rope_bwd(act_t *dx, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r) {
+    TIMED(P_ROPE_B, launch_rope(BF(dx), B, T, nh, Dh, pos0, r, true));
 }
 static void cu_attention_fwd(act_t *out, float *att, const act_t *q, const act_t *k, const act_t *v, int B, int T,
                              int H, int Hkv, int Dh) {
