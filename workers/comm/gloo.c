@@ -2,7 +2,7 @@
  * containers that share no socket directory). Relies on gloo_engine.h (the
  * C++ adapter over Debian's libgloo, TCP transport) and on the rendezvous
  * client, through which Gloo's full-mesh set-up finds every peer's address
- * (keys "comm/<group>/gloo/rank_<i>").
+ * (keys "comm/<group>/gloo/<i>").
  *
  * Gloo's collectives block, so a progress thread runs the started
  * collectives one at a time in start order, as shm.c does. The mapping:
@@ -272,7 +272,7 @@ static int gloo_init(comm_t *c, const comm_config_t *cfg, char *err, size_t errl
                  "the interface that reaches the other hosts", c->name, e);
     }
     if (!rc) {
-        char prefix[96];
+        char prefix[128];
         snprintf(prefix, sizeof prefix, "comm/%s/gloo/", c->name);
         gloo_engine_opts_t o = {
             .rdzv = cfg->rdzv, .prefix = prefix, .name = c->name, .n = c->n, .index = c->index,

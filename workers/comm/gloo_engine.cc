@@ -81,11 +81,14 @@ class rdzv_store : public gloo::rendezvous::Store {
     }
 
   private:
-    /* Gloo's keys are "rank_<i>": name the peer behind a missing one. */
+    /* Gloo's full-mesh keys are the peer's index ("<i>"; "rank_<i>" in
+     * other versions): name the peer behind a missing one. */
     std::string missing(const std::string &key, int rc, const char *err) {
         int i = -1;
-        char msg[COMM_MSG];
-        if (sscanf(key.c_str(), "rank_%d", &i) == 1 && i >= 0 && i < o_->n && rc == -ETIMEDOUT) {
+        char msg[COMM_MSG], tail = 0;
+        const char *k = key.c_str();
+        if (!strncmp(k, "rank_", 5)) k += 5;
+        if (sscanf(k, "%d%c", &i, &tail) == 1 && i >= 0 && i < o_->n && rc == -ETIMEDOUT) {
             snprintf(msg, sizeof msg, "rank %d (index %d of group %s) did not publish its Gloo address within "
                      "%.1f s (--rdzv-timeout): is it running, and does it reach the rendezvous store?",
                      o_->ranks ? o_->ranks[i] : i, i, o_->name, o_->setup_timeout_s);

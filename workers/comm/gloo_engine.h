@@ -21,7 +21,7 @@ extern "C" {
 typedef struct gloo_engine gloo_engine_t;
 
 typedef struct {
-    rdzv_client_t *rdzv;      /* the store: keys "<prefix>rank_<i>" carry addresses */
+    rdzv_client_t *rdzv;      /* the store: keys "<prefix><i>" carry addresses */
     const char *prefix;       /* e.g. "comm/shard.0/gloo/" */
     const char *name;         /* group name, for messages */
     int n, index;             /* group size, this rank's index */

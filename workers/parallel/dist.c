@@ -40,7 +40,7 @@ static int group_backend(dist_t *d, const group_t *g, const dist_opts_t *o, cons
             snprintf(key, sizeof key, "dist/node/%d", g->ranks[i]);
             int rc = rdzv_get(d->rdzv, key, &v, &len, d->rdzv_timeout_s, e, sizeof e);
             if (rc) {
-                snprintf(err, errlen, "rank %d: %s group: the node id of rank %d: %s", o->rank, name, g->ranks[i], e);
+                snprintf(err, errlen, "%s group: the node id of rank %d: %s", name, g->ranks[i], e);
                 return rc;
             }
             char id[256];
@@ -67,10 +67,10 @@ static int group_backend(dist_t *d, const group_t *g, const dist_opts_t *o, cons
         return 0;
     }
     if (*kind == COMM_SHM && other >= 0) {
-        snprintf(err, errlen, "rank %d: %s group: --comm shm, but rank %d runs on another node or does not share "
+        snprintf(err, errlen, "%s group: --comm shm, but rank %d runs on another node or does not share "
                  "--comm-dir %s with this rank (node id here \"%s\", there \"%s\"): shared-memory collectives "
                  "need one kernel and one socket directory; mount the same --comm-dir into every container of "
-                 "the node, or use --comm auto (gloo between nodes) or --comm gloo", o->rank, name, other,
+                 "the node, or use --comm auto (gloo between nodes) or --comm gloo", name, other,
                  o->comm_dir ? o->comm_dir : "/tmp", mine, first_other);
         return -EXDEV;
     }
@@ -145,6 +145,36 @@ int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen) {
     }
     bool per_group = host_comm && o->comm == COMM_AUTO;
     if (per_group) d->kind = COMM_AUTO;
+    if (host_comm) {
+        /* every rank decides its groups' backends, then all meet again, so
+         * that a rank refusing its layout (--comm shm across nodes) cannot
+         * take rank 0's store away before the others have decided too:
+         * every rank then names the problem itself */
+        int bad = 0;
+        char why[COMM_ERR_LEN] = "";
+        for (int k = 0; k < GROUP_NKINDS; k++) {
+            const group_t *g = &d->groups.group[k];
+            d->group_kind[k] = d->kind;
+            if (g->n == 1) continue;
+            char name[32];
+            group_name(g, name, sizeof name);
+            int r = group_backend(d, g, o, name, per_group, &d->group_kind[k], why, sizeof why);
+            if (r && !bad) {
+                bad = r;
+                snprintf(err, errlen, "%s", why);
+            }
+        }
+        rc = rdzv_barrier(d->rdzv, "dist/nodes", o->rank, o->world, d->rdzv_timeout_s, e, sizeof e);
+        if (bad) {
+            rc = bad;
+            goto fail;
+        }
+        if (rc) {
+            snprintf(err, errlen, "rank %d comparing nodes (--rdzv-timeout %.1f s): %s", o->rank,
+                     d->rdzv_timeout_s, e);
+            goto fail;
+        }
+    }
     /* same order on every rank (TP, shard, replica): no cyclic waits */
     for (int k = 0; k < GROUP_NKINDS; k++) {
         const group_t *g = &d->groups.group[k];
@@ -153,10 +183,8 @@ int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen) {
         group_name(g, name, sizeof name);
         comm_config_t cfg;
         comm_config_init(&cfg);
-        comm_kind_t kind = d->kind;
-        if (host_comm && (rc = group_backend(d, g, o, name, per_group, &kind, err, errlen))) goto fail;
-        d->group_kind[k] = kind;
-        cfg.kind = kind;
+        if (!host_comm) d->group_kind[k] = d->kind;
+        cfg.kind = d->group_kind[k];
         cfg.name = name;
         cfg.n = g->n;
         cfg.index = g->index;
