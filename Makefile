@@ -30,7 +30,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 DEPS_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
              liburing-dev libjemalloc-dev libjansson-dev libmicrohttpd-dev libcriterion-dev \
              python3-torch python3-numpy libopenblas0-pthread fio valgrind docker-compose python3-yaml \
-             libboost-context-dev clang-14 libclang-rt-14-dev libpcre2-dev
+             libboost-context-dev clang-14 libclang-rt-14-dev libpcre2-dev libgloo-dev
 PKGS      := grpc libprotobuf-c liburing jansson libmicrohttpd libpcre2-8
 
 # jemalloc is the process allocator of ballastd and ballast-worker (and of
@@ -59,7 +59,11 @@ INCLUDES    := -I. -Icommon -I$(BUILD)/gen
 PKG_CFLAGS   = $(shell pkg-config --cflags $(PKGS) jemalloc)
 PKG_LIBS     = $(shell pkg-config --libs $(PKGS))
 CFLAGS      += $(CFLAGS_BASE) $(INCLUDES) $(PKG_CFLAGS) $(JEMALLOC_CFLAGS)
-LDLIBS      += $(PKG_LIBS) -lm -ldl
+# Gloo (CPU collectives between hosts, workers/comm/gloo_engine.cc) is C++:
+# its library and libstdc++ come last; --as-needed keeps them out of the
+# programs that hold no comm code (ballastd, ballast-rdzv).
+GLOO_LIBS   := -lgloo -lstdc++
+LDLIBS      += $(PKG_LIBS) -lm -ldl $(GLOO_LIBS)
 LDFLAGS     += -fopenmp -pthread -Wl,--as-needed $(SAN_FLAGS)
 DEPFLAGS     = -MMD -MP
 
@@ -137,6 +141,14 @@ $(BUILD)/obj/%.o: %.c | $(GEN_HDRS)
 	@mkdir -p $(@D)
 	@echo "  CC   $<"
 	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+# the one C++ file of the tree, the Gloo adapter
+CXXFLAGS_BASE := -std=c++17 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter \
+                 -Wno-missing-field-initializers -pthread $(SAN_FLAGS)
+$(BUILD)/obj/%.o: %.cc | $(GEN_HDRS)
+	@mkdir -p $(@D)
+	@echo "  CXX  $<"
+	$(Q)$(CXX) $(CXXFLAGS_BASE) $(INCLUDES) $(DEPFLAGS) -c $< -o $@
 
 $(BUILD)/cuobj/%.o: %.cu
 	@mkdir -p $(@D)

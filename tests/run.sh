@@ -7,6 +7,7 @@
 # Test kinds, all reporting TAP:
 #   $BUILD/tests/unit/test_*   Criterion programs (tests/unit/*.c)
 #   tests/integration/*.sh     scripts driving the real binaries
+#   tests/multihost/*.sh       the same across namespace "hosts" (hosts.lib)
 #   tests/reference/*.sh       cross-checks against PyTorch
 # FILTER keeps the tests whose path contains it (e.g. "crc32c").
 # BALLAST_VALGRIND=1 runs the unit programs under valgrind memcheck.
@@ -118,6 +119,12 @@ run_script() {
 
 for s in $(ls tests/integration/*.sh 2>/dev/null | sort); do
     name=integration/$(basename "$s" .sh)
+    want "$name" || continue
+    run_script "$s" "$name"
+done
+
+for s in $(ls tests/multihost/*.sh 2>/dev/null | sort); do
+    name=multihost/$(basename "$s" .sh)
     want "$name" || continue
     run_script "$s" "$name"
 done

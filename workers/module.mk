@@ -9,7 +9,8 @@ WORKER_LAYERS := cli train offload ckpt parallel plan model comm data backend
 
 define worker_layer
 WLIB_$(1) := $(BUILD)/lib/libballast_$(1).a
-$$(WLIB_$(1)): $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard workers/$(1)/*.c))
+$$(WLIB_$(1)): $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard workers/$(1)/*.c)) \
+               $$(patsubst %.cc,$(BUILD)/obj/%.o,$$(wildcard workers/$(1)/*.cc))
 	@mkdir -p $$(@D)
 	@echo "  AR   $$@"
 	$(Q)rm -f $$@ && ar rcs $$@ $$^

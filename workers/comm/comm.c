@@ -28,6 +28,7 @@ int comm_kind_parse(const char *s) {
     if (!strcmp(s, "auto")) return COMM_AUTO;
     if (!strcmp(s, "shm")) return COMM_SHM;
     if (!strcmp(s, "nccl")) return COMM_NCCL;
+    if (!strcmp(s, "gloo")) return COMM_GLOO;
     return -1;
 }
 
@@ -36,6 +37,7 @@ const char *comm_kind_name(comm_kind_t k) {
     case COMM_AUTO: return "auto";
     case COMM_SHM: return "shm";
     case COMM_NCCL: return "nccl";
+    case COMM_GLOO: return "gloo";
     default: return "?";
     }
 }

@@ -7,17 +7,22 @@
  * Every rank of the group must start the same collectives in the same order
  * with the same counts. Buffers must stay valid until the wait returns.
  *
- * Two backends fill the table (comm_ops_t, private to workers/comm/impl.h):
+ * Three backends fill the table (comm_ops_t, private to workers/comm/impl.h):
  *   shm   shared memory between the processes of one node: one memfd
  *         segment per group, per-rank slots, sequence-numbered flags,
  *         deterministic reduction order (bit-identical results on every
  *         rank and every run), chunked through a bounded buffer
  *         (workers/comm/shm.c). Buffers are host memory.
+ *   gloo  Gloo over TCP between hosts (workers/comm/gloo.c over the C++
+ *         adapter gloo_engine.cc); peers find each other's addresses in
+ *         the rendezvous store. Buffers are host memory.
  *   nccl  NCCL, loaded at run time (workers/comm/nccl.c). Buffers are
  *         device memory of the rank's GPU; unique ids travel through the
  *         rendezvous store.
- * --comm auto picks nccl when the worker runs on GPUs and libnccl loads,
- * shm otherwise. See docs/comm.md.
+ * --comm auto picks nccl when the worker runs on GPUs and libnccl loads;
+ * otherwise, per group, shm when every member runs on this node (same
+ * comm_node_id) and gloo when not (workers/parallel/dist.c). See
+ * docs/comm.md.
  *
  * Functions return 0 or a negative errno with a message in err (library
  * code: the worker turns it into a fatal error). */
@@ -37,7 +42,7 @@
 
 typedef enum { COMM_F32 = 0, COMM_BF16 = 1 } comm_dtype_t;
 typedef enum { COMM_SUM = 0, COMM_AVG = 1 } comm_op_t; /* AVG: sum, then divide by n */
-typedef enum { COMM_AUTO = 0, COMM_SHM, COMM_NCCL } comm_kind_t;
+typedef enum { COMM_AUTO = 0, COMM_SHM, COMM_NCCL, COMM_GLOO } comm_kind_t;
 
 typedef struct comm comm_t;
 typedef struct comm_req comm_req_t;     /* completion handle */
@@ -45,19 +50,21 @@ typedef struct comm_req comm_req_t;     /* completion handle */
 /* ---- set-up ---- */
 
 typedef struct {
-    comm_kind_t kind;          /* COMM_SHM or COMM_NCCL (resolve AUTO first: comm_select) */
+    comm_kind_t kind;          /* COMM_SHM, COMM_GLOO or COMM_NCCL (resolve AUTO first: comm_select) */
     const char *name;          /* unique within the job, e.g. "shard.3": rendezvous key prefix */
     int n;                     /* ranks in the group */
     int index;                 /* this process's position in ranks[] */
     const int *ranks;          /* global ranks of the group (n entries, for messages) */
     rdzv_client_t *rdzv;       /* bootstrap store; may be NULL when shm_fd >= 0 */
-    double timeout_s;          /* set-up and per-collective peer timeout; 0 = default */
+    double timeout_s;          /* per-collective peer timeout; 0 = default */
+    double setup_timeout_s;    /* how long set-up waits for the peers (--rdzv-timeout); 0 = timeout_s */
     /* shm backend */
     int shm_fd;                /* a segment from comm_shm_segment_create shared by fork or
                                   fd passing; -1 = create/receive it through rdzv */
     size_t slot_bytes;         /* bytes per rank slot; 0 = COMM_DEFAULT_SLOT_BYTES; all
                                   ranks must agree (checked) */
-    const char *sock_dir;      /* where the group leader's fd-passing socket lives; NULL = /tmp */
+    const char *sock_dir;      /* where the group leader's fd-passing socket lives (--comm-dir:
+                                  a directory every rank of the node shares); NULL = /tmp */
     /* nccl backend */
     int device;                /* CUDA device ordinal of this rank */
     void *compute_stream;      /* cudaStream_t that produces the inputs; each collective's
@@ -79,7 +86,7 @@ void comm_destroy(comm_t *c);
 
 int comm_size(const comm_t *c);   /* n */
 int comm_index(const comm_t *c);  /* this rank's index */
-const char *comm_backend(const comm_t *c); /* "shm" or "nccl" */
+const char *comm_backend(const comm_t *c); /* "shm", "gloo" or "nccl" */
 
 /* ---- collectives (counts are elements) ---- */
 
@@ -147,14 +154,15 @@ int comm_stream_wait(comm_req_t *req, void *stream, char *err, size_t errlen);
 
 /* ---- backend selection ---- */
 
-/* "auto|shm|nccl" -> kind; -1 when unknown. */
+/* "auto|shm|gloo|nccl" -> kind; -1 when unknown. */
 int comm_kind_parse(const char *s);
 const char *comm_kind_name(comm_kind_t k);
 
-/* Resolve --comm: AUTO gives NCCL when on_gpu and NCCL loads, SHM otherwise.
- * NCCL without a GPU, or when libnccl cannot be loaded, is an error naming
- * the fix; SHM is always possible (on GPUs it needs host staging). Returns
- * the kind or -1. */
+/* Resolve --comm: AUTO gives NCCL when on_gpu and NCCL loads, SHM otherwise
+ * (the kind for ranks of one node: the caller may still pick GLOO for a
+ * group that spans nodes). NCCL without a GPU, or when libnccl cannot be
+ * loaded, is an error naming the fix; SHM and GLOO are always possible (on
+ * GPUs they need host staging). Returns the kind or -1. */
 int comm_select(comm_kind_t requested, bool on_gpu, char *err, size_t errlen);
 
 /* ---- shm backend ---- */
@@ -165,6 +173,15 @@ size_t comm_shm_segment_bytes(int n, size_t slot_bytes);
 /* Create (before fork, for tests and launchers) a sealed memfd segment for
  * n ranks; returns its fd or a negative errno. */
 int comm_shm_segment_create(int n, size_t slot_bytes, char *err, size_t errlen);
+
+/* This node's identity for --comm auto, as text into out (at least 128
+ * bytes): the kernel's boot id and the device and inode of the socket
+ * directory dir (NULL = /tmp). Two processes get the same id exactly when
+ * they run on one kernel and see the same directory there, which is what
+ * the shm backend needs (memfds are per kernel, the fd-passing socket
+ * lives in dir); PIDs, host names and container names play no part.
+ * 0 or -errno with a message (dir missing). */
+int comm_node_id(const char *dir, char *out, size_t outlen, char *err, size_t errlen);
 
 /* Whether libnccl and a CUDA runtime can be loaded here. */
 bool comm_nccl_available(char *err, size_t errlen);

@@ -1,5 +1,5 @@
-/* impl.h: what the core (comm.c) shares with the backends (shm.c, nccl.c,
- * stage.c) and with open.c, which starts them: the backend table, the
+/* impl.h: what the core (comm.c) shares with the backends (shm.c, gloo.c,
+ * nccl.c, stage.c) and with open.c, which starts them: the backend table, the
  * communicator and request structures, and the completion call. Private to
  * workers/comm/: users see only comm.h. */
 #ifndef BALLAST_COMM_IMPL_H
@@ -35,6 +35,7 @@ typedef struct {
 
 extern const comm_ops_t comm_shm_ops;
 extern const comm_ops_t comm_nccl_ops;
+extern const comm_ops_t comm_gloo_ops;
 
 /* ---- a collective in flight ---- */
 

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---- backend selection ---- */
 
@@ -16,13 +17,14 @@ int comm_select(comm_kind_t requested, bool on_gpu, char *err, size_t errlen) {
     char why[COMM_ERR_LEN] = "";
     switch (requested) {
     case COMM_SHM: return COMM_SHM;
+    case COMM_GLOO: return COMM_GLOO;
     case COMM_AUTO:
         if (on_gpu && comm_nccl_available(why, sizeof why)) return COMM_NCCL;
         return COMM_SHM;
     case COMM_NCCL:
         if (!on_gpu) {
             snprintf(err, errlen, "--comm nccl needs the CUDA backend (GPU buffers): "
-                     "use --comm shm (or auto) with the CPU backend");
+                     "use --comm shm (or gloo, auto) with the CPU backend");
             return -1;
         }
         if (!comm_nccl_available(why, sizeof why)) {
@@ -31,7 +33,7 @@ int comm_select(comm_kind_t requested, bool on_gpu, char *err, size_t errlen) {
         }
         return COMM_NCCL;
     }
-    snprintf(err, errlen, "unknown --comm value %d: use auto, shm or nccl", (int)requested);
+    snprintf(err, errlen, "unknown --comm value %d: use auto, shm, gloo or nccl", (int)requested);
     return -1;
 }
 
@@ -63,6 +65,7 @@ int comm_init(comm_t **out, const comm_config_t *cfg, char *err, size_t errlen) 
     const comm_ops_t *ops;
     if (cfg->kind == COMM_SHM) ops = &comm_shm_ops;
     else if (cfg->kind == COMM_NCCL) ops = &comm_nccl_ops;
+    else if (cfg->kind == COMM_GLOO) ops = &comm_gloo_ops;
     else {
         snprintf(err, errlen, "comm %s: backend %s must be resolved with comm_select first",
                  cfg->name, comm_kind_name(cfg->kind));
@@ -97,3 +100,30 @@ oom:
 /* ---- accounting ---- */
 
 double comm_wait_seconds(void) { return comm_host_wait_seconds() + comm_nccl_stall_seconds(); }
+
+/* ---- node identity ---- */
+
+int comm_node_id(const char *dir, char *out, size_t outlen, char *err, size_t errlen) {
+    const char *d = dir && dir[0] ? dir : "/tmp";
+    char boot[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = 0;
+        fclose(f);
+    }
+    boot[strcspn(boot, "\r\n")] = 0;
+    if (!boot[0]) {
+        snprintf(err, errlen, "cannot read /proc/sys/kernel/random/boot_id: is /proc mounted?");
+        return -ENOENT;
+    }
+    struct stat sb;
+    if (stat(d, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+        int e = errno ? errno : ENOTDIR;
+        snprintf(err, errlen, "--comm-dir %s: %s: create it, or name a directory every rank of the node "
+                 "shares (e.g. the directory of ballastd's socket, mounted into each container)", d,
+                 S_ISDIR(sb.st_mode) ? strerror(e) : "not a directory");
+        return -e;
+    }
+    snprintf(out, outlen, "boot %s dir %llx:%llx", boot, (unsigned long long)sb.st_dev, (unsigned long long)sb.st_ino);
+    return 0;
+}

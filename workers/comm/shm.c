@@ -29,7 +29,19 @@
  * Waiting: spin briefly, then sleep on a futex of the peer's counter (woken
  * by the poster when it sees waiters), checking every 50 ms for an abort,
  * a dead peer and the timeout. A failing rank sets the abort word so its
- * peers fail at once with its message instead of timing out. */
+ * peers fail at once with its message instead of timing out.
+ *
+ * Set-up and peers: the leader (group index 0) listens on a Unix socket in
+ * the directory every rank of the node shares (--comm-dir; containers
+ * mount the same one), publishes its path in the store, and passes the
+ * segment's fd to each follower that connects. The connections stay open
+ * for the life of the communicator: a peer that exits closes its end, so
+ * the leader sees every follower go and a follower sees the leader go (and
+ * the leader's abort word tells the rest). A rank leaving normally sends a
+ * "bye" message first. PIDs mean nothing across PID namespaces and are
+ * never used for this (only a segment passed by fork, with no sockets,
+ * falls back to checking the peers' pids). Every set-up wait is bounded by
+ * the set-up timeout (--rdzv-timeout) and names what is missing. */
 #include "workers/comm/impl.h"
 #include "clock.h"
 
@@ -106,7 +118,14 @@ typedef struct {
     bool stop;
     int broken;                 /* 0, or the error every later collective gets */
     char broken_msg[COMM_ERR_LEN];
+    /* peer connections (rendezvous set-up only): the leader holds one per
+     * follower (conn[i], i = 1..n-1), a follower one to the leader (conn[0]) */
+    int *conn;                  /* n entries, -1 = none */
+    bool *left;                 /* n entries: said bye */
+    bool watch;                 /* peers are watched through conn, not by pid */
 } shm_state_t;
+
+#define BYE_MSG "ballast-comm bye"
 
 size_t comm_shm_segment_bytes(int n, size_t slot_bytes) {
     size_t ctrl = (size_t)n * sizeof(seg_ctrl_t);
@@ -184,6 +203,38 @@ static bool pid_alive(int32_t pid) {
     return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
+/* Whether the peer behind conn[j] is gone (its end closed without a bye).
+ * Reads a pending bye. */
+static bool conn_dead(shm_state_t *st, int j) {
+    int fd = st->conn[j];
+    if (fd < 0 || st->left[j]) return false;
+    struct pollfd p = { .fd = fd, .events = POLLIN | POLLRDHUP };
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & POLLIN) {
+        char buf[64];
+        ssize_t m = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (m > 0 && (size_t)m == strlen(BYE_MSG) && !memcmp(buf, BYE_MSG, (size_t)m)) {
+            st->left[j] = true;
+            return false;
+        }
+        if (m < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+        return true; /* EOF (m == 0), an error, or garbage */
+    }
+    return (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
+}
+
+/* The group index of a peer that is gone, or -1. */
+static int dead_peer(comm_t *c, int waiting_for) {
+    shm_state_t *st = c->backend;
+    if (!st->watch) {
+        int32_t pid = atomic_load(&st->ctrl[waiting_for].pid);
+        return pid_alive(pid) ? -1 : waiting_for;
+    }
+    for (int j = 0; j < c->n; j++)
+        if (conn_dead(st, j)) return j;
+    return -1;
+}
+
 /* ---- failure ---- */
 
 /* Record an error: this comm is broken from now on, and the peers learn it
@@ -243,10 +294,11 @@ static int wait_all(comm_t *c, const char *what) {
             if (t0 == 0) t0 = last_check = t;
             if (t - last_check >= 0.1) {
                 last_check = t;
-                int32_t pid = atomic_load(&cj->pid);
-                if (!pid_alive(pid))
-                    return fail(c, -EPIPE, "comm %s: %s: rank %d (index %d, pid %d) exited in the "
-                                "middle of the collective", c->name, what, c->ranks[j], j, (int)pid);
+                int gone = dead_peer(c, j);
+                if (gone >= 0)
+                    return fail(c, -EPIPE, "comm %s: %s: rank %d (index %d) exited in the middle of the "
+                                "collective (its connection to %s closed)", c->name, what, c->ranks[gone], gone,
+                                st->watch && c->index != 0 ? "the group leader" : "this rank");
                 if (t - t0 > c->timeout_s) {
                     char list[256];
                     size_t off = 0;
@@ -484,11 +536,17 @@ static int shm_start(comm_t *c, comm_req_t *r, char *err, size_t errlen) {
 
 /* Leader: create the segment and hand its fd to n-1 peers that find our
  * socket through the rendezvous key "comm/<name>/shm". */
-static int leader_share(comm_t *c, const comm_config_t *cfg, int fd, char *err, size_t errlen) {
+static int leader_share(comm_t *c, const comm_config_t *cfg, int fd, double setup_s, char *err, size_t errlen) {
+    shm_state_t *st = c->backend;
     shm_listener_t l;
     char path[256];
-    int pl = snprintf(path, sizeof path, "%s/ballast-comm-%d-%s.sock", cfg->sock_dir ? cfg->sock_dir : "/tmp",
-                      (int)getpid(), c->name);
+    /* a random name: PIDs repeat across containers sharing the directory */
+    uint64_t nonce = 0;
+    FILE *ur = fopen("/dev/urandom", "r");
+    if (!ur || fread(&nonce, sizeof nonce, 1, ur) != 1) nonce = (uint64_t)clock_now_s() * 1000003u ^ (uint64_t)getpid();
+    if (ur) fclose(ur);
+    int pl = snprintf(path, sizeof path, "%s/ballast-comm-%s-%016llx.sock", cfg->sock_dir ? cfg->sock_dir : "/tmp",
+                      c->name, (unsigned long long)nonce);
     if (pl < 0 || pl >= 108) {
         snprintf(err, errlen, "comm %s: socket path %s is longer than 107 bytes: use a shorter "
                  "socket directory", c->name, path);
@@ -498,14 +556,16 @@ static int leader_share(comm_t *c, const comm_config_t *cfg, int fd, char *err, 
     if (rc) return rc;
     char key[RDZV_MAX_KEY];
     snprintf(key, sizeof key, "comm/%s/shm", c->name);
-    rc = rdzv_set(cfg->rdzv, key, path, strlen(path), true, c->timeout_s, err, errlen);
-    double deadline = clock_now_s() + c->timeout_s;
+    rc = rdzv_set(cfg->rdzv, key, path, strlen(path), true, setup_s, err, errlen);
+    double deadline = clock_now_s() + setup_s;
     for (int sent = 0; !rc && sent < c->n - 1;) {
         struct pollfd p = { .fd = l.fd, .events = POLLIN };
         int left = (int)((deadline - clock_now_s()) * 1000);
         if (left <= 0) {
-            snprintf(err, errlen, "comm %s: only %d of %d peers fetched the shared segment within "
-                     "%.0f s: the others did not reach comm set-up", c->name, sent, c->n - 1, c->timeout_s);
+            snprintf(err, errlen, "comm %s: only %d of %d peers fetched the shared segment from %s within "
+                     "%.1f s (--rdzv-timeout): the others did not reach comm set-up, or do not share the "
+                     "directory %s (--comm-dir: mount the same one into every container of the node)",
+                     c->name, sent, c->n - 1, path, setup_s, cfg->sock_dir ? cfg->sock_dir : "/tmp");
             rc = -ETIMEDOUT;
             break;
         }
@@ -516,23 +576,46 @@ static int leader_share(comm_t *c, const comm_config_t *cfg, int fd, char *err, 
         if (shm_accept(l.fd, NULL, &conn, NULL, aerr, sizeof aerr)) continue; /* refused peer */
         char msg[64];
         int m = snprintf(msg, sizeof msg, "ballast-comm %d %zu", c->n, (size_t)cfg->slot_bytes);
-        if (shm_send_fds(conn, msg, (size_t)m, &fd, 1, aerr, sizeof aerr) == 0) sent++;
-        close(conn);
+        /* the follower says which index it is, so that its connection is
+         * watched as that peer */
+        char hello[64];
+        size_t hl = 0;
+        int idx = -1;
+        if (shm_recv_fds(conn, hello, sizeof hello - 1, &hl, NULL, 0, 2000, aerr, sizeof aerr) == 0) {
+            hello[hl] = 0;
+            if (sscanf(hello, "ballast-comm index %d", &idx) != 1) idx = -1;
+        }
+        if (idx < 1 || idx >= c->n || st->conn[idx] >= 0 ||
+            shm_send_fds(conn, msg, (size_t)m, &fd, 1, aerr, sizeof aerr) != 0) {
+            close(conn); /* not one of ours, a second claim of an index, or gone */
+            continue;
+        }
+        st->conn[idx] = conn;
+        sent++;
     }
     shm_listener_close(&l);
     return rc;
 }
 
 /* Follower: find the leader's socket and receive the segment fd. */
-static int follower_fetch(comm_t *c, const comm_config_t *cfg, int *fd_out, char *err, size_t errlen) {
-    char key[RDZV_MAX_KEY];
+static int follower_fetch(comm_t *c, const comm_config_t *cfg, int *fd_out, double setup_s, char *err,
+                          size_t errlen) {
+    shm_state_t *st = c->backend;
+    char key[RDZV_MAX_KEY], last_path[108] = "", cerr[SHM_ERR_LEN] = "";
     snprintf(key, sizeof key, "comm/%s/shm", c->name);
-    double deadline = clock_now_s() + c->timeout_s;
+    double deadline = clock_now_s() + setup_s;
     for (;;) {
         double left = deadline - clock_now_s();
         if (left <= 0) {
-            snprintf(err, errlen, "comm %s: could not fetch the shared segment from group rank %d "
-                     "within %.0f s", c->name, c->ranks[0], c->timeout_s);
+            if (last_path[0])
+                snprintf(err, errlen, "comm %s: rank %d (the group leader) listens on %s, which this rank cannot "
+                         "reach (%s) within %.1f s (--rdzv-timeout): the ranks do not share the directory %s "
+                         "(--comm-dir: mount the same one into every container of the node), or use --comm auto "
+                         "or gloo between nodes", c->name, c->ranks[0], last_path, cerr, setup_s,
+                         cfg->sock_dir ? cfg->sock_dir : "/tmp");
+            else
+                snprintf(err, errlen, "comm %s: rank %d (the group leader) did not publish its socket within "
+                         "%.1f s (--rdzv-timeout)", c->name, c->ranks[0], setup_s);
             return -ETIMEDOUT;
         }
         void *val = NULL;
@@ -550,27 +633,32 @@ static int follower_fetch(comm_t *c, const comm_config_t *cfg, int *fd_out, char
         path[len] = 0;
         free(val);
         int sock;
-        char cerr[SHM_ERR_LEN];
+        snprintf(last_path, sizeof last_path, "%s", path);
         if (shm_connect(path, &sock, cerr, sizeof cerr)) {
-            /* a stale key from an earlier run: the leader overwrites it */
+            /* not (yet) reachable: a stale key from an earlier run that the
+             * leader overwrites, or a directory this rank does not share */
             usleep(50000);
             continue;
         }
-        char msg[64];
+        char hello[64], msg[64];
+        int hl = snprintf(hello, sizeof hello, "ballast-comm index %d", c->index);
         size_t mlen;
-        rc = shm_recv_fds(sock, msg, sizeof msg - 1, &mlen, fd_out, 1, (int)(left * 1000), err, errlen);
-        close(sock);
-        if (rc == -ECONNRESET) { /* the leader went away between key and connect */
+        rc = shm_send_fds(sock, hello, (size_t)hl, NULL, 0, err, errlen);
+        if (!rc) rc = shm_recv_fds(sock, msg, sizeof msg - 1, &mlen, fd_out, 1, (int)(left * 1000), err, errlen);
+        if (rc == -ECONNRESET || rc == -EPIPE) { /* the leader went away between key and connect */
+            close(sock);
             usleep(50000);
             continue;
         }
+        if (rc) close(sock);
+        else st->conn[0] = sock;
         return rc;
     }
 }
 
 /* Map the segment, check it against our config, claim our ctrl line and
  * wait until all n ranks have. */
-static int attach(comm_t *c, int fd, size_t slot_bytes, char *err, size_t errlen) {
+static int attach(comm_t *c, int fd, size_t slot_bytes, double setup_s, char *err, size_t errlen) {
     shm_state_t *st = c->backend;
     int rc = shm_map_fd(&st->seg, fd, 0, err, errlen);
     if (rc) return rc;
@@ -603,15 +691,20 @@ static int attach(comm_t *c, int fd, size_t slot_bytes, char *err, size_t errlen
     atomic_fetch_add(&h->attached, 1);
     double t0 = clock_now_s();
     while (atomic_load(&h->attached) < (uint32_t)c->n) {
-        if (clock_now_s() - t0 > c->timeout_s) {
+        int gone = st->watch ? dead_peer(c, 0) : -1;
+        if (gone >= 0) {
+            snprintf(err, errlen, "comm %s: rank %d (index %d) exited during set-up", c->name, c->ranks[gone], gone);
+            return -EPIPE;
+        }
+        if (clock_now_s() - t0 > setup_s) {
             char list[256];
             size_t off = 0;
             int late = 0;
             for (int k = 0; k < c->n && off + 16 < sizeof list; k++)
                 if (atomic_load(&st->ctrl[k].pid) == 0)
                     off += (size_t)snprintf(list + off, sizeof list - off, "%s%d", late++ ? ", " : "", c->ranks[k]);
-            snprintf(err, errlen, "comm %s: rank%s %s did not attach to the shared segment within %.0f s",
-                     c->name, late > 1 ? "s" : "", list, c->timeout_s);
+            snprintf(err, errlen, "comm %s: rank%s %s did not attach to the shared segment within %.1f s "
+                     "(--rdzv-timeout)", c->name, late > 1 ? "s" : "", list, setup_s);
             return -ETIMEDOUT;
         }
         usleep(1000);
@@ -629,6 +722,18 @@ static int shm_init(comm_t *c, const comm_config_t *cfg, char *err, size_t errle
     }
     st->seg.fd = -1;
     c->backend = st;
+    st->conn = malloc(sizeof(int) * (size_t)c->n);
+    st->left = calloc((size_t)c->n, sizeof(bool));
+    if (!st->conn || !st->left) {
+        free(st->conn);
+        free(st->left);
+        free(st);
+        c->backend = NULL;
+        snprintf(err, errlen, "comm %s: out of memory", c->name);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < c->n; i++) st->conn[i] = -1;
+    double setup_s = cfg->setup_timeout_s > 0 ? cfg->setup_timeout_s : c->timeout_s;
     pthread_mutex_init(&st->mu, NULL);
     pthread_cond_init(&st->cv, NULL);
     size_t slot_bytes = cfg->slot_bytes;
@@ -649,13 +754,15 @@ static int shm_init(comm_t *c, const comm_config_t *cfg, char *err, size_t errle
         else {
             comm_config_t cf = *cfg;
             cf.slot_bytes = slot_bytes;
-            rc = leader_share(c, &cf, fd, err, errlen);
+            st->watch = true;
+            rc = leader_share(c, &cf, fd, setup_s, err, errlen);
         }
     } else if (!rc) {
-        rc = follower_fetch(c, cfg, &fd, err, errlen);
+        st->watch = true;
+        rc = follower_fetch(c, cfg, &fd, setup_s, err, errlen);
     }
     if (!rc) {
-        rc = attach(c, fd, slot_bytes, err, errlen);
+        rc = attach(c, fd, slot_bytes, setup_s, err, errlen);
         fd = -1; /* owned by the mapping now (closed on error too) */
     }
     if (fd >= 0) close(fd);
@@ -685,6 +792,13 @@ static void shm_destroy_backend(comm_t *c) {
         pthread_mutex_unlock(&st->mu);
         pthread_join(st->thread, NULL);
     }
+    for (int i = 0; i < c->n; i++)
+        if (st->conn[i] >= 0) {
+            send(st->conn[i], BYE_MSG, strlen(BYE_MSG), MSG_NOSIGNAL | MSG_DONTWAIT);
+            close(st->conn[i]);
+        }
+    free(st->conn);
+    free(st->left);
     shm_destroy(&st->seg);
     pthread_mutex_destroy(&st->mu);
     pthread_cond_destroy(&st->cv);

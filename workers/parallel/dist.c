@@ -5,7 +5,10 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "log.h"
 
 #define DIST_DEFAULT_RDZV_TIMEOUT_S 300.0
 
@@ -19,6 +22,59 @@ static void teardown(dist_t *d) {
     rdzv_server_stop(d->server);
     d->server = NULL;
     groups_free(&d->groups);
+}
+
+/* The backend of group g: with per_group (--comm auto on the CPU) shm when
+ * every member published this rank's node id, gloo otherwise; with --comm
+ * shm, members on another node are an error naming them and the fix. Logs
+ * the choice. 0 or -errno with a message. */
+static int group_backend(dist_t *d, const group_t *g, const dist_opts_t *o, const char *name, bool per_group,
+                         comm_kind_t *kind, char *err, size_t errlen) {
+    char e[RDZV_ERR_LEN], key[64], mine[256] = "", first_other[256] = "";
+    int other = -1, nodes = 1;
+    for (int pass = 0; pass < 2; pass++) /* this rank's id first, then the others against it */
+        for (int i = 0; i < g->n; i++) {
+            if ((pass == 0) != (i == g->index)) continue;
+            void *v = NULL;
+            size_t len = 0;
+            snprintf(key, sizeof key, "dist/node/%d", g->ranks[i]);
+            int rc = rdzv_get(d->rdzv, key, &v, &len, d->rdzv_timeout_s, e, sizeof e);
+            if (rc) {
+                snprintf(err, errlen, "%s group: the node id of rank %d: %s", name, g->ranks[i], e);
+                return rc;
+            }
+            char id[256];
+            size_t l = len < sizeof id - 1 ? len : sizeof id - 1;
+            memcpy(id, v, l);
+            id[l] = 0;
+            free(v);
+            if (pass == 0) snprintf(mine, sizeof mine, "%s", id);
+            else if (strcmp(id, mine) && other < 0) {
+                other = g->ranks[i];
+                snprintf(first_other, sizeof first_other, "%s", id);
+                nodes = 2;
+            } else if (strcmp(id, mine) && strcmp(id, first_other)) {
+                nodes = 3; /* three or more: enough for messages */
+            }
+        }
+    if (per_group) {
+        *kind = other < 0 ? COMM_SHM : COMM_GLOO;
+        if (other < 0)
+            log_info("rank %d: %s group (%d ranks): shm, every member on this node", o->rank, name, g->n);
+        else
+            log_info("rank %d: %s group (%d ranks): gloo, members on %s nodes (rank %d on another)", o->rank, name,
+                     g->n, nodes == 2 ? "2" : "3 or more", other);
+        return 0;
+    }
+    if (*kind == COMM_SHM && other >= 0) {
+        snprintf(err, errlen, "%s group: --comm shm, but rank %d runs on another node or does not share "
+                 "--comm-dir %s with this rank (node id here \"%s\", there \"%s\"): shared-memory collectives "
+                 "need one kernel and one socket directory; mount the same --comm-dir into every container of "
+                 "the node, or use --comm auto (gloo between nodes) or --comm gloo", name, other,
+                 o->comm_dir ? o->comm_dir : "/tmp", mine, first_other);
+        return -EXDEV;
+    }
+    return 0;
 }
 
 int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen) {
@@ -66,12 +122,58 @@ int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen) {
         rc = -EINVAL;
         goto fail;
     }
+    /* host collectives: where each rank runs, for the choice per group */
+    bool host_comm = d->kind == COMM_SHM || d->kind == COMM_GLOO;
+    if (host_comm) {
+        char node[256], key[64];
+        if ((rc = comm_node_id(o->comm_dir, node, sizeof node, e, sizeof e))) {
+            snprintf(err, errlen, "rank %d: %s", o->rank, e);
+            goto fail;
+        }
+        snprintf(key, sizeof key, "dist/node/%d", o->rank);
+        if ((rc = rdzv_set(d->rdzv, key, node, strlen(node), true, d->rdzv_timeout_s, e, sizeof e))) {
+            snprintf(err, errlen, "rank %d publishing its node id: %s", o->rank, e);
+            goto fail;
+        }
+    }
     /* every rank must be there before anyone sets up a communicator */
     rc = rdzv_barrier(d->rdzv, "dist/join", o->rank, o->world, d->rdzv_timeout_s, e, sizeof e);
     if (rc) {
         snprintf(err, errlen, "rank %d joining the job (--rdzv-timeout %.1f s): %s", o->rank,
                  d->rdzv_timeout_s, e);
         goto fail;
+    }
+    bool per_group = host_comm && o->comm == COMM_AUTO;
+    if (per_group) d->kind = COMM_AUTO;
+    if (host_comm) {
+        /* every rank decides its groups' backends, then all meet again, so
+         * that a rank refusing its layout (--comm shm across nodes) cannot
+         * take rank 0's store away before the others have decided too:
+         * every rank then names the problem itself */
+        int bad = 0;
+        char why[COMM_ERR_LEN] = "";
+        for (int k = 0; k < GROUP_NKINDS; k++) {
+            const group_t *g = &d->groups.group[k];
+            d->group_kind[k] = d->kind;
+            if (g->n == 1) continue;
+            char name[32];
+            group_name(g, name, sizeof name);
+            int r = group_backend(d, g, o, name, per_group, &d->group_kind[k], why, sizeof why);
+            if (r && !bad) {
+                bad = r;
+                snprintf(err, errlen, "%s", why);
+            }
+        }
+        rc = rdzv_barrier(d->rdzv, "dist/nodes", o->rank, o->world, d->rdzv_timeout_s, e, sizeof e);
+        if (bad) {
+            rc = bad;
+            goto fail;
+        }
+        if (rc) {
+            snprintf(err, errlen, "rank %d comparing nodes (--rdzv-timeout %.1f s): %s", o->rank,
+                     d->rdzv_timeout_s, e);
+            goto fail;
+        }
     }
     /* same order on every rank (TP, shard, replica): no cyclic waits */
     for (int k = 0; k < GROUP_NKINDS; k++) {
@@ -81,13 +183,16 @@ int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen) {
         group_name(g, name, sizeof name);
         comm_config_t cfg;
         comm_config_init(&cfg);
-        cfg.kind = d->kind;
+        if (!host_comm) d->group_kind[k] = d->kind;
+        cfg.kind = d->group_kind[k];
         cfg.name = name;
         cfg.n = g->n;
         cfg.index = g->index;
         cfg.ranks = g->ranks;
         cfg.rdzv = d->rdzv;
         cfg.timeout_s = o->comm_timeout_s;
+        cfg.setup_timeout_s = d->rdzv_timeout_s;
+        cfg.sock_dir = o->comm_dir;
         cfg.slot_bytes = o->slot_bytes;
         cfg.device = o->device;
         cfg.compute_stream = o->compute_stream;
@@ -103,9 +208,17 @@ fail:
 }
 
 const char *dist_comm_name(const dist_t *d) {
-    for (int k = 0; k < GROUP_NKINDS; k++)
-        if (d->comm[k]) return comm_backend(d->comm[k]);
-    return "none";
+    dist_t *m = (dist_t *)d; /* the name is built once, in the struct */
+    m->comm_names[0] = 0;
+    size_t off = 0;
+    for (int k = 0; k < GROUP_NKINDS; k++) {
+        if (!d->comm[k]) continue;
+        const char *b = comm_backend(d->comm[k]);
+        if (strstr(m->comm_names, b)) continue;
+        off += (size_t)snprintf(m->comm_names + off, sizeof m->comm_names - off, "%s%s", off ? "+" : "", b);
+        if (off >= sizeof m->comm_names) break;
+    }
+    return m->comm_names[0] ? m->comm_names : "none";
 }
 
 void dist_abort(dist_t *d) { teardown(d); }

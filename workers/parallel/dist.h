@@ -2,7 +2,10 @@
  * start the rendezvous store on rank 0 (or use an external ballast-rdzv),
  * check that every rank arrived within --rdzv-timeout (naming the missing
  * ones), and open one communicator per group (TP, shard, replica) with the
- * backend --comm selects. The worker's flags map one to one onto
+ * backend --comm selects: with --comm auto and no GPU, per group, shm when
+ * every member runs on this node (the same comm_node_id, published in the
+ * store as "dist/node/<rank>") and gloo otherwise; --comm shm with members
+ * on different nodes is an error naming them. The worker's flags map one to one onto
  * dist_opts_t; see docs/comm.md.
  *
  * A group of one rank gets no communicator (its comm[] entry is NULL):
@@ -38,6 +41,9 @@ typedef struct {
     double rdzv_timeout_s;       /* --rdzv-timeout: how long to wait for every rank; 0 = 300 */
     double comm_timeout_s;       /* peer timeout inside a collective; 0 = COMM_DEFAULT_TIMEOUT_S */
     size_t slot_bytes;           /* shm backend slot size; 0 = default */
+    const char *comm_dir;        /* --comm-dir: the shm backend's socket directory, shared by
+                                  the ranks of a node (its identity is part of the node id);
+                                  NULL = /tmp */
 } dist_opts_t;
 
 typedef struct {
@@ -46,8 +52,11 @@ typedef struct {
     rdzv_client_t *rdzv;         /* this rank's client */
     comm_t *comm[GROUP_NKINDS];  /* one communicator per group, indexed by group_kind_t;
                                     NULL for a group of one rank */
-    comm_kind_t kind;            /* the backend in use; COMM_AUTO when no group has two
-                                    ranks (world 1) and none was selected */
+    comm_kind_t kind;            /* the backend selected: COMM_NCCL, COMM_SHM, COMM_GLOO,
+                                    or COMM_AUTO when each group chose shm or gloo (--comm
+                                    auto on the CPU) or none was selected (world 1) */
+    comm_kind_t group_kind[GROUP_NKINDS]; /* the backend each group got (COMM_AUTO: none) */
+    char comm_names[48];         /* dist_comm_name's text */
     double rdzv_timeout_s;
 } dist_t;
 
@@ -58,8 +67,9 @@ typedef struct {
  * set up (rdzv_addr, comm and the timeouts are not looked at). */
 int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen);
 
-/* The collectives' name for messages: "shm", "nccl", "shm+stage" (the
- * first communicator's backend), or "none" without any (world 1). */
+/* The collectives' names for messages: the distinct backends of the
+ * communicators joined by '+' ("shm", "nccl", "shm+stage", "shm+gloo"), or
+ * "none" without any (world 1). */
 const char *dist_comm_name(const dist_t *d);
 
 /* Leave: close the communicators, meet every rank at a last barrier (so

@@ -4,8 +4,12 @@
  * staging. */
 #include "workers/train/job.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "errbuf.h"
 #include "log.h"
@@ -58,19 +62,49 @@ static int stage_comms(dist_t *d, const backend_t *be, char *err, size_t errlen)
     return 0;
 }
 
+/* --comm-dir, or by default the directory of --offload-socket (created when
+ * missing; /tmp, with a warning, when it cannot be). into: a buffer of
+ * PATH_MAX bytes. NULL with a message when --comm-dir is not a directory. */
+static const char *comm_dir(const train_opts_t *o, char *into, size_t len, char *err, size_t errlen) {
+    struct stat sb;
+    if (o->comm_dir && o->comm_dir[0]) {
+        if (stat(o->comm_dir, &sb) < 0 || !S_ISDIR(sb.st_mode)) {
+            errbuf_set(err, errlen, "--comm-dir %s: %s: create it, or name a directory every rank of the node "
+                       "shares", o->comm_dir, stat(o->comm_dir, &sb) < 0 ? strerror(errno) : "not a directory");
+            return NULL;
+        }
+        return o->comm_dir;
+    }
+    const char *s = o->offload_socket && o->offload_socket[0] ? o->offload_socket : "unix:/run/ballast/ballastd.sock";
+    if (!strncmp(s, "unix:", 5)) s += 5;
+    snprintf(into, len, "%s", s);
+    char *slash = strrchr(into, '/');
+    if (!slash || slash == into) snprintf(into, len, "/tmp");
+    else *slash = 0;
+    if (stat(into, &sb) == 0 && S_ISDIR(sb.st_mode) && access(into, W_OK | X_OK) == 0) return into;
+    if (mkdir(into, 0755) == 0 || (errno == EEXIST && access(into, W_OK | X_OK) == 0)) return into;
+    log_warn("the default --comm-dir %s (beside --offload-socket) cannot be used (%s): using /tmp, which "
+             "ranks in other containers do not share; set --comm-dir", into, strerror(errno));
+    snprintf(into, len, "/tmp");
+    return into;
+}
+
 int train_job_join(train_job_t *j, const train_opts_t *o, char *err, size_t errlen) {
-    char addr[TOPO_ADDR_MAX + 16];
+    char addr[TOPO_ADDR_MAX + 16], cdir[PATH_MAX];
+    const char *cd = j->world > 1 ? comm_dir(o, cdir, sizeof cdir, err, errlen) : NULL;
+    if (j->world > 1 && !cd) return -1;
     snprintf(addr, sizeof addr, "%s:%d", j->topo.master_addr, j->topo.master_port);
     dist_opts_t dopt = {
         .world = j->world, .rank = j->rank, .S = (int)o->shard_degree, .T = (int)o->tp_degree,
         .comm = j->comm, .on_gpu = o->backend == 1, .device = j->device, .compute_stream = be_stream(j->be),
         .rdzv_addr = addr, .rdzv_serve = true, .job_id = "ballast-train", .rdzv_timeout_s = o->rdzv_timeout,
+        .comm_dir = cd,
     };
     if (dist_init(&j->d, &dopt, err, errlen)) return -1;
     j->joined = true;
     /* shm collectives read and write host memory: stage them for a backend
      * whose memory the host may not touch */
-    j->staged = j->d.kind == COMM_SHM && !j->be->host_memory;
+    j->staged = j->d.kind != COMM_NCCL && !j->be->host_memory;
     if (j->staged && stage_comms(&j->d, j->be, err, errlen)) return -1;
     if (o->backend == 1 && j->world > 1)
         log_info("rank %d: GPU %d, collectives %s", j->rank, j->device, dist_comm_name(&j->d));

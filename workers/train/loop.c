@@ -325,7 +325,7 @@ static void announce(run_t *r) {
             (long long)llama_total_params(c), c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab,
             c->tie_embeddings ? ", tied" : "");
     fprintf(con, "layout: world %d = %d replicas x hybrid shard degree %d x tensor-parallel degree %d; comm %s\n",
-            r->job.world, g->R, g->S, g->T, r->job.world > 1 ? comm_kind_name(r->job.d.kind) : "none");
+            r->job.world, g->R, g->S, g->T, r->job.world > 1 ? dist_comm_name(&r->job.d) : "none");
     if (r->dp == 1)
         fprintf(con, "batch: %d micro-steps x %d rows x %d tokens = %lld tokens per step; data %lld tokens\n", r->A,
                 r->B, r->T, (long long)r->A * r->B * r->T, (long long)data_num_tokens(r->data));

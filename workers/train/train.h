@@ -73,6 +73,7 @@ typedef struct {
     int64_t tp_degree;        /* --tensor-parallel-degree T */
     int comm;                 /* comm_kind_t: auto|shm|nccl */
     double rdzv_timeout;      /* seconds every rank has to join */
+    const char *comm_dir;     /* --comm-dir; NULL = the directory of offload_socket */
     int64_t rank, world_size; /* -1 = from the environment (common/topology.h) */
     const char *master_addr;  /* rendezvous host; NULL = environment */
     int64_t master_port;      /* -1 = environment */
