@@ -81,12 +81,7 @@ if [ "$n" = 8 ]; then t_ok "fit prints the 8 published rows"; else t_fail "fit p
 nf=$(echo "$cal" | grep -c ' fitted ')
 nh=$(echo "$cal" | grep -c ' held-out ')
 if [ "$nf $nh" = "4 4" ]; then t_ok "fit: 4 fitted and 4 held-out rows"; else t_fail "fit: 4 fitted and 4 held-out rows" "$nf fitted, $nh held out"; fi
-t_check "fit JSON: residuals within 10%, ranks <= 3" bash -c "$B plan --fit --json | $PY -c '
-import json,sys
-d = json.load(sys.stdin)
-assert len(d[\"rows\"]) == 8
-for r in d[\"rows\"]:
-    assert abs(r[\"residual\"]) < 0.10 and 1 <= r[\"rank\"] <= 3, r'"
+# (the errors themselves: plan_accept.sh checks them against docs/plan.md)
 
 # ---- --explain prints every term ----
 ex=$($B plan --model llama2-7b --nodes 4 --seq-len 8192 --global-batch-tokens 1M --explain 2>&1)
@@ -100,8 +95,8 @@ if [ -z "$miss" ]; then t_ok "--explain lists every term"; else t_fail "--explai
 # ---- --calibrate FILE: a measured block time replaces the estimate ----
 # the measured figure is the planner's own estimate for that shape times a
 # random factor, so every block term must scale by that factor
-fac=$($PY -c 'import random; print(round(random.uniform(1.3, 2.5), 4))')
-seq=$($PY -c 'import random; print(random.choice([2048, 4096, 8192]))')
+fac=$((1 + RANDOM % 2)).$((1000 + RANDOM % 9000))   # 1.1 .. 2.9999
+seqs=(2048 4096 8192); seq=${seqs[$((RANDOM % 3))]}
 P="$B plan --model llama3-8b --gpu h200 --nodes 2 --seq-len $seq --global-batch-tokens 1M --top 1 --cp 1 --tp 1"
 $P --json > "$TMP/base.json" 2>/dev/null
 read -r mb ck < <($PY -c "
@@ -158,9 +153,12 @@ t_expect_fail "--calibrate: missing file" "cannot open" $B plan --model llama2-7
 for g in H100 h200-141GB B200 l40s A100-80GB; do
     t_check "--gpu $g (any case, short names)" bash -c "$B plan --model llama2-7b --nodes 2 --gpu $g --top 1 >/dev/null"
 done
-tps() { $B plan --model llama2-13b --nodes 4 --gpu "$1" --json --top 1 2>/dev/null | $PY -c 'import json,sys; print(json.load(sys.stdin)["layouts"][0]["tokens_per_gpu_s"])'; }
-a=$(tps a100-80gb); b=$(tps b200)
-t_check "B200 predicts over twice A100-80GB's tokens/s ($a vs $b)" $PY -c "assert $b > 2 * $a"
+$B plan --model llama2-13b --nodes 4 --gpu a100-80gb --json --top 1 > "$TMP/a100.json" 2>/dev/null
+$B plan --model llama2-13b --nodes 4 --gpu b200 --json --top 1 > "$TMP/b200.json" 2>/dev/null
+t_check "B200 predicts over twice A100-80GB's tokens/s" $PY -c "
+import json
+a, b = (json.load(open('$TMP/' + g + '.json'))['layouts'][0]['tokens_per_gpu_s'] for g in ('a100', 'b200'))
+assert b > 2 * a, (a, b)"
 
 # ---- bad flags ----
 t_expect_fail "unknown GPU" "unknown GPU 'v100'" $B plan --model llama2-7b --gpu v100
