@@ -17,7 +17,8 @@ static void rng_seed(uint64_t s) { rng_state = s ? s : 0x9e3779b97f4a7c15ull; }
 static uint64_t rng_next(void) { return th_xorshift64(&rng_state); }
 static int rng_pick(const int *v, int n) { return v[rng_next() % (uint64_t)n]; }
 
-static const char *gpu_names[] = { "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb" };
+static const char *gpu_names[] = { "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "b200-180gb", "l40s-48gb" };
+#define N_GPU_NAMES (sizeof gpu_names / sizeof gpu_names[0])
 
 /* A random cluster: 1..128 nodes of 8 (or 4) GPUs, a GPU type, a network,
  * a sequence length and a batch of 1..16 sequences per GPU. */
@@ -25,7 +26,7 @@ static plan_cluster_t random_cluster(void) {
     static const int nodes[] = { 1, 2, 4, 8, 16, 32, 64, 128 }, gpn[] = { 4, 8 }, seqs[] = { 1024, 2048, 4096, 8192 };
     static const int per_gpu[] = { 1, 2, 4, 8, 16 };
     plan_cluster_t c = { .nodes = rng_pick(nodes, 8), .gpus_per_node = rng_pick(gpn, 2),
-                         .gpu = plan_gpu_lookup(gpu_names[rng_next() % 4]),
+                         .gpu = plan_gpu_lookup(gpu_names[rng_next() % N_GPU_NAMES]),
                          .net_gbps = 100.0 * (double)(1 + rng_next() % 32), .seq_len = rng_pick(seqs, 4) };
     c.global_batch_tokens = (int64_t)c.nodes * c.gpus_per_node * c.seq_len * rng_pick(per_gpu, 5);
     return c;
@@ -211,13 +212,13 @@ Test(plan, batch_too_small_per_rank_and_tp_rescues_long_sequences) {
     cr_assert_eq(plan_enumerate(llama_preset("llama2-13b"), &c, &p, NULL, &l, err, sizeof err), 0, "%s", err);
     int small = 0;
     for (size_t i = 0; i < l.n_excluded; i++)
-        if (l.excluded[i].layout.T == 1) {
+        if (l.excluded[i].layout.T == 1 && l.excluded[i].layout.C == 1) {
             cr_expect(strstr(l.excluded[i].reason, "batch too small per rank") != NULL, "%s", l.excluded[i].reason);
             small++;
         }
     cr_expect(small > 0);
     cr_expect(l.n_feasible > 0);
-    for (size_t i = 0; i < l.n_feasible; i++) cr_expect(l.feasible[i].layout.T >= 2);
+    for (size_t i = 0; i < l.n_feasible; i++) cr_expect(l.feasible[i].layout.T >= 2 || l.feasible[i].layout.C >= 2);
     plan_list_free(&l);
 
     plan_layout_t bad = { .S = 3, .T = 1, .micro_batch = 1 };
@@ -317,5 +318,103 @@ Test(plan, cluster_validation_names_the_field) {
         cr_expect(strstr(err, bad[i].needle) != NULL, "case %d: '%s' lacks '%s'", i, err, bad[i].needle);
     }
     cr_expect_null(plan_gpu_lookup("v100"));
-    for (int i = 0; i < 4; i++) cr_expect_not_null(plan_gpu_lookup(gpu_names[i]));
+    for (size_t i = 0; i < N_GPU_NAMES; i++) cr_expect_not_null(plan_gpu_lookup(gpu_names[i]));
+    cr_expect_eq(plan_gpu_lookup("H100"), plan_gpu_lookup("h100-80gb"));
+    cr_expect_eq(plan_gpu_lookup("B200-180GB"), plan_gpu_lookup("b200"));
+}
+
+/* ---- attention, context parallelism, calibration ---- */
+
+static plan_result_t eval_c(const char *model, const plan_cluster_t *c, int S, int T, int C, bool ckpt, int mb) {
+    plan_params_t p = plan_default_params();
+    plan_layout_t l = { .S = S, .T = T, .C = C, .ckpt = ckpt, .micro_batch = mb };
+    plan_result_t r;
+    plan_evaluate(llama_preset(model), c, &p, &l, &r);
+    return r;
+}
+
+/* Causal attention is quadratic in the sequence: at a fixed number of
+ * tokens per micro-batch, doubling the sequence doubles its time, while the
+ * GEMMs stay the same. */
+Test(plan, attention_time_is_quadratic_gemm_linear) {
+    rng_seed(0xa77e);
+    for (int iter = 0; iter < 40; iter++) {
+        plan_cluster_t c = plan_published_cluster(8);
+        c.gpu = plan_gpu_lookup(gpu_names[rng_next() % N_GPU_NAMES]);
+        int seq = 1024 << (rng_next() % 4), mb = 2 << (rng_next() % 3);
+        c.seq_len = seq;
+        c.global_batch_tokens = (int64_t)64 * seq * mb;
+        plan_result_t a = eval_c("llama2-7b", &c, 64, 1, 1, true, mb);
+        c.seq_len = 2 * seq;
+        plan_result_t b = eval_c("llama2-7b", &c, 64, 1, 1, true, mb / 2);
+        cr_assert(a.mem.total > 0 && b.mem.total > 0, "%s / %s", a.reason, b.reason);
+        double ta = a.time.attn_fwd + a.time.attn_bwd, tb = b.time.attn_fwd + b.time.attn_bwd;
+        cr_expect(fabs(tb / ta - 2) < 1e-9, "attention %.4f s at seq %d, %.4f s at %d", ta, seq, tb, 2 * seq);
+        cr_expect(fabs(b.time.gemm / a.time.gemm - 1) < 1e-9, "GEMMs %.4f vs %.4f", a.time.gemm, b.time.gemm);
+        /* backward over forward: 2.5 x the FLOPs at the kernels' two rates (forward counted twice with recompute) */
+        double ratio = a.time.attn_bwd / (a.time.attn_fwd / 2);
+        cr_expect(fabs(ratio - 2.5 * c.gpu->attn_fwd_tflops / c.gpu->attn_bwd_tflops) < 1e-9, "bwd/fwd %.4f", ratio);
+    }
+}
+
+/* Context parallelism splits a sequence's activations over C ranks and
+ * costs ring traffic; more C, less memory. */
+Test(plan, context_parallel_divides_activations_and_costs_ring_traffic) {
+    rng_seed(0xc0ffee);
+    for (int iter = 0; iter < 40; iter++) {
+        plan_cluster_t c = plan_published_cluster(16);
+        c.gpu = plan_gpu_lookup(gpu_names[rng_next() % N_GPU_NAMES]);
+        c.seq_len = 8192 << (rng_next() % 3);
+        c.global_batch_tokens = (int64_t)128 * c.seq_len;
+        int C = 2 << (rng_next() % 3); /* 2..8 */
+        bool ckpt = rng_next() & 1;
+        plan_result_t one = eval_c("llama2-7b", &c, 16, 1, 1, ckpt, 1);
+        plan_result_t cp = eval_c("llama2-7b", &c, 16 / C, 1, C, ckpt, 1);
+        cr_assert(one.mem.total > 0 && cp.mem.total > 0, "%s / %s", one.reason, cp.reason);
+        cr_expect(cp.mem.acts < one.mem.acts / C * 1.25, "C=%d: activations %.2f GiB vs %.2f at C=1", C,
+                  cp.mem.acts / GIB, one.mem.acts / GIB);
+        cr_expect(cp.mem.attn_ws > 0 && one.mem.attn_ws > 0);
+        cr_expect(one.time.cp_comm == 0 && cp.time.cp_comm > 0);
+        cr_expect(cp.time.cp_exposed >= 0 && cp.time.cp_exposed <= cp.time.cp_comm * 1.0001 + 1e-12);
+        /* the same attention work per GPU in total: 1/C of each sequence, C times the sequences */
+        double ta = one.time.attn_fwd + one.time.attn_bwd, tc = cp.time.attn_fwd + cp.time.attn_bwd;
+        cr_expect(fabs(tc / ta - 1) < 1e-6, "attention %.4f s vs %.4f s", tc, ta);
+        /* across nodes the ring is slower than inside one */
+        plan_result_t wide = eval_c("llama2-7b", &c, 1, 1, 16, ckpt, 1);
+        plan_result_t in8 = eval_c("llama2-7b", &c, 2, 1, 8, ckpt, 1);
+        if (wide.mem.total > 0 && in8.mem.total > 0)
+            cr_expect(wide.time.cp_comm / 15 > in8.time.cp_comm / 7, "per-step ring time across nodes not above in-node");
+    }
+    plan_cluster_t c = plan_published_cluster(16);
+    plan_result_t r = eval_c("llama2-7b", &c, 1, 1, 3, true, 1);
+    cr_expect(!r.feasible && strstr(r.reason, "C=3") == NULL && strstr(r.reason, "does not divide"), "%s", r.reason);
+    c.seq_len = 4100;
+    c.global_batch_tokens = 4100 * 128;
+    r = eval_c("llama2-7b", &c, 32, 1, 4, true, 1);
+    cr_expect(!r.feasible && strstr(r.reason, "equal chunks"), "%s", r.reason);
+}
+
+/* A measured block time equal to k x the estimate scales every block term
+ * by k and leaves communication alone. */
+Test(plan, calibration_scale_multiplies_block_terms) {
+    rng_seed(0x5ca1e);
+    plan_params_t p = plan_default_params();
+    for (int iter = 0; iter < 20; iter++) {
+        plan_cluster_t c = plan_published_cluster(4);
+        c.gpu = plan_gpu_lookup(gpu_names[rng_next() % N_GPU_NAMES]);
+        plan_measured_t m = { .seq_len = c.seq_len, .micro_batch = 1 + (int)(rng_next() % 4), .T = 1, .C = 1,
+                              .ckpt = rng_next() & 1 };
+        const llama_config_t *cfg = llama_preset("llama2-7b");
+        double est = plan_block_time_estimate(cfg, &c, &p, &m);
+        cr_assert(est > 0);
+        double k = 1.2 + (double)(rng_next() % 1000) / 1000.0;
+        plan_result_t a = eval_c("llama2-7b", &c, 32, 1, 1, m.ckpt, 1);
+        c.block_time_scale = k * est / est;
+        plan_result_t b = eval_c("llama2-7b", &c, 32, 1, 1, m.ckpt, 1);
+        cr_expect(fabs(b.time.attn_fwd / a.time.attn_fwd - k) < 1e-9);
+        cr_expect(fabs(b.time.elementwise / a.time.elementwise - k) < 1e-9);
+        cr_expect(b.time.gemm > a.time.gemm && b.time.gemm < k * a.time.gemm, "output GEMM is not a block term");
+        cr_expect(fabs(b.time.shard_comm - a.time.shard_comm) < 1e-12);
+        cr_expect(b.time.step > a.time.step);
+    }
 }

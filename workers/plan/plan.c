@@ -8,32 +8,47 @@
  * parameter counts and the seed's FLOP counting. */
 #include "workers/plan/plan.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* ---- hardware table ---- */
 
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * MIB)
 
+/* Vendor datasheet figures (docs/plan.md, "GPU table", cites each); the
+ * attention rates are published kernel benchmarks (FlashAttention-2 on
+ * Ampere, FlashAttention-3 on Hopper) or, where none is published for the
+ * GPU, the nearest published kernel's fraction of peak (docs/plan.md). */
 static const plan_gpu_t gpus[] = {
-    /* name          memory (as nvidia-smi)  bf16 TF  NVLink GB/s  HBM TB/s  PCIe GB/s */
-    { "a100-40gb",   40960 * MIB,            312.0,   300.0,       1.555,    32.0 },
-    { "a100-80gb",   81920 * MIB,            312.0,   300.0,       2.039,    32.0 },
-    { "h100-80gb",   81559 * MIB,            989.0,   450.0,       3.35,     64.0 },
-    { "h200-141gb",  143771 * MIB,           989.0,   450.0,       4.8,      64.0 },
+    /* name        alias   memory bytes     bf16 TF  GPU-GPU GB/s  HBM TB/s  PCIe GB/s  attn fwd  bwd  kernel */
+    { "a100-40gb", NULL,   40960 * MIB,     312.0,   300.0,        1.555,    32.0,      190.0,  165.0, "FlashAttention-2" },
+    { "a100-80gb", NULL,   81920 * MIB,     312.0,   300.0,        2.039,    32.0,      190.0,  165.0, "FlashAttention-2" },
+    { "h100-80gb", "h100", 81559 * MIB,     989.0,   450.0,        3.35,     64.0,      600.0,  550.0, "FlashAttention-3" },
+    { "h200-141gb", "h200", 143771 * MIB,   989.0,   450.0,        4.8,      64.0,      600.0,  550.0, "FlashAttention-3" },
+    { "b200-180gb", "b200", 180e9,          2250.0,  900.0,        8.0,      64.0,      1202.0, 1154.0, "cuDNN (H100 fraction of peak, assumed)" },
+    { "l40s-48gb", "l40s",  48e9,           362.0,   32.0,         0.864,    32.0,      220.0,  191.0, "FlashAttention-2 (A100 fraction of peak, assumed)" },
 };
+#define N_GPUS (sizeof gpus / sizeof gpus[0])
 
 const plan_gpu_t *plan_gpu_lookup(const char *name) {
     if (!name) return NULL;
-    for (size_t i = 0; i < sizeof gpus / sizeof gpus[0]; i++)
-        if (strcmp(gpus[i].name, name) == 0) return &gpus[i];
+    for (size_t i = 0; i < N_GPUS; i++)
+        if (strcasecmp(gpus[i].name, name) == 0 || (gpus[i].alias && strcasecmp(gpus[i].alias, name) == 0))
+            return &gpus[i];
     return NULL;
 }
 
-const char *plan_gpu_names(void) { return "a100-40gb|a100-80gb|h100-80gb|h200-141gb"; }
+const char *plan_gpu_names(void) { return "a100-40gb|a100-80gb|h100-80gb|h200-141gb|b200-180gb|l40s-48gb"; }
+
+const plan_gpu_t *plan_gpu_table(size_t *n) {
+    *n = N_GPUS;
+    return gpus;
+}
 
 /* ---- fixed constants (not fitted; docs/plan.md says where they come from) ---- */
 
@@ -42,6 +57,9 @@ const char *plan_gpu_names(void) { return "a100-40gb|a100-80gb|h100-80gb|h200-14
 #define HBM_EFF        0.80   /* streaming kernels' share of HBM bandwidth */
 #define NVLINK_LAT_US  2.0    /* latency of one intra-node ring step */
 #define GEMM_HALF      128.0  /* per-GPU GEMM width at which GEMMs run at half their asymptote */
+#define GEMM_MHALF     64.0   /* GEMM rows (tokens per GPU) at which GEMMs run at half their asymptote */
+#define ATTN_BWD_RATIO 2.5    /* attention backward FLOPs / forward (5 matmuls vs 2, FlashAttention-2 paper) */
+#define CP_MAX         32     /* largest context-parallel degree enumerated */
 #define LOAD_HORIZON   2      /* offloaded block inputs kept ahead in backward */
 #define CTX_BYTES      (1.25 * GIB) /* CUDA context, cuBLAS/cuDNN workspaces */
 #define FRAG_FRAC      0.05   /* allocator reserve, fraction of capacity */
@@ -53,8 +71,8 @@ const char *plan_gpu_names(void) { return "a100-40gb|a100-80gb|h100-80gb|h200-14
 plan_params_t plan_default_params(void) {
     /* Output of plan_fit (tests/unit/test_plan.c checks that refitting
      * reproduces these). */
-    return (plan_params_t){ .gemm_eff = 0.661182, .interference = 0.217236, .net_eff = 0.766504,
-                            .net_latency_us = 3.419922 };
+    return (plan_params_t){ .gemm_eff = 0.622937, .interference = 0.178857, .net_eff = 0.755664,
+                            .net_latency_us = 3.535156 };
 }
 
 /* ---- validation ---- */
@@ -122,16 +140,23 @@ static double gemm_scale(double width) { return width / (width + GEMM_HALF); }
 
 static int n_savers(const plan_layout_t *l) { return l->ckpt + l->act_offload + l->opt_offload; }
 
+static int cp_of(const plan_layout_t *l) { return l->C > 0 ? l->C : 1; }
+
+/* Bytes of one CP rank's K and V chunk (bf16, its 1/T of the KV heads). */
+static double kv_chunk(const llama_config_t *cfg, double tl, double T) {
+    return tl * 2.0 * (double)cfg->n_kv_heads * cfg->head_dim / T * 2.0;
+}
+
 /* Memory per GPU of layout l with its micro-batch. */
 static void model_memory(const llama_config_t *cfg, const plan_cluster_t *c, const plan_layout_t *l,
                          plan_mem_t *m) {
-    double T = l->T, S = l->S;
+    double T = l->T, S = l->S, C = cp_of(l);
     double D = cfg->dim, F = cfg->ffn_dim, L = cfg->n_layers, V = cfg->vocab, H = cfg->n_heads;
     double q = (double)cfg->n_heads * cfg->head_dim, kv = (double)cfg->n_kv_heads * cfg->head_dim;
     double Pt = (double)llama_total_params(cfg) / T;     /* parameters per TP rank */
     double Pb = (double)llama_block_params(cfg) / T;     /* one block per TP rank */
     double Pu = dmax(Pb, V * D / T);                     /* largest gathered unit */
-    double tok = (double)l->micro_batch * c->seq_len;
+    double tl = (double)l->micro_batch * c->seq_len / C; /* tokens of this CP rank */
 
     m->params = (l->opt_offload ? 0 : 4 * Pt / S) + 2 * Pt / S + 2 * 2 * Pu;
     m->grads = 4 * Pt / S;
@@ -141,30 +166,64 @@ static void model_memory(const llama_config_t *cfg, const plan_cluster_t *c, con
      * parallel with TP): x, norm1 out, q k v, attention out, x mid, norm2 out,
      * w1 and w3 out, SwiGLU out; plus fp32 log-sum-exp per head. */
     double a_full = (2 * (4 * D + 2 * q + 2 * kv + 3 * F) + 4 * H) / T;
-    double logits = tok * V / T * LOGIT_BYTES;
+    double logits = tl * V / T * LOGIT_BYTES;
+    /* attention's working set in one block's backward: the fp32 dQ
+     * accumulator; with C > 1 the ring's K/V receive buffers (double
+     * buffered) and the travelling fp32 dK/dV */
+    double kvc = kv_chunk(cfg, tl, T);
+    m->attn_ws = tl * q * 4 / T + (C > 1 ? 2 * kvc + 2 * 2 * kvc : 0);
     if (!l->ckpt) {
-        m->acts = L * tok * a_full + tok * a_full + logits;
+        m->acts = L * tl * a_full + tl * a_full + logits + m->attn_ws;
     } else {
         double kept = l->act_offload ? dmin(L, LOAD_HORIZON + 1) : L;
-        m->acts = kept * tok * 2 * D / T + 2 * tok * a_full + logits;
+        m->acts = kept * tl * 2 * D / T + 2 * tl * a_full + logits + m->attn_ws;
     }
-    int comms = (l->S > 1) + (l->R > 1) + (l->T > 1);
+    int comms = (l->S > 1) + (l->R > 1 || C > 1) + (l->T > 1) + (C > 1);
     m->comm = 2 * 2 * Pu + comms * NCCL_BUF_BYTES;
     m->capacity = c->gpu->mem_bytes;
     m->overhead = CTX_BYTES + FRAG_FRAC * m->capacity;
     m->total = m->params + m->grads + m->optim + m->acts + m->comm + m->overhead;
 }
 
+/* The compute-stream terms of one block for one micro-batch on one GPU
+ * (seconds), before the calibration scale. */
+typedef struct { double gemm, rec_gemm, attn_f, attn_b, attn_rec, elem; } block_terms_t;
+
+static void block_terms(const llama_config_t *cfg, const plan_gpu_t *g, const plan_params_t *p, double tl,
+                        double seq, double T, bool ckpt, block_terms_t *b) {
+    double D = cfg->dim, F = cfg->ffn_dim;
+    double q = (double)cfg->n_heads * cfg->head_dim;
+    double Pblk = (double)llama_block_params(cfg);
+    double eff = p->gemm_eff * gemm_scale(D / T) * tl / (tl + GEMM_MHALF);
+    double peak = g->bf16_tflops * 1e12;
+    b->gemm = 6.0 * Pblk * tl / T / (peak * eff);
+    b->rec_gemm = ckpt ? 2.0 * Pblk * tl / T / (peak * eff) : 0;
+    /* causal attention: each of the rank's tl query tokens sees on average
+     * seq/2 keys (load-balanced ring with C > 1): forward 2 seq q FLOPs per
+     * token (QK^T and PV at half), backward 2.5 x that */
+    double f_fwd = 2.0 * seq * q * tl / T;
+    b->attn_f = f_fwd / (g->attn_fwd_tflops * 1e12);
+    b->attn_b = ATTN_BWD_RATIO * f_fwd / (g->attn_bwd_tflops * 1e12);
+    b->attn_rec = ckpt ? b->attn_f : 0;
+    double passes = 3.0 + (ckpt ? 1.0 : 0.0);
+    b->elem = (14 * D + 3 * F) * 2 * passes * tl / T / (g->hbm_tbs * 1e12 * HBM_EFF);
+}
+
+static double block_sum(const block_terms_t *b) {
+    return b->gemm + b->rec_gemm + b->attn_f + b->attn_b + b->attn_rec + b->elem;
+}
+
 /* Step time of layout l. */
 static void model_time(const llama_config_t *cfg, const plan_cluster_t *c, const plan_params_t *p,
                        const plan_layout_t *l, plan_time_t *t) {
     const plan_gpu_t *g = c->gpu;
-    int G = c->gpus_per_node, W = c->nodes * G;
-    double T = l->T, S = l->S;
-    double D = cfg->dim, F = cfg->ffn_dim, L = cfg->n_layers, V = cfg->vocab;
+    int G = c->gpus_per_node, W = c->nodes * G, Ci = cp_of(l);
+    double T = l->T, S = l->S, C = Ci;
+    double D = cfg->dim, L = cfg->n_layers, V = cfg->vocab;
     double q = (double)cfg->n_heads * cfg->head_dim;
     double Pblk = (double)llama_block_params(cfg);
-    double seq = c->seq_len, tok = (double)l->micro_batch * seq;
+    double seq = c->seq_len, tl = (double)l->micro_batch * seq / C;
+    double scale = c->block_time_scale > 0 ? c->block_time_scale : 1.0;
     links_t k = {
         .b_nvl = g->nvlink_gbs * 1e9 * NVLINK_EFF,
         .b_net = c->net_gbps / 8.0 * 1e9 * p->net_eff,
@@ -174,64 +233,112 @@ static void model_time(const llama_config_t *cfg, const plan_cluster_t *c, const
     };
     if (!(k.b_net > 0)) k.b_net = 1e-9; /* single node: never used across nodes */
 
-    /* compute stream: GEMMs at the modelled efficiency, memory-bound
-     * element-wise passes, TP all-reduces in line */
-    double f_tok = llama_flops_per_token(cfg, c->seq_len);
-    double f_rec = l->ckpt ? 2.0 * L * Pblk + 4.0 * L * q * seq : 0;
-    double eff = p->gemm_eff * gemm_scale(D / T);
-    double peak = g->bf16_tflops * 1e12;
-    double t_math = f_tok * tok / T / (peak * eff);
-    double t_rec = f_rec * tok / T / (peak * eff);
-    double passes = 3.0 + (l->ckpt ? 1.0 : 0.0);
-    double t_elem = L * (14 * D + 3 * F) * 2 * passes * tok / T / (g->hbm_tbs * 1e12 * HBM_EFF);
-    double n_tp = L * (4 + (l->ckpt ? 2 : 0));
-    double t_tp = l->T > 1 ? n_tp * coll_allreduce(&k, tok * D * 2, l->T, l->T) : 0;
-    double C = t_math + t_rec + t_elem + t_tp;
+    /* compute stream: the blocks (GEMMs at the shape-dependent efficiency,
+     * causal attention at the kernel's rate, HBM-bound element-wise passes),
+     * the output projection, TP all-reduces in line */
+    block_terms_t bt;
+    block_terms(cfg, g, p, tl, seq, T, l->ckpt, &bt);
+    double eff = p->gemm_eff * gemm_scale(D / T) * tl / (tl + GEMM_MHALF);
+    double t_head = 6.0 * V * D * tl / T / (g->bf16_tflops * 1e12 * eff);
+    double t_blocks = L * block_sum(&bt) * scale;
+    double t_tp_one = l->T > 1 ? coll_allreduce(&k, tl * D * 2, l->T, l->T) : 0;
+    double t_tp = L * (4 + (l->ckpt ? 2 : 0)) * t_tp_one;
+
+    /* ring attention (C > 1): every pass sends the rank's K/V chunk C-1
+     * times around the ring (backward: K/V again plus fp32 dK/dV); each
+     * step's transfer overlaps the attention of the block in hand, so only
+     * what attention cannot cover is exposed, and the covered part slows it
+     * by kappa like any collective */
+    double t_cp = 0, t_cp_exp = 0;
+    if (Ci > 1) {
+        double kvc = kv_chunk(cfg, tl, T);
+        int m_c = Ci < G / l->T ? Ci : G / l->T; /* CP ranks per node */
+        if (m_c < 1) m_c = 1;
+        double one;
+        if (Ci <= m_c) one = kvc / k.b_nvl + k.a_nvl;
+        else one = dmax(m_c > 1 ? kvc / k.b_nvl : 0, (double)G / m_c * kvc / k.b_net) + k.a_net;
+        double steps = C - 1;
+        double pass_f = steps * one, pass_b = steps * 3 * one;
+        double a_f = bt.attn_f * scale, a_b = bt.attn_b * scale;
+        double exp_f = dmax(0, pass_f - a_f) + p->interference * dmin(pass_f, a_f);
+        double exp_b = dmax(0, pass_b - a_b) + p->interference * dmin(pass_b, a_b);
+        int n_f = l->ckpt ? 2 : 1;
+        t_cp = L * (n_f * pass_f + pass_b);
+        t_cp_exp = L * (n_f * exp_f + exp_b);
+    }
+    double Cs = t_blocks + t_head + t_tp + t_cp_exp;
 
     /* collective stream: FSDP units are the L blocks, the embedding and
-     * (untied) the output projection, each gathered in bf16 */
-    int m_s = l->S < G / l->T ? l->S : G / l->T;            /* shard ranks per node */
-    if (m_s < 1) m_s = 1;
-    int m_r = l->S * l->T < G ? G / (l->S * l->T) : 1;      /* replica ranks per node */
+     * (untied) the output projection, each gathered in bf16. Rank order: T
+     * fastest, then C, then S, then R. */
+    int tc = l->T * Ci;
+    int m_s = tc < G ? G / tc : 1;                           /* shard ranks per node */
+    if (m_s > l->S) m_s = l->S;
+    int m_r = l->S * tc < G ? G / (l->S * tc) : 1;           /* replica ranks per node */
     if (m_r > l->R) m_r = l->R;
+    int m_cn = Ci < G / l->T ? Ci : G / l->T;                /* CP ranks per node */
+    if (m_cn < 1) m_cn = 1;
+    int n_g = l->R * Ci, m_g = m_cn * m_r;                   /* gradient group: same shard */
+    if (m_g > n_g) m_g = n_g;
     double ub = 2 * Pblk / T, ue = 2 * V * D / T;
     int n_emb = cfg->tie_embeddings ? 1 : 2;
     double ag_blk = coll_ring(&k, ub, l->S, m_s), ag_emb = coll_ring(&k, ue, l->S, m_s);
     double ag_pass = L * ag_blk + n_emb * ag_emb;           /* reduce-scatter: same traffic */
-    /* replicas all-reduce the accumulated fp32 gradient shard once per step
-     * (twice the bytes of the bf16 unit, divided by S) */
-    double ar_blk = coll_allreduce(&k, 2 * ub / S, l->R, m_r), ar_emb = coll_allreduce(&k, 2 * ue / S, l->R, m_r);
+    /* the ranks holding the same shard (replicas, and the CP ranks of one
+     * sequence) all-reduce the accumulated fp32 gradient shard once per step */
+    double ar_blk = coll_allreduce(&k, 2 * ub / S, n_g, m_g), ar_emb = coll_allreduce(&k, 2 * ue / S, n_g, m_g);
     double ar_step = L * ar_blk + n_emb * ar_emb;
     double K = 3 * ag_pass;                                  /* AG fwd, AG bwd, RS bwd */
     double fill = 2 * ag_blk;                                /* first gather, last reduce-scatter */
 
     /* offload stream */
     double b_pcie = g->pcie_gbs * 1e9 * PCIE_EFF;
-    double O = l->act_offload ? 2 * L * tok * 2 * D / T / b_pcie : 0;
+    double O = l->act_offload ? 2 * L * tl * 2 * D / T / b_pcie : 0;
 
     /* overlap: the three streams run side by side; collectives slow the
      * compute they overlap by kappa; gathers of the first unit and the last
      * reduce-scatter (and all-reduce) cannot overlap anything */
-    double t_mb = dmax(dmax(C, K), O) + p->interference * dmin(C, K) + fill;
+    double i_mb = p->interference * dmin(Cs, K);
+    double t_mb = dmax(dmax(Cs, K), O) + i_mb + fill;
     double K_last = K + ar_step;
-    double t_last = dmax(dmax(C, K_last), O) + p->interference * dmin(C, K_last) + fill + ar_blk;
+    double i_last = p->interference * dmin(Cs, K_last);
+    double t_last = dmax(dmax(Cs, K_last), O) + i_last + fill + ar_blk;
 
     double Pshard = (double)llama_total_params(cfg) / T / S;
     double t_opt = Pshard * OPT_BYTES / (g->hbm_tbs * 1e12 * HBM_EFF);
     if (l->opt_offload) t_opt = dmax(t_opt, Pshard * OPT_PCIE_BYTES / b_pcie);
 
     int nm = l->n_micro;
-    t->compute = nm * (t_math + t_rec + t_elem);
-    t->recompute = nm * t_rec;
+    t->gemm = nm * (L * (bt.gemm + bt.rec_gemm) * scale + t_head);
+    t->attn_fwd = nm * L * (bt.attn_f + bt.attn_rec) * scale;
+    t->attn_bwd = nm * L * bt.attn_b * scale;
+    t->elementwise = nm * L * bt.elem * scale;
+    t->compute = t->gemm + t->attn_fwd + t->attn_bwd + t->elementwise;
+    t->recompute = nm * L * (bt.rec_gemm + bt.attn_rec) * scale;
     t->tp_comm = nm * t_tp;
+    t->cp_comm = nm * t_cp;
+    t->cp_exposed = nm * t_cp_exp;
     t->shard_comm = nm * K;
     t->replica_comm = ar_step;
     t->offload = nm * O;
     t->optimizer = t_opt;
+    t->interference = (nm - 1) * i_mb + i_last;
+    t->fill = nm * fill + ar_blk;
     t->step = (nm - 1) * t_mb + t_last + t_opt;
-    t->exposed = t->step - t->compute - t->tp_comm - t_opt;
-    t->tokens = (double)l->seqs_per_rank * seq * (double)W / T;
+    t->exposed = t->step - t->compute - t->tp_comm - t->cp_exposed - t_opt;
+    t->tokens = (double)l->seqs_per_rank * seq * (double)l->R * l->S;
+    double f_tok = llama_flops_per_token(cfg, c->seq_len);
     t->tflops = f_tok * t->tokens / W / t->step / 1e12;
+    t->tflops_causal = (f_tok - 6.0 * L * q * seq) * t->tokens / W / t->step / 1e12;
+    t->tokens_per_gpu_s = t->tokens / W / t->step;
+}
+
+double plan_block_time_estimate(const llama_config_t *cfg, const plan_cluster_t *c, const plan_params_t *p,
+                                const plan_measured_t *m) {
+    block_terms_t bt;
+    int C = m->C > 0 ? m->C : 1;
+    block_terms(cfg, c->gpu, p, (double)m->micro_batch * m->seq_len / C, m->seq_len, m->T, m->ckpt, &bt);
+    return block_sum(&bt);
 }
 
 void plan_evaluate(const llama_config_t *cfg, const plan_cluster_t *c, const plan_params_t *p,
@@ -247,13 +354,20 @@ void plan_evaluate(const llama_config_t *cfg, const plan_cluster_t *c, const pla
     if (cfg->n_heads % l->T) EXCLUDE("heads (%d) do not divide by T=%d", cfg->n_heads, l->T);
     if (cfg->n_kv_heads % l->T) EXCLUDE("key/value heads (%d) do not divide by T=%d", cfg->n_kv_heads, l->T);
     if (cfg->ffn_dim % l->T) EXCLUDE("intermediate size (%d) does not divide by T=%d", cfg->ffn_dim, l->T);
-    if ((W / l->T) % l->S) EXCLUDE("S=%d does not divide world/T = %d", l->S, W / l->T);
-    l->R = W / (l->T * l->S);
+    if (l->C == 0) l->C = 1;
+    if (l->C < 1 || l->C > CP_MAX) EXCLUDE("C=%d is outside 1..%d", l->C, CP_MAX);
+    if (W % (l->T * l->C)) EXCLUDE("T x C = %d does not divide the world of %d GPUs", l->T * l->C, W);
+    if (l->C > 1 && c->seq_len % (2 * l->C))
+        EXCLUDE("seq len %d does not split into 2 x C = %d equal chunks (load-balanced ring attention)", c->seq_len,
+                2 * l->C);
+    int dp = W / (l->T * l->C);
+    if (dp % l->S) EXCLUDE("S=%d does not divide world/(T x C) = %d", l->S, dp);
+    l->R = dp / l->S;
     if (l->act_offload && !l->ckpt) EXCLUDE("activation offload needs activation checkpointing");
     int64_t per_rank_tokens = c->global_batch_tokens / ((int64_t)l->R * l->S);
     if (per_rank_tokens < c->seq_len)
-        EXCLUDE("batch too small per rank: %lld tokens / (R=%d x S=%d) = %lld < seq len %d",
-                (long long)c->global_batch_tokens, l->R, l->S, (long long)per_rank_tokens, c->seq_len);
+        EXCLUDE("batch too small per rank: %lld tokens / (R=%d x S=%d) = %lld < seq len %d (a larger T or C shares "
+                "one sequence)", (long long)c->global_batch_tokens, l->R, l->S, (long long)per_rank_tokens, c->seq_len);
     if (per_rank_tokens / c->seq_len > PLAN_MAX_SEQS_PER_RANK)
         EXCLUDE("batch too large per rank: %lld sequences per data-parallel rank (the planner handles up to %d)",
                 (long long)(per_rank_tokens / c->seq_len), PLAN_MAX_SEQS_PER_RANK);
@@ -293,6 +407,7 @@ static int cmp_feasible(const void *a, const void *b) {
     int sx = n_savers(&x->layout), sy = n_savers(&y->layout);
     if (sx != sy) return sx - sy;
     if (x->layout.T != y->layout.T) return x->layout.T - y->layout.T;
+    if (x->layout.C != y->layout.C) return x->layout.C - y->layout.C;
     if (x->layout.S != y->layout.S) return x->layout.S - y->layout.S;
     return x->layout.micro_batch - y->layout.micro_batch;
 }
@@ -313,8 +428,8 @@ static int vec_push(vec_t *v, const plan_result_t *r) {
 /* Evaluate every saver set and micro-batch of one (S, T); push the listed
  * ones and one excluded row per saver set with nothing listed. */
 static int enumerate_st(const llama_config_t *cfg, const plan_cluster_t *c, const plan_params_t *p,
-                        const plan_options_t *opt, int S, int T, vec_t *ok, vec_t *bad) {
-    plan_layout_t l = { .S = S, .T = T, .micro_batch = 1 };
+                        const plan_options_t *opt, int S, int T, int C, vec_t *ok, vec_t *bad) {
+    plan_layout_t l = { .S = S, .T = T, .C = C, .micro_batch = 1 };
     plan_result_t r;
     plan_evaluate(cfg, c, p, &l, &r);
     if (!r.feasible && strncmp(r.reason, "does not fit", 12) != 0) return vec_push(bad, &r);
@@ -327,7 +442,7 @@ static int enumerate_st(const llama_config_t *cfg, const plan_cluster_t *c, cons
     if (!res) { free(mbs); return -1; }
     for (size_t s = 0; s < N_SAVERS; s++)
         for (int i = 0; i < nb; i++) {
-            plan_layout_t li = { .S = S, .T = T, .ckpt = saver_sets[s].ckpt, .act_offload = saver_sets[s].aoff,
+            plan_layout_t li = { .S = S, .T = T, .C = C, .ckpt = saver_sets[s].ckpt, .act_offload = saver_sets[s].aoff,
                                  .opt_offload = saver_sets[s].ooff, .micro_batch = mbs[i] };
             plan_evaluate(cfg, c, p, &li, &res[s * nb + i]);
         }
@@ -396,10 +511,20 @@ int plan_enumerate(const llama_config_t *cfg, const plan_cluster_t *c, const pla
             if (vec_push(&bad, &r)) goto oom;
             continue;
         }
-        int dp = W / T;
-        for (int S = 1; S <= dp; S++) {
-            if (dp % S) continue;
-            if (enumerate_st(cfg, c, p, opt, S, T, &ok, &bad)) goto oom;
+        for (int C = 1; C <= CP_MAX; C *= 2) {
+            if (opt->C && C != opt->C) continue;
+            if (W % (T * C)) continue;
+            if (C > 1 && c->seq_len % (2 * C)) {
+                plan_layout_t lc = { .S = 1, .T = T, .C = C, .micro_batch = 1 };
+                plan_evaluate(cfg, c, p, &lc, &r); /* fills the reason */
+                if (vec_push(&bad, &r)) goto oom;
+                continue;
+            }
+            int dp = W / (T * C);
+            for (int S = 1; S <= dp; S++) {
+                if (dp % S) continue;
+                if (enumerate_st(cfg, c, p, opt, S, T, C, &ok, &bad)) goto oom;
+            }
         }
     }
     if (ok.n) qsort(ok.v, ok.n, sizeof *ok.v, cmp_feasible);
@@ -423,11 +548,11 @@ int plan_key_rank(const plan_list_t *l, int S, int T, bool act_offload, plan_res
     int rank = 0;
     for (size_t i = 0; i < l->n_feasible; i++) {
         const plan_layout_t *x = &l->feasible[i].layout;
-        if (x->opt_offload) continue;
+        if (x->opt_offload || x->C > 1) continue;
         bool seen = false;
         for (size_t j = 0; j < i && !seen; j++) {
             const plan_layout_t *y = &l->feasible[j].layout;
-            seen = !y->opt_offload && y->S == x->S && y->T == x->T && y->act_offload == x->act_offload;
+            seen = !y->opt_offload && y->C <= 1 && y->S == x->S && y->T == x->T && y->act_offload == x->act_offload;
         }
         if (seen) continue;
         rank++;
@@ -442,7 +567,7 @@ int plan_key_rank(const plan_list_t *l, int S, int T, bool act_offload, plan_res
 int plan_choose_shard_degree(const llama_config_t *cfg, const plan_cluster_t *c, int T,
                              const plan_params_t *p, char *err, size_t errlen) {
     plan_list_t l;
-    plan_options_t opt = { .T = T };
+    plan_options_t opt = { .T = T, .C = 1 };
     if (plan_enumerate(cfg, c, p, &opt, &l, err, errlen)) return -1;
     int S = -1;
     for (size_t i = 0; i < l.n_feasible; i++)
@@ -457,15 +582,18 @@ int plan_choose_shard_degree(const llama_config_t *cfg, const plan_cluster_t *c,
 
 /* ---- calibration ---- */
 
+/* Fitted: 7B at 16 and 64 nodes, 13B at 32 and 128; held out: the other
+ * four (interpolation between and extrapolation beyond the fitted node
+ * counts, and the one row that needs activation offload). */
 static const plan_published_row_t published[] = {
-    { "llama2-7b", 16, 136.76, 32, 1, false },
-    { "llama2-7b", 32, 132.65, 64, 1, false },
-    { "llama2-7b", 64, 125.31, 64, 1, false },
-    { "llama2-7b", 128, 115.01, 64, 1, false },
-    { "llama2-13b", 16, 141.43, 32, 1, true },
-    { "llama2-13b", 32, 139.46, 256, 1, false },
-    { "llama2-13b", 64, 132.17, 128, 1, false },
-    { "llama2-13b", 128, 120.75, 128, 1, false },
+    { "llama2-7b", 16, 136.76, 32, 1, false, true },
+    { "llama2-7b", 32, 132.65, 64, 1, false, false },
+    { "llama2-7b", 64, 125.31, 64, 1, false, true },
+    { "llama2-7b", 128, 115.01, 64, 1, false, false },
+    { "llama2-13b", 16, 141.43, 32, 1, true, false },
+    { "llama2-13b", 32, 139.46, 256, 1, false, true },
+    { "llama2-13b", 64, 132.17, 128, 1, false, false },
+    { "llama2-13b", 128, 120.75, 128, 1, false, true },
 };
 
 const plan_published_row_t *plan_published_rows(size_t *n) {
@@ -479,7 +607,7 @@ plan_cluster_t plan_published_cluster(int nodes) {
 }
 
 plan_options_t plan_published_options(void) {
-    return (plan_options_t){ .no_accumulation = true, .ckpt = PLAN_ON, .opt_offload = PLAN_OFF };
+    return (plan_options_t){ .C = 1, .no_accumulation = true, .ckpt = PLAN_ON, .opt_offload = PLAN_OFF };
 }
 
 int plan_check_published(const plan_params_t *p, plan_check_t *checks, char *err, size_t errlen) {
@@ -511,13 +639,14 @@ static int objective(const double *v, double *obj, char *err, size_t errlen) {
     plan_params_t p;
     params_set(&p, v);
     size_t n;
-    plan_published_rows(&n);
     plan_check_t ch[16];
     if (plan_check_published(&p, ch, err, errlen)) return -1;
     double s = 0;
+    const plan_published_row_t *rows = plan_published_rows(&n);
     for (size_t i = 0; i < n; i++) {
+        if (!rows[i].fitted) continue;
         if (!ch[i].rank) { s += 1.0; continue; }
-        double r = log(ch[i].predicted / plan_published_rows(&n)[i].tflops);
+        double r = log(ch[i].predicted / rows[i].tflops);
         s += r * r;
         if (ch[i].rank > 3) s += 0.1 * (ch[i].rank - 3);
     }
@@ -558,4 +687,126 @@ int plan_fit(plan_params_t *out, double *obj_out, char *err, size_t errlen) {
     params_set(out, v);
     if (obj_out) *obj_out = best;
     return 0;
+}
+
+/* ---- measured step time per layer (--calibrate FILE) ---- */
+
+static const char *measured_cols[] = { "model", "gpu", "seq_len", "micro_batch", "tp", "cp", "ckpt", "ms_per_layer" };
+#define N_MEASURED_COLS (sizeof measured_cols / sizeof measured_cols[0])
+
+/* Split a Markdown table row into trimmed cells (in place); returns the
+ * count, or -1 when the line is not a row. */
+static int split_row(char *line, char **cells, int max) {
+    char *p = line;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p != '|') return -1;
+    p++;
+    int n = 0;
+    for (;;) {
+        char *bar = strchr(p, '|');
+        if (!bar) break;
+        *bar = 0;
+        char *a = p, *e = bar;
+        while (*a == ' ' || *a == '\t') a++;
+        while (e > a && (e[-1] == ' ' || e[-1] == '\t')) e--;
+        *e = 0;
+        if (n < max) cells[n] = a;
+        n++;
+        p = bar + 1;
+    }
+    return n;
+}
+
+static bool placeholder(const char *s) {
+    return !*s || !strcmp(s, "-") || !strcmp(s, "\xe2\x80\x94") /* em dash */ || !strcmp(s, "\xe2\x80\x93");
+}
+
+static int parse_pos_int(const char *s, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < 1 || v > (1 << 24)) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int plan_read_measured(const char *path, plan_measured_t **rows, char *err, size_t errlen) {
+#define FAIL(...) do { snprintf(err, errlen, __VA_ARGS__); goto fail; } while (0)
+    *rows = NULL;
+    FILE *f = fopen(path, "r");
+    if (!f) { snprintf(err, errlen, "--calibrate %s: cannot open: %s", path, strerror(errno)); return -1; }
+    char line[1024];
+    int lineno = 0, state = 0, n = 0, cap = 0;
+    plan_measured_t *v = NULL;
+    /* state 0: looking for the heading; 1: header row; 2: separator; 3: rows */
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        size_t len = strlen(line);
+        if (len && line[len - 1] == '\n') line[--len] = 0;
+        else if (len == sizeof line - 1) FAIL("%s:%d: line longer than %zu characters", path, lineno, sizeof line - 2);
+        if (len && line[len - 1] == '\r') line[--len] = 0;
+        if (state == 0) {
+            if (line[0] == '#' && strcasestr(line, "step time per layer")) state = 1;
+            continue;
+        }
+        char *cells[16];
+        int nc = split_row(line, cells, 16);
+        if (state == 1) {
+            if (nc < 0) { if (len == 0) continue; FAIL("%s:%d: expected the table's header row after the heading", path, lineno); }
+            if (nc != (int)N_MEASURED_COLS) FAIL("%s:%d: the header has %d columns; it must be | model | gpu | seq_len | "
+                                                 "micro_batch | tp | cp | ckpt | ms_per_layer |", path, lineno, nc);
+            for (size_t i = 0; i < N_MEASURED_COLS; i++)
+                if (strcasecmp(cells[i], measured_cols[i]))
+                    FAIL("%s:%d: column %zu is '%s', expected '%s'", path, lineno, i + 1, cells[i], measured_cols[i]);
+            state = 2;
+            continue;
+        }
+        if (state == 2) {
+            if (nc != (int)N_MEASURED_COLS || strspn(cells[0], "-:") != strlen(cells[0]) || !*cells[0])
+                FAIL("%s:%d: expected the separator row |---|---|...| under the header", path, lineno);
+            state = 3;
+            continue;
+        }
+        if (nc < 0) break; /* the table ends */
+        if (nc != (int)N_MEASURED_COLS)
+            FAIL("%s:%d: %d cells, the table has %zu", path, lineno, nc, N_MEASURED_COLS);
+        if (placeholder(cells[7])) continue; /* not measured yet */
+        plan_measured_t m;
+        memset(&m, 0, sizeof m);
+        m.line = lineno;
+        if (!*cells[0] || strlen(cells[0]) >= sizeof m.model) FAIL("%s:%d: model: empty or longer than %zu characters", path, lineno, sizeof m.model - 1);
+        snprintf(m.model, sizeof m.model, "%s", cells[0]);
+        const plan_gpu_t *g = plan_gpu_lookup(cells[1]);
+        if (!g) FAIL("%s:%d: gpu '%s' is unknown: use one of %s", path, lineno, cells[1], plan_gpu_names());
+        snprintf(m.gpu, sizeof m.gpu, "%s", g->name);
+        if (parse_pos_int(cells[2], &m.seq_len)) FAIL("%s:%d: seq_len '%s' is not a positive integer", path, lineno, cells[2]);
+        if (parse_pos_int(cells[3], &m.micro_batch)) FAIL("%s:%d: micro_batch '%s' is not a positive integer", path, lineno, cells[3]);
+        if (parse_pos_int(cells[4], &m.T) || (m.T & (m.T - 1)) || m.T > 8) FAIL("%s:%d: tp '%s' must be 1, 2, 4 or 8", path, lineno, cells[4]);
+        if (parse_pos_int(cells[5], &m.C) || m.C > CP_MAX) FAIL("%s:%d: cp '%s' must be 1..%d", path, lineno, cells[5], CP_MAX);
+        if ((int64_t)m.micro_batch * m.seq_len % m.C) FAIL("%s:%d: cp %d does not divide micro_batch x seq_len", path, lineno, m.C);
+        if (!strcasecmp(cells[6], "yes")) m.ckpt = true;
+        else if (strcasecmp(cells[6], "no")) FAIL("%s:%d: ckpt '%s' must be yes or no", path, lineno, cells[6]);
+        char *end;
+        m.ms_per_layer = strtod(cells[7], &end);
+        if (end == cells[7] || *end || !(m.ms_per_layer > 0) || !isfinite(m.ms_per_layer) || m.ms_per_layer > 1e7)
+            FAIL("%s:%d: ms_per_layer '%s' is not a positive number of milliseconds (or '-' when not measured)", path,
+                 lineno, cells[7]);
+        if (n == cap) {
+            cap = cap ? cap * 2 : 8;
+            plan_measured_t *nv = realloc(v, sizeof *nv * (size_t)cap);
+            if (!nv) FAIL("out of memory");
+            v = nv;
+        }
+        v[n++] = m;
+    }
+    if (ferror(f)) FAIL("--calibrate %s: read error", path);
+    if (state == 0) FAIL("%s: no heading containing 'Step time per layer' (docs/plan.md, \"--calibrate FILE\", shows the table)", path);
+    if (state < 3) FAIL("%s: the 'Step time per layer' table is incomplete (header and separator rows needed)", path);
+    fclose(f);
+    *rows = v;
+    return n;
+fail:
+    fclose(f);
+    free(v);
+    return -1;
+#undef FAIL
 }
