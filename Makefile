@@ -7,7 +7,7 @@
 #   make asan       unit + integration tests under ASan + UBSan (build-asan/)
 #   make tsan       the concurrency tests under ThreadSanitizer (build-tsan/)
 #   make valgrind   unit tests under valgrind memcheck
-#   make deps       install missing Debian packages (as root), npm packages of tests/k8s-schema
+#   make deps       install missing Debian packages (as root), npm packages of tests/k8s-schema and tests/tokenizer-ref
 #
 # Each part of the tree adds itself through a module.mk fragment; see
 # "Layout" in README.md and docs/layers.md.
@@ -112,6 +112,7 @@ deps:
 	  fi; \
 	fi
 	$(Q)sh tests/k8s-schema/install.sh
+	$(Q)sh tests/tokenizer-ref/install.sh
 
 include common/module.mk
 include $(wildcard services/*/module.mk)
