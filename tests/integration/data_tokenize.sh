@@ -112,7 +112,8 @@ def val(b):  # docs/data.md: FNV-1a 64, splitmix64's finalizer, top 53 bits as a
     h = ((h ^ (h >> 27)) * 0x94d049bb133111eb) & M
     h ^= h >> 31
     return (h >> 11) * 2.0 ** -53 < 0.2
-eos = max(max(s) for s in seqs if s) + 1  # the added token's id: one past the model vocabulary here
+import json
+eos = json.load(open(d + "/tok16/tokenizer.json"))["added_tokens"][0]["id"]  # tokenizer_config.json names it
 want = {"train": [], "val": []}
 for b, s in zip(docs, seqs):
     want["val" if val(b) else "train"] += s + [eos]
