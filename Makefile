@@ -8,7 +8,7 @@
 #   make tsan       the concurrency tests under ThreadSanitizer (build-tsan/)
 #   make valgrind   unit tests under valgrind memcheck
 #   make fuzz       run each libFuzzer target for FUZZ_SECONDS (default 60)
-#   make deps       install missing Debian packages (as root), npm packages of tests/k8s-schema
+#   make deps       install missing Debian packages (as root), npm packages of tests/k8s-schema and tests/tokenizer-ref
 #
 # Each part of the tree adds itself through a module.mk fragment; see
 # "Layout" in README.md and docs/layers.md.
@@ -124,6 +124,7 @@ deps:
 	  fi; \
 	fi
 	$(Q)sh tests/k8s-schema/install.sh
+	$(Q)sh tests/tokenizer-ref/install.sh
 
 include common/module.mk
 include $(wildcard services/*/module.mk)

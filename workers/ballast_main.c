@@ -21,7 +21,7 @@ static void usage(const command_t *cmds, size_t n, FILE *out) {
 int main(int argc, char **argv) {
     const command_t cmds[] = {
         { "train", cmd_train, "train a model: starts ballastd when needed and N workers" },
-        { "data", cmd_data, "token shards: synth, pack, info" },
+        { "data", cmd_data, "token shards: synth, pack, info, tokenize" },
         { "ckpt", cmd_ckpt, "checkpoints: export to Hugging Face, info" },
         { "eval", cmd_eval, "loss and perplexity of a checkpoint or model on token shards" },
         { "generate", cmd_generate, "continue a prompt with a checkpoint or model (KV cache, CPU)" },

@@ -4,11 +4,16 @@
  *
  *   tok_tool info TOKENIZER
  *   tok_tool ids TOKENIZER TEXT             ids of TEXT, one line
- *   tok_tool encode TOKENIZER DOCS OUT      DOCS: documents, each a little-endian
- *       uint32 byte length then the bytes; OUT: per document a uint32 count then
- *       the uint32 ids. Prints one line: docs, bytes, tokens, seconds, and how
- *       many documents do not survive decode(encode(x)) == x byte for byte
- *       (listed on stderr with the first differing offset).
+ *   tok_tool encode TOKENIZER DOCS OUT [REF]
+ *       DOCS: documents, each a little-endian uint32 byte length then the
+ *       bytes; OUT: per document a uint32 count then the uint32 ids. Prints
+ *       one line: docs, bytes, tokens, seconds, how many documents do not
+ *       survive decode(encode(x)) == x byte for byte (each listed on stderr
+ *       with the first differing offset) and, given REF (ids in OUT's
+ *       format, from the reference encoder), how many documents' ids differ
+ *       from REF's (each listed with the input position and both id
+ *       sequences around the first difference). DOCS.names (DOCS with
+ *       .names for .docs), when present, names the documents.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,9 +62,15 @@ int main(int argc, char **argv) {
             if (tokenizer_decode(t, ids, n, false, &d, &dl, err, sizeof err) == 0) { printf("%s\n", d); free(d); }
         }
         free(ids);
-    } else if (strcmp(argv[1], "encode") == 0 && argc == 5) {
-        size_t len;
-        char *docs = slurp(argv[3], &len);
+    } else if (strcmp(argv[1], "encode") == 0 && (argc == 5 || argc == 6)) {
+        size_t len, rlen = 0, roff = 0, ndiff = 0;
+        char *docs = slurp(argv[3], &len), *ref = argc == 6 ? slurp(argv[5], &rlen) : NULL;
+        if (argc == 6 && !ref) { fprintf(stderr, "tok_tool: cannot read %s\n", argv[5]); return 1; }
+        char names_path[4096], *names = NULL, *name_at = NULL;
+        snprintf(names_path, sizeof names_path, "%.*s.names", (int)(strlen(argv[3]) > 5 ? strlen(argv[3]) - 5 : 0), argv[3]);
+        size_t names_len;
+        names = slurp(names_path, &names_len);
+        name_at = names;
         FILE *out = fopen(argv[4], "wb");
         if (!docs || !out) { fprintf(stderr, "tok_tool: cannot read %s or write %s\n", argv[3], argv[4]); return 1; }
         uint32_t *ids = NULL;
@@ -91,11 +102,46 @@ int main(int argc, char **argv) {
                 bad++;
             }
             free(d);
+            char name[512] = "";
+            if (name_at) {
+                char *nl = strchr(name_at, '\n');
+                snprintf(name, sizeof name, "%.*s", (int)(nl ? nl - name_at : (long)strlen(name_at)), name_at);
+                name_at = nl ? nl + 1 : NULL;
+            }
+            if (ref) {
+                uint32_t rn = 0;
+                if (roff + 4 <= rlen) memcpy(&rn, ref + roff, 4);
+                if (roff + 4 + 4 * (size_t)rn > rlen) { fprintf(stderr, "tok_tool: %s is short\n", argv[5]); rc = 1; break; }
+                const uint32_t *r = (const uint32_t *)(ref + roff + 4);
+                roff += 4 + 4 * (size_t)rn;
+                size_t k = 0;
+                while (k < n && k < rn && ids[k] == r[k]) k++;
+                if (k < n || k < rn) {
+                    if (++ndiff <= 10) {
+                        char *pd; size_t pl = 0;
+                        if (tokenizer_decode(t, ids, k, false, &pd, &pl, err, sizeof err) == 0) free(pd);
+                        fprintf(stderr, "mismatch: document %zu (%s): ids differ from index %zu on (%zu vs %u ids), input byte %zu:\n"
+                                "  text there: \"", ndoc, name, k, n, rn, pl);
+                        for (size_t q = pl; q < dl && q < pl + 40; q++) {
+                            unsigned char c = (unsigned char)docs[off + q];
+                            if (c >= 32 && c < 127 && c != '"' && c != '\\') fputc(c, stderr); else fprintf(stderr, "\\x%02x", c);
+                        }
+                        fprintf(stderr, "\"\n  ours:      ");
+                        for (size_t q = k > 3 ? k - 3 : 0; q < n && q < k + 8; q++) fprintf(stderr, "%s%u", q == k ? "[" : " ", ids[q]);
+                        fprintf(stderr, "\n  reference: ");
+                        for (size_t q = k > 3 ? k - 3 : 0; q < rn && q < k + 8; q++) fprintf(stderr, "%s%u", q == k ? "[" : " ", r[q]);
+                        fprintf(stderr, "\n");
+                    }
+                }
+            }
             ndoc++; bytes += dl; tokens += n; off += dl;
         }
         fclose(out);
-        printf("docs=%zu bytes=%zu tokens=%zu encode_seconds=%.3f roundtrip_differs=%zu\n", ndoc, bytes, tokens, enc_s, bad);
-        free(ids); free(docs);
+        printf("docs=%zu bytes=%zu tokens=%zu encode_seconds=%.3f tokens_per_s=%.0f roundtrip_differs=%zu", ndoc, bytes,
+               tokens, enc_s, enc_s > 0 ? tokens / enc_s : 0.0, bad);
+        if (ref) printf(" ids_differ=%zu", ndiff);
+        printf("\n");
+        free(ids); free(docs); free(ref); free(names);
     } else { fprintf(stderr, "usage: tok_tool info|ids|encode TOKENIZER ...\n"); rc = 2; }
     tokenizer_free(t);
     return rc;

@@ -4,7 +4,8 @@
 #define BALLAST_CLI_H
 
 int cmd_train(int argc, char **argv);  /* local launcher: ballastd if needed + N workers */
-int cmd_data(int argc, char **argv);   /* synth | pack | info for token shards */
+int cmd_data(int argc, char **argv);   /* synth | pack | info | tokenize for token shards */
+int cmd_data_tokenize(int argc, char **argv); /* text/JSONL -> shards (cmd_data_tokenize.c) */
 int cmd_ckpt(int argc, char **argv);   /* export | info for checkpoints */
 int cmd_plan(int argc, char **argv);   /* choose and predict the parallel layout */
 int cmd_status(int argc, char **argv); /* ballastd pool, spill and sessions */

@@ -1,6 +1,7 @@
 /*
- * cmd_data.c - `ballast data synth | pack | info`: write the synthetic
- * corpus, wrap raw tokens into a shard, describe shards. Each subcommand
+ * cmd_data.c - `ballast data synth | pack | info | tokenize`: write the
+ * synthetic corpus, wrap raw tokens into a shard, describe shards; tokenize
+ * (text to shards) is in cmd_data_tokenize.c. Each subcommand
  * has its own option table (common/options.h); `ballast data --help`
  * prints all of them. Formats and the generator are in docs/data.md.
  */
@@ -61,10 +62,11 @@ static const opt_t INFO_OPTS[] = {
 static const char INFO_USAGE[] = "usage: ballast data info [--json] [--vocab V] FILE|GLOB...";
 
 static const char DATA_USAGE[] =
-    "usage: ballast data synth|pack|info [options]\n"
+    "usage: ballast data synth|pack|info|tokenize [options]\n"
     "  synth  write a synthetic corpus with a known entropy floor\n"
     "  pack   wrap raw little-endian tokens into an llm.c-format shard\n"
-    "  info   describe shards: version, tokens, id range, unigram entropy";
+    "  info   describe shards: version, tokens, id range, unigram entropy\n"
+    "  tokenize  encode text or JSONL files into shards with a Hugging Face tokenizer";
 
 static int parse_or_exit(const opt_t *opts, size_t n, int argc, char **argv, const char **pos, int max_pos,
                          int *npos, const char *usage, int *exit_code) {
@@ -256,11 +258,15 @@ int cmd_data(int argc, char **argv) {
         opt_print_help(PACK_OPTS, N_PACK, PACK_USAGE, out);
         fprintf(out, "\n");
         opt_print_help(INFO_OPTS, N_INFO, INFO_USAGE, out);
+        fprintf(out, "\n");
+        char *h[] = { "tokenize", "--help", NULL };
+        if (argc >= 2) cmd_data_tokenize(2, h);
         return argc < 2 ? 2 : 0;
     }
     if (strcmp(argv[1], "synth") == 0) return do_synth(argc - 1, argv + 1);
     if (strcmp(argv[1], "pack") == 0) return do_pack(argc - 1, argv + 1);
     if (strcmp(argv[1], "info") == 0) return do_info(argc - 1, argv + 1);
-    fprintf(stderr, "ballast data: unknown subcommand '%s' (use synth, pack or info)\n%s\n", argv[1], DATA_USAGE);
+    if (strcmp(argv[1], "tokenize") == 0) return cmd_data_tokenize(argc - 1, argv + 1);
+    fprintf(stderr, "ballast data: unknown subcommand '%s' (use synth, pack, info or tokenize)\n%s\n", argv[1], DATA_USAGE);
     return 2;
 }
