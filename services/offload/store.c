@@ -969,6 +969,15 @@ status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char *err,
     return STATUS_OK;
 }
 
+status_t store_job_find(store_t *s, const char *name, uint64_t *job_id) {
+    if (!job_name_ok(name)) return STATUS_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->mu);
+    job_t *j = job_by_name(s, name);
+    if (j) *job_id = j->id;
+    pthread_mutex_unlock(&s->mu);
+    return j ? STATUS_OK : STATUS_NOT_FOUND;
+}
+
 bool store_job_name(store_t *s, uint64_t job_id, char *name) {
     pthread_mutex_lock(&s->mu);
     job_t *j = job_by_id(s, job_id);

@@ -169,6 +169,10 @@ pool_t *store_pool(store_t *s);
 status_t store_job_id(store_t *s, const char *name, uint64_t *job_id,
                       char *err, size_t errlen);
 
+/* The id of a known job without registering it: NOT_FOUND when the service
+ * has never seen the name (listing must not create state). */
+status_t store_job_find(store_t *s, const char *name, uint64_t *job_id);
+
 /* The name of a known job id into name[JOB_NAME_MAX+1]; false if unknown. */
 bool store_job_name(store_t *s, uint64_t job_id, char *name);
 
