@@ -55,18 +55,18 @@ static sess_caller_t caller_of(const rpc_ctx_t *ctx) {
 }
 
 /* Whether the caller may act on every job (Stats of all sessions, ListKeys
- * of any job, Release, Drain): it presents the token of --token-file, or,
- * over the Unix socket, it runs as ballastd's own uid or as root. A token
- * reaches a TCP listener only over TLS unless --allow-insecure-token. */
+ * of any job, Release of any job, Drain): a Unix-socket caller running as
+ * ballastd's own uid or as root. The token of --token-file is not enough:
+ * every job holds it to open sessions. */
 static bool caller_admin(offload_svc_t *svc, const rpc_ctx_t *ctx, const char *token) {
-    if (ctx->peer_local && (ctx->peer_uid == 0 || ctx->peer_uid == (uint32_t)geteuid())) return true;
-    return svc->has_token && token && token[0] && sess_token_ok(svc->sessions, token);
+    (void)svc;
+    (void)token;
+    return ctx->peer_local && (ctx->peer_uid == 0 || ctx->peer_uid == (uint32_t)geteuid());
 }
 
 static grpc_status_code not_admin(rpc_ctx_t *ctx, const char *what) {
     return rpc_ctx_errf(ctx, GRPC_STATUS_UNAUTHENTICATED,
-                        "%s needs the token of ballastd's --token-file, or a Unix-socket caller "
-                        "running as ballastd's uid or root", what);
+                        "%s needs a Unix-socket caller running as ballastd's uid or root", what);
 }
 
 /* sess_use for a caller: the session must exist and be the caller's. */
@@ -289,14 +289,23 @@ static grpc_status_code h_release(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Pr
     offload_svc_t *svc = ctx->user;
     const Ballast__Offload__V1__ReleaseRequest *req = (const void *)rq;
     Ballast__Offload__V1__ReleaseResponse *resp = (void *)rs;
-    if (!caller_admin(svc, ctx, req->token)) return not_admin(ctx, "Release");
     if (!job_name_ok(req->job))
         return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                             "job name '%.80s' is invalid: use " JOB_NAME_RULE, req->job ? req->job : "");
+    if (!sess_token_ok(svc->sessions, req->token))
+        return rpc_ctx_errf(ctx, GRPC_STATUS_UNAUTHENTICATED,
+                            "token missing or wrong: pass the contents of ballastd's --token-file");
     uint64_t job_id;
-    char err[STORE_ERR_LEN] = "";
-    (void)err;
-    if (store_job_find(svc->store, req->job, &job_id) != STATUS_OK) return GRPC_STATUS_OK; /* nothing held */
+    bool admin = caller_admin(svc, ctx, req->token);
+    if (store_job_find(svc->store, req->job, &job_id) != STATUS_OK) {
+        if (admin) return GRPC_STATUS_OK; /* nothing held */
+        return rpc_ctx_errf(ctx, GRPC_STATUS_PERMISSION_DENIED, "job '%s' is not yours to release", req->job);
+    }
+    /* the job's owner (its first caller) or an administrator */
+    if (!admin && store_job_claim(svc->store, job_id, ctx->peer_local, ctx->peer_uid) != STATUS_OK)
+        return rpc_ctx_errf(ctx, GRPC_STATUS_PERMISSION_DENIED,
+                            "job '%s' belongs to another user: Release needs its owner, or a Unix-socket "
+                            "caller running as ballastd's uid or root", req->job);
     sess_release_job(svc->sessions, job_id, &resp->freed_blobs, &resp->freed_bytes);
     return GRPC_STATUS_OK;
 }

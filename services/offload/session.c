@@ -647,6 +647,10 @@ status_t sess_open_as(sess_mgr_t *m, const sess_caller_t *caller, const char *jo
         errbuf_set(err, errlen, "job '%s': %s", job, serr[0] ? serr : status_word(st));
         return st;
     }
+    if (store_job_claim(m->store, job_id, caller->local, caller->uid) != STATUS_OK) {
+        errbuf_set(err, errlen, "job '%s' belongs to another user: pick another job name", job);
+        return STATUS_PERMISSION_DENIED;
+    }
     sess_t *s = calloc(1, sizeof *s);
     if (!s) { errbuf_set(err, errlen, "out of memory"); return STATUS_RESOURCE_EXHAUSTED; }
     s->nonce = rand64();
@@ -813,8 +817,11 @@ status_t sess_release_job(sess_mgr_t *m, uint64_t job_id, uint64_t *blobs, uint6
             dead = s;
         }
     }
+    bool live = false; /* a live session of the job keeps its table entry */
+    for (sess_t *s = m->list; s; s = s->next) live |= s->job_id == job_id && !s->detached;
     pthread_mutex_unlock(&m->mu);
     while (dead) { sess_t *s = dead; dead = s->next; sess_destroy(m, s, false); }
+    if (!live) store_job_forget(m->store, job_id);
     return STATUS_OK;
 }
 
