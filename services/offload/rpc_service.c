@@ -302,7 +302,7 @@ static grpc_status_code h_release(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Pr
         return rpc_ctx_errf(ctx, GRPC_STATUS_PERMISSION_DENIED, "job '%s' is not yours to release", req->job);
     }
     /* the job's owner (its first caller) or an administrator */
-    if (!admin && store_job_claim(svc->store, job_id, ctx->peer_local, ctx->peer_uid) != STATUS_OK)
+    if (!admin && store_job_claim(svc->store, job_id, ctx->peer_local, ctx->peer_uid, false) != STATUS_OK)
         return rpc_ctx_errf(ctx, GRPC_STATUS_PERMISSION_DENIED,
                             "job '%s' belongs to another user: Release needs its owner, or a Unix-socket "
                             "caller running as ballastd's uid or root", req->job);

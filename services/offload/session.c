@@ -647,7 +647,11 @@ status_t sess_open_as(sess_mgr_t *m, const sess_caller_t *caller, const char *jo
         errbuf_set(err, errlen, "job '%s': %s", job, serr[0] ? serr : status_word(st));
         return st;
     }
-    if (store_job_claim(m->store, job_id, caller->local, caller->uid) != STATUS_OK) {
+    bool none = true;
+    pthread_mutex_lock(&m->mu);
+    for (sess_t *o = m->list; o; o = o->next) none &= o->job_id != job_id;
+    pthread_mutex_unlock(&m->mu);
+    if (store_job_claim(m->store, job_id, caller->local, caller->uid, none) != STATUS_OK) {
         errbuf_set(err, errlen, "job '%s' belongs to another user: pick another job name", job);
         return STATUS_PERMISSION_DENIED;
     }

@@ -992,12 +992,12 @@ status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char *err,
     return STATUS_OK;
 }
 
-status_t store_job_claim(store_t *s, uint64_t job_id, bool local, uint32_t uid) {
+status_t store_job_claim(store_t *s, uint64_t job_id, bool local, uint32_t uid, bool no_sessions) {
     pthread_mutex_lock(&s->mu);
     job_t *j = job_by_id(s, job_id);
     status_t st = STATUS_OK;
     if (!j) st = STATUS_NOT_FOUND;
-    else if (!j->claimed) { j->claimed = true; j->owner_local = local; j->owner_uid = uid; }
+    else if (!j->claimed || (no_sessions && !job_has_blobs(s, job_id))) { j->claimed = true; j->owner_local = local; j->owner_uid = uid; }
     else if (j->owner_local != local || (local && j->owner_uid != uid)) st = STATUS_PERMISSION_DENIED;
     pthread_mutex_unlock(&s->mu);
     return st;

@@ -177,7 +177,9 @@ status_t store_job_find(store_t *s, const char *name, uint64_t *job_id);
  * callers): later claims by another owner get PERMISSION_DENIED, so no
  * caller reaches another's blobs by naming its job. Kept in memory only:
  * after a restart the first caller claims the job again. */
-status_t store_job_claim(store_t *s, uint64_t job_id, bool local, uint32_t uid);
+status_t store_job_claim(store_t *s, uint64_t job_id, bool local, uint32_t uid, bool no_sessions);
+/* (no_sessions: the caller knows no session of the job is open; a job that
+ * then holds no blob either is free to claim again.) */
 
 /* Drop job_id from the job table when it holds no blob (after Release), so
  * its slot is reused; the manifest forgets it at the next compaction and
