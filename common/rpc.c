@@ -25,17 +25,24 @@
 #include "errbuf.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
@@ -46,6 +53,8 @@
 
 #define HEALTH_CHECK_PATH "/grpc.health.v1.Health/Check"
 #define CLIENT_DEFAULT_MAX_MSG (64u << 20)
+#define MAX_UNIX_LISTENERS 4
+#define NUL_SCAN_DEPTH 16         /* nested messages searched for NUL-bearing strings */
 
 /* ---- small helpers ---- */
 
@@ -161,6 +170,19 @@ struct rpc_server {
 
     atomic_uint_fast64_t calls;                   /* calls answered */
     int shutdown_tag;                             /* its address is the tag */
+
+    /* Unix listeners, accepted by our own thread (peer credentials) */
+    shm_uidset_t unix_peers;
+    bool unix_group_set;
+    gid_t unix_gid;
+    int ufd[MAX_UNIX_LISTENERS];                  /* listening sockets */
+    char upath[MAX_UNIX_LISTENERS][108];
+    int nunix;
+    pthread_t acc_tid;
+    bool acc_started;
+    atomic_bool acc_stop;
+    /* TLS for TCP listeners (PEM text, owned), NULL = plaintext */
+    char *tls_cert, *tls_key, *tls_ca;
 };
 
 struct rpc_ctx_priv {
@@ -347,6 +369,75 @@ static void send_answer(srv_call_t *sc, grpc_status_code code, const char *msg) 
     }
 }
 
+/* ---- request checks ---- */
+
+/* Read a base-128 varint at *p (below end); false when it runs off the end. */
+static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+    uint64_t r = 0;
+    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        r |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *v = r;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* protobuf-c hands a string field over as a NUL-terminated C string, so a
+ * string with an embedded NUL would reach the handler cut short (validated,
+ * then used as its prefix). Walk the wire form of a message that already
+ * unpacked and return the name of the first string field (of d or of a
+ * nested message) holding a NUL byte; NULL when there is none. */
+static const char *wire_nul_string(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                                   size_t n, int depth) {
+    const uint8_t *end = p + n;
+    while (p < end) {
+        uint64_t tag, len;
+        if (!wire_varint(&p, end, &tag)) return NULL;
+        switch (tag & 7) {
+        case 0: if (!wire_varint(&p, end, &len)) return NULL; break;
+        case 1: p += 8; break;
+        case 5: p += 4; break;
+        case 2: {
+            if (!wire_varint(&p, end, &len) || len > (uint64_t)(end - p)) return NULL;
+            const ProtobufCFieldDescriptor *f =
+                tag >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3)) : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)len)) return f->name;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < NUL_SCAN_DEPTH) {
+                const char *bad = wire_nul_string(f->descriptor, p, (size_t)len, depth + 1);
+                if (bad) return bad;
+            }
+            p += len;
+            break;
+        }
+        default: return NULL; /* groups: protobuf-c already refused them */
+        }
+    }
+    return NULL;
+}
+
+/* Fill the peer fields of ctx: a connection accepted on one of our Unix
+ * listeners is named "fd:N" by gRPC; its SO_PEERCRED is read from N, which
+ * stays open (and so cannot name another connection) while the call lives. */
+static void ctx_peer(rpc_server_t *s, rpc_ctx_t *ctx) {
+    if (strncmp(ctx->peer, "fd:", 3) == 0) {
+        char *end;
+        long fd = strtol(ctx->peer + 3, &end, 10);
+        shm_peer_t pc;
+        char e[SHM_ERR_LEN];
+        if (!*end && fd >= 0 && fd <= INT32_MAX && shm_peer_cred((int)fd, &pc, e, sizeof e) == 0) {
+            ctx->peer_local = true;
+            ctx->peer_uid = (uint32_t)pc.uid;
+            ctx->peer_gid = (uint32_t)pc.gid;
+            ctx->peer_pid = (int32_t)pc.pid;
+        }
+        return;
+    }
+    ctx->peer_tls = s->tls_cert != NULL && strncmp(ctx->peer, "unix", 4) != 0;
+}
+
 /* Run the method's handler on the request in sc->payload and fill sc->resp.
  * Returns the status; *msg is set for non-OK. */
 static grpc_status_code run_handler(srv_call_t *sc, char *msg, size_t msglen) {
@@ -367,10 +458,17 @@ static grpc_status_code run_handler(srv_call_t *sc, char *msg, size_t msglen) {
     ProtobufCMessage *req = protobuf_c_message_unpack(m->req_desc, NULL, GRPC_SLICE_LENGTH(in),
                                                       GRPC_SLICE_START_PTR(in));
     size_t inlen = GRPC_SLICE_LENGTH(in);
+    const char *nul = req ? wire_nul_string(m->req_desc, GRPC_SLICE_START_PTR(in), inlen, 0) : NULL;
     grpc_slice_unref(in);
     if (!req) {
         errbuf_set(msg, msglen, "%s: the request (%zu bytes) does not parse as %s; send a serialized %s",
              m->path, inlen, m->req_desc->name, m->req_desc->name);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (nul) {
+        errbuf_set(msg, msglen, "%s: string field '%s' holds a NUL byte; send it without one",
+                   m->path, nul);
+        protobuf_c_message_free_unpacked(req, NULL);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
 
@@ -386,6 +484,7 @@ static grpc_status_code run_handler(srv_call_t *sc, char *msg, size_t msglen) {
     rpc_ctx_t ctx = {.method = m->path, .user = m->user, .thread = sc->th->index, .priv = &pv};
     char *peer = grpc_call_get_peer(sc->call);
     ctx.peer = peer ? peer : "unknown";
+    ctx_peer(s, &ctx);
 
     if (rpc_ctx_time_left_ms(&ctx) <= 0) {
         code = GRPC_STATUS_DEADLINE_EXCEEDED;
@@ -473,6 +572,119 @@ static void *server_thread(void *arg) {
     return NULL;
 }
 
+/* ---- server: Unix listeners ---- */
+
+/* Hand each connection on our Unix listeners to gRPC once its peer
+ * credentials pass the allowed set; refused peers are closed and logged. */
+static void *unix_acceptor(void *arg) {
+    rpc_server_t *s = arg;
+    struct pollfd pf[MAX_UNIX_LISTENERS];
+    for (int i = 0; i < s->nunix; i++) pf[i] = (struct pollfd){s->ufd[i], POLLIN, 0};
+    while (!atomic_load(&s->acc_stop)) {
+        int r = poll(pf, (nfds_t)s->nunix, 100);
+        if (r <= 0) continue;
+        for (int i = 0; i < s->nunix; i++) {
+            if (!(pf[i].revents & POLLIN)) continue;
+            int fd = accept4(s->ufd[i], NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd < 0) continue;
+            shm_peer_t peer;
+            char e[SHM_ERR_LEN];
+            if (shm_check_peer(fd, &s->unix_peers, &peer, e, sizeof e) != 0) {
+                log_warn("rpc: %s: %s", s->upath[i], e);
+                close(fd);
+                continue;
+            }
+            if (atomic_load(&s->acc_stop)) {
+                close(fd);
+                break;
+            }
+            grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+            grpc_server_add_channel_from_fd(s->gs, fd, cr); /* gRPC owns fd now */
+            grpc_server_credentials_release(cr);
+        }
+    }
+    return NULL;
+}
+
+/* socket + bind + 0660 (+ group) + listen on a Unix path; a stale socket
+ * file (the caller holds the path's lock) is replaced. */
+static int unix_listen(rpc_server_t *s, const char *path, char *err, size_t errlen) {
+    if (s->nunix >= MAX_UNIX_LISTENERS) {
+        errbuf_set(err, errlen, "rpc server: more than %d Unix listeners", MAX_UNIX_LISTENERS);
+        return -1;
+    }
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            errbuf_set(err, errlen, "rpc server: %s exists and is not a socket; remove it or pick "
+                       "another path", path);
+            return -1;
+        }
+        unlink(path);
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    char e[SHM_ERR_LEN] = "";
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+        errbuf_set(err, errlen, "rpc server: cannot listen on unix:%s: %s (missing directory or no "
+                   "permission?); pick another address", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    if (shm_socket_access(path, s->unix_group_set, s->unix_gid, e, sizeof e) != 0 ||
+        listen(fd, SOMAXCONN) < 0) {
+        errbuf_set(err, errlen, "rpc server: unix:%s: %s", path, e[0] ? e : strerror(errno));
+        close(fd);
+        unlink(path);
+        return -1;
+    }
+    s->ufd[s->nunix] = fd;
+    snprintf(s->upath[s->nunix], sizeof s->upath[0], "%s", path);
+    s->nunix++;
+    return 0;
+}
+
+static void unix_stop(rpc_server_t *s) {
+    atomic_store(&s->acc_stop, true);
+    if (s->acc_started) pthread_join(s->acc_tid, NULL);
+    s->acc_started = false;
+    for (int i = 0; i < s->nunix; i++) {
+        if (s->ufd[i] >= 0) {
+            close(s->ufd[i]);
+            unlink(s->upath[i]);
+        }
+        s->ufd[i] = -1;
+    }
+}
+
+/* The whole of a PEM file as a string (malloc'ed); NULL with a message. */
+static char *read_pem(const char *what, const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        errbuf_set(err, errlen, "%s %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap + 1);
+    if (b) n = fread(b, 1, cap, f);
+    bool more = b && fgetc(f) != EOF;
+    fclose(f);
+    if (!b || more || n == 0) {
+        errbuf_set(err, errlen, "%s %s: %s", what, path,
+                   !b ? "out of memory" : more ? "larger than 64 KiB; is it a PEM file?" : "empty");
+        free(b);
+        return NULL;
+    }
+    b[n] = 0;
+    if (!strstr(b, "-----BEGIN ")) {
+        errbuf_set(err, errlen, "%s %s holds no PEM block (-----BEGIN ...)", what, path);
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
 /* ---- server: lifecycle ---- */
 
 rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t errlen) {
@@ -494,8 +706,31 @@ rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t er
     }
     s->nthreads = o.threads ? o.threads : RPC_DEFAULT_THREADS;
     s->max_msg = o.max_msg_bytes ? o.max_msg_bytes : RPC_DEFAULT_MAX_MSG;
+    if (o.unix_peers) s->unix_peers = *o.unix_peers;
+    else shm_uidset_default(&s->unix_peers);
+    s->unix_group_set = o.unix_group_set;
+    s->unix_gid = o.unix_gid;
+    for (int i = 0; i < MAX_UNIX_LISTENERS; i++) s->ufd[i] = -1;
+    atomic_init(&s->acc_stop, false);
+    if ((o.tls_cert != NULL) != (o.tls_key != NULL) || (o.tls_ca && !o.tls_cert)) {
+        errbuf_set(err, errlen, "rpc server: TLS needs both a certificate and its key (and a CA only "
+                   "with them)");
+        free(s);
+        return NULL;
+    }
+    if (o.tls_cert && (!(s->tls_cert = read_pem("TLS certificate", o.tls_cert, err, errlen)) ||
+                       !(s->tls_key = read_pem("TLS key", o.tls_key, err, errlen)) ||
+                       (o.tls_ca && !(s->tls_ca = read_pem("TLS CA", o.tls_ca, err, errlen))))) {
+        free(s->tls_cert);
+        free(s->tls_key);
+        free(s);
+        return NULL;
+    }
     s->threads = calloc((size_t)s->nthreads, sizeof *s->threads);
     if (!s->threads) {
+        free(s->tls_cert);
+        free(s->tls_key);
+        free(s->tls_ca);
         free(s);
         errbuf_set(err, errlen, "rpc server: out of memory");
         return NULL;
@@ -629,8 +864,23 @@ int rpc_server_listen(rpc_server_t *s, const char *addr, int *bound_port, char *
         errbuf_set(err, errlen, "rpc server: bad listen address \"%s\": %s", addr ? addr : "(null)", why);
         return -1;
     }
-    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
-    int port = grpc_server_add_http2_port(s->gs, addr, cr);
+    if (strncmp(addr, "unix:", 5) == 0) {
+        if (unix_listen(s, addr + 5, err, errlen) != 0) return -1;
+        s->nlisteners++;
+        if (bound_port) *bound_port = 0;
+        return 0;
+    }
+    grpc_server_credentials *cr;
+    if (s->tls_cert && strncmp(addr, "unix", 4) != 0) {
+        grpc_ssl_pem_key_cert_pair kp = {s->tls_key, s->tls_cert};
+        cr = grpc_ssl_server_credentials_create_ex(
+            s->tls_ca, &kp, 1,
+            s->tls_ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                      : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE, NULL);
+    } else {
+        cr = grpc_insecure_server_credentials_create();
+    }
+    int port = cr ? grpc_server_add_http2_port(s->gs, addr, cr) : 0;
     grpc_server_credentials_release(cr);
     if (port == 0) {
         errbuf_set(err, errlen, "rpc server: cannot listen on %s (address in use, no permission, or "
@@ -653,6 +903,15 @@ int rpc_server_start(rpc_server_t *s, char *err, size_t errlen) {
     }
     grpc_server_start(s->gs);
     s->started = true;
+    if (s->nunix) {
+        int rc = pthread_create(&s->acc_tid, NULL, unix_acceptor, s);
+        if (rc != 0) {
+            errbuf_set(err, errlen, "rpc server: cannot start the Unix acceptor: %s", strerror(rc));
+            rpc_server_stop(s, 0);
+            return -1;
+        }
+        s->acc_started = true;
+    }
     /* Initial requests are posted here, before the threads exist, so a stop
      * that follows at once still finds them on the queues. */
     for (int i = 0; i < s->nthreads; i++) {
@@ -692,6 +951,7 @@ static bool wait_quiet(rpc_server_t *s, const struct timespec *abs_deadline) {
 void rpc_server_stop(rpc_server_t *s, int grace_ms) {
     if (!s || s->stopped) return;
     s->stopped = true;
+    unix_stop(s); /* no new connection reaches gRPC once it shuts down */
     pthread_mutex_lock(&s->mu);
     s->stopping = true;
     pthread_mutex_unlock(&s->mu);
@@ -755,6 +1015,10 @@ void rpc_server_free(rpc_server_t *s) {
         rpc_server_stop(s, 0);
         grpc_server_destroy(s->gs);
     }
+    unix_stop(s);
+    free(s->tls_cert);
+    free(s->tls_key);
+    free(s->tls_ca);
     for (int i = 0; i < s->nthreads; i++)
         if (s->threads[i].cq) grpc_completion_queue_destroy(s->threads[i].cq);
     for (size_t i = 0; i < s->nmethods; i++) free(s->methods[i].path);
@@ -777,7 +1041,10 @@ uint64_t rpc_server_calls(const rpc_server_t *s) {
 struct rpc_client {
     char *addr;                  /* as given */
     grpc_channel *ch;
+    bool private_;               /* TLS or a Unix socket */
 };
+
+bool rpc_client_private(const rpc_client_t *c) { return c && c->private_; }
 
 rpc_client_t *rpc_client_open(const char *addr, const rpc_client_opts_t *opts, char *err,
                               size_t errlen) {
@@ -811,7 +1078,34 @@ rpc_client_t *rpc_client_open(const char *addr, const rpc_client_opts_t *opts, c
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
     };
     grpc_channel_args ca = {.num_args = sizeof args / sizeof args[0], .args = args};
-    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    bool is_unix = strncmp(addr, "unix", 4) == 0;
+    grpc_channel_credentials *cr = NULL;
+    if (opts && opts->tls_ca && !is_unix) {
+        char *ca_pem = read_pem("TLS CA", opts->tls_ca, err, errlen), *cert = NULL, *key = NULL;
+        if (ca_pem && (opts->tls_cert != NULL) != (opts->tls_key != NULL))
+            errbuf_set(err, errlen, "rpc client: a TLS client certificate needs its key, and the key its "
+                       "certificate");
+        else if (ca_pem && opts->tls_cert && (!(cert = read_pem("TLS certificate", opts->tls_cert, err, errlen)) ||
+                                              !(key = read_pem("TLS key", opts->tls_key, err, errlen))))
+            ;
+        else if (ca_pem) {
+            grpc_ssl_pem_key_cert_pair kp = {key, cert};
+            cr = grpc_ssl_credentials_create(ca_pem, cert ? &kp : NULL, NULL, NULL);
+        }
+        free(ca_pem);
+        free(cert);
+        free(key);
+        if (!cr) {
+            free(c->addr);
+            free(c);
+            grpc_shutdown();
+            return NULL;
+        }
+        c->private_ = true;
+    } else {
+        cr = grpc_insecure_credentials_create();
+        c->private_ = is_unix;
+    }
     c->ch = grpc_channel_create(addr, cr, &ca);
     grpc_channel_credentials_release(cr);
     if (!c->ch) {

@@ -6,8 +6,13 @@
  * UNIMPLEMENTED for unknown paths, a maximum message size, the standard
  * grpc.health.v1.Health/Check, and a clean stop. Client: a reusable,
  * thread-safe channel; one blocking call per rpc_call with a deadline and an
- * optional wait-for-ready. Addresses are "unix:/path" or "host:port"
- * (insecure credentials).
+ * optional wait-for-ready. Addresses are "unix:/path" or "host:port".
+ * Unix listeners are accepted here, not by gRPC: the socket file gets mode
+ * 0660 (and a group), each connection's SO_PEERCRED is checked against an
+ * allowed set and handed to the handler (rpc_ctx_t.peer_uid). TCP uses
+ * TLS (gRPC's SSL credentials) when the server or client options name
+ * certificates, plaintext otherwise. Every request is checked for strings
+ * with an embedded NUL (INVALID_ARGUMENT) before its handler runs.
  *
  * Return values: functions returning int give 0 on success and -1 on error
  * with a message in the caller's err buffer, except rpc_call / rpc_call_raw,
@@ -22,6 +27,8 @@
 
 #include <grpc/status.h>
 #include <protobuf-c/protobuf-c.h>
+
+#include "shm.h"
 
 #define RPC_ERR_LEN 256                     /* bytes of rpc_ctx_t.err */
 #define RPC_DEFAULT_MAX_MSG (4u << 20)      /* bytes; default message size limit */
@@ -39,6 +46,10 @@ typedef struct {
     const char *peer;          /* e.g. "unix:/run/x.sock" or "ipv4:127.0.0.1:4711" */
     void *user;                /* the method's rpc_method_t.user */
     int thread;                /* index of the server thread running the handler, 0..N-1 */
+    bool peer_local;           /* the call came over a Unix listener; peer_* are its SO_PEERCRED */
+    uint32_t peer_uid, peer_gid;
+    int32_t peer_pid;
+    bool peer_tls;             /* the call came over a TLS listener */
     char err[RPC_ERR_LEN];     /* status message sent with a non-OK status */
     rpc_ctx_priv_t *priv;      /* internal */
 } rpc_ctx_t;
@@ -67,6 +78,12 @@ typedef struct {
 typedef struct {
     int threads;               /* server threads (one completion queue each); 0 = RPC_DEFAULT_THREADS */
     size_t max_msg_bytes;      /* largest request/response accepted, bytes; 0 = RPC_DEFAULT_MAX_MSG */
+    const shm_uidset_t *unix_peers; /* peers allowed on Unix listeners; NULL = our uid and root */
+    bool unix_group_set;       /* chown Unix socket files to unix_gid */
+    gid_t unix_gid;
+    const char *tls_cert;      /* PEM files for TCP listeners; NULL = plaintext */
+    const char *tls_key;
+    const char *tls_ca;        /* PEM of CAs whose client certificates are required; NULL = none asked */
 } rpc_server_opts_t;
 
 /* Health states, same numbers as grpc.health.v1.HealthCheckResponse.ServingStatus. */
@@ -87,7 +104,8 @@ int rpc_server_add_methods(rpc_server_t *s, const rpc_method_t *m, size_t n,
                            char *err, size_t errlen);
 
 /* Listen on addr (before rpc_server_start): "unix:/path" (a stale socket
- * file is replaced) or "host:port"; port 0 picks a free port. Several
+ * file is replaced; mode 0660, peers checked against opts.unix_peers) or
+ * "host:port" (TLS when opts.tls_cert is set); port 0 picks a free port. Several
  * addresses per server are fine. *bound_port (may be NULL) receives the
  * TCP port actually bound, 0 for a Unix socket. */
 int rpc_server_listen(rpc_server_t *s, const char *addr, int *bound_port, char *err, size_t errlen);
@@ -133,7 +151,14 @@ int64_t rpc_ctx_time_left_ms(const rpc_ctx_t *ctx);
 
 typedef struct {
     size_t max_msg_bytes;      /* largest response accepted, bytes; 0 = 64 MiB */
+    const char *tls_ca;        /* PEM file of the CA that signed the server's certificate:
+                                  TLS to a TCP address; NULL = plaintext */
+    const char *tls_cert;      /* client certificate and key (PEM files) when the server asks */
+    const char *tls_key;
 } rpc_client_opts_t;
+
+/* Whether the client talks TLS or over a Unix socket (a token may travel). */
+bool rpc_client_private(const rpc_client_t *c);
 
 /* Open a channel to addr ("unix:/path" or "host:port"). Connecting is lazy:
  * this succeeds even when nothing listens yet. opts may be NULL. Takes a

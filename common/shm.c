@@ -6,8 +6,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <poll.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,7 +288,7 @@ int shm_listen(shm_listener_t *l, const char *path, int backlog, char *err, size
         errbuf_set(err, errlen, "bind %s: %s", path, strerror(-rc));
         goto fail;
     }
-    if (chmod(path, 0666) < 0 || listen(l->fd, backlog > 0 ? backlog : SOMAXCONN) < 0) {
+    if (chmod(path, 0660) < 0 || listen(l->fd, backlog > 0 ? backlog : SOMAXCONN) < 0) {
         rc = -errno;
         errbuf_set(err, errlen, "listen on %s: %s", path, strerror(-rc));
         unlink(path);
@@ -386,6 +388,61 @@ bool shm_uidset_has(const shm_uidset_t *set, uid_t uid) {
     return false;
 }
 
+void shm_uidset_allow_group(shm_uidset_t *set, gid_t gid) {
+    set->by_group = true;
+    set->gid = gid;
+}
+
+bool shm_peer_allowed(const shm_uidset_t *set, const shm_peer_t *peer) {
+    if (shm_uidset_has(set, peer->uid)) return true;
+    if (!set->by_group) return false;
+    if (peer->gid == set->gid) return true;
+    /* supplementary groups of the peer's user, from the group database */
+    char buf[16384];
+    struct passwd pw, *pr = NULL;
+    if (getpwuid_r(peer->uid, &pw, buf, sizeof buf, &pr) != 0 || !pr) return false;
+    gid_t groups[256];
+    int ng = (int)(sizeof groups / sizeof groups[0]);
+    if (getgrouplist(pr->pw_name, pr->pw_gid, groups, &ng) < 0) return false;
+    for (int i = 0; i < ng; i++)
+        if (groups[i] == set->gid) return true;
+    return false;
+}
+
+int shm_socket_access(const char *path, bool group_set, gid_t gid, char *err, size_t errlen) {
+    if (group_set && chown(path, (uid_t)-1, gid) < 0) {
+        int e = errno;
+        errbuf_set(err, errlen, "chown %s to group %u: %s (the service must belong to that group "
+                   "or run as root)", path, (unsigned)gid, strerror(e));
+        return -e;
+    }
+    if (chmod(path, 0660) < 0) {
+        int e = errno;
+        errbuf_set(err, errlen, "chmod 0660 %s: %s", path, strerror(e));
+        return -e;
+    }
+    return 0;
+}
+
+int shm_group_lookup(const char *name, gid_t *gid, char *err, size_t errlen) {
+    char buf[16384];
+    struct group g, *r = NULL;
+    if (name && name[0] && getgrnam_r(name, &g, buf, sizeof buf, &r) == 0 && r) {
+        *gid = r->gr_gid;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    unsigned long v = name && name[0] ? strtoul(name, &end, 10) : 0;
+    if (name && name[0] && !*end && !errno && v < (unsigned long)(gid_t)-1) {
+        *gid = (gid_t)v;
+        return 0;
+    }
+    errbuf_set(err, errlen, "group '%s' is not known: give a group name from /etc/group or a "
+               "numeric gid", name ? name : "");
+    return -ENOENT;
+}
+
 int shm_check_peer(int fd, const shm_uidset_t *allowed, shm_peer_t *peer,
                    char *err, size_t errlen) {
     shm_uidset_t def;
@@ -397,15 +454,17 @@ int shm_check_peer(int fd, const shm_uidset_t *allowed, shm_peer_t *peer,
     int rc = shm_peer_cred(fd, &p, err, errlen);
     if (rc) return rc;
     if (peer) *peer = p;
-    if (!shm_uidset_has(allowed, p.uid)) {
+    if (!shm_peer_allowed(allowed, &p)) {
         char list[SHM_MAX_UIDS * 12] = "";
         size_t off = 0;
         for (int i = 0; i < allowed->n && off < sizeof list; i++)
             off += (size_t)snprintf(list + off, sizeof list - off, "%s%u", i ? "," : "",
                                     (unsigned)allowed->uid[i]);
-        errbuf_set(err, errlen, "refused peer pid %ld: uid %u is not allowed (allowed uids: %s); run "
-               "the client as one of them or add its uid to the service's allowed set",
-               (long)p.pid, (unsigned)p.uid, list);
+        char grp[32] = "";
+        if (allowed->by_group) snprintf(grp, sizeof grp, ", members of gid %u", (unsigned)allowed->gid);
+        errbuf_set(err, errlen, "refused peer pid %ld: uid %u is not allowed (allowed uids: %s%s); run "
+               "the client as one of them or start the service with --socket-group naming its group",
+               (long)p.pid, (unsigned)p.uid, list, grp);
         return -EACCES;
     }
     return 0;

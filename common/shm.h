@@ -76,6 +76,8 @@ typedef struct {
 typedef struct {
     uid_t uid[SHM_MAX_UIDS]; /* allowed peer uids */
     int n;                   /* entries used in uid[] */
+    bool by_group;           /* also allow members of gid (primary or supplementary) */
+    gid_t gid;               /* the group, when by_group */
 } shm_uidset_t;
 
 typedef struct {
@@ -96,8 +98,8 @@ void shm_unlock_path(const char *sock_path, int lock_fd);
 /* Listen on a Unix SOCK_SEQPACKET socket at path: takes the lock file first
  * (-EADDRINUSE if another live instance holds it), then removes a stale
  * socket file left by a dead instance (-EEXIST if path is not a socket),
- * binds, makes the socket file connectable by anyone (0666: access control
- * is the uid check in shm_accept, plus whatever the directory allows) and
+ * binds, gives the socket file mode 0660 (owner and group may connect;
+ * shm_socket_access sets the group), and
  * listens with the given backlog (<= 0: SOMAXCONN).
  * Errors: -ENAMETOOLONG, -EADDRINUSE, -errno of socket/bind/listen. */
 int shm_listen(shm_listener_t *l, const char *path, int backlog, char *err, size_t errlen);
@@ -124,6 +126,20 @@ int shm_uidset_add(shm_uidset_t *set, uid_t uid);
 
 /* Whether uid is in set. */
 bool shm_uidset_has(const shm_uidset_t *set, uid_t uid);
+
+/* Also allow every member of group gid (the peer's primary gid, or a
+ * supplementary group of the peer's user in the group database). */
+void shm_uidset_allow_group(shm_uidset_t *set, gid_t gid);
+
+/* Whether a peer with these credentials is allowed by set. */
+bool shm_peer_allowed(const shm_uidset_t *set, const shm_peer_t *peer);
+
+/* Give a socket file mode 0660, and group gid when group_set (else the
+ * group stays the creator's). -errno with a message. */
+int shm_socket_access(const char *path, bool group_set, gid_t gid, char *err, size_t errlen);
+
+/* Resolve a group given by name or number. -ENOENT with a message. */
+int shm_group_lookup(const char *name, gid_t *gid, char *err, size_t errlen);
 
 /* Check a connected socket's peer against allowed (NULL: the default set).
  * Fills *peer (may be NULL). -EACCES with a message naming the peer's uid

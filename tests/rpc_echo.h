@@ -51,6 +51,8 @@ static grpc_status_code echo_handler(rpc_ctx_t *ctx, const ProtobufCMessage *req
         return rpc_ctx_errf(ctx, (grpc_status_code)req->fail_code, "asked to fail with %u",
                             req->fail_code);
     resp->seq = req->seq;
+    resp->peer_local = ctx->peer_local;
+    resp->peer_uid = ctx->peer_uid;
     resp->crc = crc32_ieee(req->payload.data, req->payload.len);
     if (req->payload.len) {
         uint8_t *p = rpc_ctx_alloc(ctx, req->payload.len);

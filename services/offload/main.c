@@ -43,22 +43,33 @@ static uint64_t o_pool_bytes, o_segment_bytes, o_spill_bytes, o_spill_file_bytes
 static double o_lease, o_evict_wait, o_stats_interval, o_drain_grace;
 static int o_huge, o_io_backend;
 static int64_t o_metrics_port;
-static const char *o_metrics_bind;
-static bool o_mlock, o_log_json, o_direct_io;
+static const char *o_metrics_bind, *o_socket_group, *o_tls_cert, *o_tls_key, *o_tls_ca;
+static bool o_mlock, o_log_json, o_direct_io, o_allow_insecure_token;
 
 static const opt_t opts[] = {
     { "socket", OPT_STRING, "/run/ballast/ballastd.sock", 0, 0, NULL,
       "Unix socket of the gRPC control API (a lock file <socket>.lock guards it)", &o_socket },
+    { "socket-group", OPT_STRING, NULL, 0, 0, NULL,
+      "group (name or gid) that may use --socket and --fd-socket besides ballastd's uid and root; "
+      "the socket files get mode 0660 and this group", &o_socket_group },
     { "fd-socket", OPT_STRING, NULL, 0, 0, NULL,
       "Unix socket that hands pool and ring fds to clients (default <socket>.fd)", &o_fd_socket },
     { "listen", OPT_STRING, NULL, 0, 0, NULL,
       "also serve the API on TCP host:port (remote mode), e.g. 0.0.0.0:7070; port 0 picks one", &o_listen },
+    { "tls-cert", OPT_STRING, NULL, 0, 0, NULL,
+      "PEM certificate (chain) of the --listen port: remote mode over TLS", &o_tls_cert },
+    { "tls-key", OPT_STRING, NULL, 0, 0, NULL, "PEM private key of --tls-cert", &o_tls_key },
+    { "tls-ca", OPT_STRING, NULL, 0, 0, NULL,
+      "PEM CA bundle: remote clients must present a certificate it signed (mutual TLS)", &o_tls_ca },
+    { "allow-insecure-token", OPT_BOOL, "false", 0, 0, NULL,
+      "accept --token-file with a plaintext --listen port (the token crosses the network in clear)",
+      &o_allow_insecure_token },
     { "health-port", OPT_INT, "-1", -1, 65535, NULL,
       "TCP port serving only grpc.health.v1.Health (-1 = off, 0 = pick one)", &o_health_port },
     { "health-bind", OPT_STRING, "127.0.0.1", 0, 0, NULL,
       "address the health port binds (0.0.0.0 for Kubernetes probes)", &o_health_bind },
     { "metrics-port", OPT_INT, "0", 0, 65535, NULL, "serve Prometheus /metrics on this TCP port (0: off)", &o_metrics_port },
-    { "metrics-bind", OPT_STRING, "0.0.0.0", 0, 0, NULL, "address of /metrics (127.0.0.1: this machine only)", &o_metrics_bind },
+    { "metrics-bind", OPT_STRING, "127.0.0.1", 0, 0, NULL, "address of /metrics (0.0.0.0: every interface, e.g. for a Prometheus scraper elsewhere)", &o_metrics_bind },
     { "pool-bytes", OPT_SIZE, "1G", 1 << 20, 1ull << 50, NULL, "host memory pool size", &o_pool_bytes },
     { "segment-bytes", OPT_SIZE, "0", 0, 1ull << 50, NULL,
       "size of one pool segment (0 = one segment for the whole pool)", &o_segment_bytes },
@@ -89,7 +100,7 @@ static const opt_t opts[] = {
     { "ring-spin-us", OPT_INT, "0", 0, 1000000, NULL,
       "ring threads poll this long before sleeping (lower latency, more CPU)", &o_ring_spin_us },
     { "token-file", OPT_STRING, NULL, 0, 0, NULL,
-      "file holding a token clients must present (OpenSession, Release, Drain)", &o_token_file },
+      "file holding a token clients must present (OpenSession, Release)", &o_token_file },
     { "threads", OPT_INT, "4", 1, 256, NULL, "gRPC server threads", &o_threads },
     { "max-msg-bytes", OPT_SIZE, "64M", 64 << 10, 2047ull << 20, NULL,
       "largest gRPC message (limits remote-mode blobs)", &o_max_msg },
@@ -189,8 +200,34 @@ int main(int argc, char **argv) {
     }
     char token[SESS_TOKEN_MAX + 2] = "";
     if (o_token_file && o_token_file[0] && read_token(o_token_file, token, sizeof token)) return 2;
+    bool tls = o_tls_cert && o_tls_cert[0];
+    if (tls != (o_tls_key && o_tls_key[0]) || (o_tls_ca && o_tls_ca[0] && !tls)) {
+        fprintf(stderr, "ballastd: --tls-cert and --tls-key go together (and --tls-ca needs them)\n");
+        return 2;
+    }
+    if (tls && !(o_listen && o_listen[0])) {
+        fprintf(stderr, "ballastd: --tls-cert applies to the --listen port; give --listen too\n");
+        return 2;
+    }
+    if (o_listen && o_listen[0] && token[0] && !tls && !o_allow_insecure_token) {
+        fprintf(stderr, "ballastd: --token-file with a plaintext --listen %s would send the token in clear: "
+                "give --tls-cert/--tls-key, or --allow-insecure-token on a trusted network\n", o_listen);
+        return 2;
+    }
     if (o_listen && o_listen[0] && !token[0])
         log_warn("--listen %s without --token-file: anyone who reaches that address can open sessions", o_listen);
+    shm_uidset_t peers;
+    shm_uidset_default(&peers);
+    gid_t sgid = 0;
+    bool sgroup = o_socket_group && o_socket_group[0];
+    if (sgroup) {
+        char gerr[SHM_ERR_LEN];
+        if (shm_group_lookup(o_socket_group, &sgid, gerr, sizeof gerr)) {
+            fprintf(stderr, "ballastd: --socket-group: %s\n", gerr);
+            return 2;
+        }
+        shm_uidset_allow_group(&peers, sgid);
+    }
 
     /* One instance per socket path: take the lock before touching anything. */
     char serr[SHM_ERR_LEN];
@@ -246,6 +283,9 @@ int main(int argc, char **argv) {
         .fd_socket = fd_path,
         .token = token,
         .ring_spin_us = (uint32_t)o_ring_spin_us,
+        .peers = &peers,
+        .socket_group_set = sgroup,
+        .socket_gid = sgid,
     };
     sess_mgr_t *sm = NULL;
     char e2[SESS_ERR_LEN];
@@ -261,11 +301,14 @@ int main(int argc, char **argv) {
     svc_metrics_t *smx = NULL;
     jemalloc_metrics_t *jmx = NULL;
     metrics_server_t *msrv = NULL;
-    rpc_server_opts_t ro = { (int)o_threads, (size_t)o_max_msg };
+    rpc_server_opts_t ro = { .threads = (int)o_threads, .max_msg_bytes = (size_t)o_max_msg,
+                             .unix_peers = &peers, .unix_group_set = sgroup, .unix_gid = sgid,
+                             .tls_cert = tls ? o_tls_cert : NULL, .tls_key = tls ? o_tls_key : NULL,
+                             .tls_ca = tls && o_tls_ca && o_tls_ca[0] ? o_tls_ca : NULL };
     char rerr[RPC_ERR_LEN];
     rpc_server_t *srv = rpc_server_new(&ro, rerr, sizeof rerr);
     rpc_server_t *hsrv = NULL;
-    offload_svc_t svc = { store, sm, srv, fd_path, o_max_msg, 0, &g_drained };
+    offload_svc_t svc = { store, sm, srv, fd_path, o_max_msg, 0, &g_drained, token[0] != 0 };
     int listen_port = 0, health_port = 0;
     char addr[160];
     snprintf(addr, sizeof addr, "unix:%s", o_socket);
@@ -326,14 +369,15 @@ int main(int argc, char **argv) {
 
     double next_stats = o_stats_interval;
     double waited = 0;
-    while (!g_stop) {
+    while (!g_stop && !g_drained) {
         struct timespec ts = { 0, 100 * 1000000 };
         nanosleep(&ts, NULL);
         waited += 0.1;
         if (o_stats_interval > 0 && waited >= next_stats) { log_stats(store, sm); next_stats += o_stats_interval; }
     }
 
-    log_info("%s: draining (calls in flight may take up to %.3gs)", g_stop == SIGINT ? "SIGINT" : "SIGTERM", o_drain_grace);
+    log_info("%s: draining (calls in flight may take up to %.3gs)",
+             g_drained && !g_stop ? "Drain RPC" : g_stop == SIGINT ? "SIGINT" : "SIGTERM", o_drain_grace);
     if (hsrv) rpc_server_set_health(hsrv, "", RPC_HEALTH_NOT_SERVING);
     rpc_server_set_health(srv, "", RPC_HEALTH_NOT_SERVING);
     sess_mgr_set_draining(sm);

@@ -48,6 +48,36 @@ static grpc_status_code sess_fail(rpc_ctx_t *ctx, status_t st, const char *msg) 
     return rpc_ctx_errf(ctx, grpc_of(st), "%s", msg);
 }
 
+/* ---- callers ---- */
+
+static sess_caller_t caller_of(const rpc_ctx_t *ctx) {
+    return (sess_caller_t){ ctx->peer_local, ctx->peer_uid };
+}
+
+/* Whether the caller may act on every job (Stats of all sessions, ListKeys
+ * of any job, Release of any job, Drain): a Unix-socket caller running as
+ * ballastd's own uid or as root. The token of --token-file is not enough:
+ * every job holds it to open sessions. */
+static bool caller_admin(offload_svc_t *svc, const rpc_ctx_t *ctx, const char *token) {
+    (void)svc;
+    (void)token;
+    return ctx->peer_local && (ctx->peer_uid == 0 || ctx->peer_uid == (uint32_t)geteuid());
+}
+
+static grpc_status_code not_admin(rpc_ctx_t *ctx, const char *what) {
+    return rpc_ctx_errf(ctx, GRPC_STATUS_UNAUTHENTICATED,
+                        "%s needs a Unix-socket caller running as ballastd's uid or root", what);
+}
+
+/* sess_use for a caller: the session must exist and be the caller's. */
+static status_t use_owned(offload_svc_t *svc, rpc_ctx_t *ctx, uint64_t sid, uint64_t *job_id,
+                          char *err, size_t errlen) {
+    sess_caller_t c = caller_of(ctx);
+    status_t code = sess_check_owner(svc->sessions, sid, &c, err, errlen);
+    if (code) return code;
+    return sess_use(svc->sessions, sid, job_id, err, errlen);
+}
+
 /* ---- sessions ---- */
 
 static grpc_status_code h_open(rpc_ctx_t *ctx, const ProtobufCMessage *rq, ProtobufCMessage *rs) {
@@ -56,8 +86,10 @@ static grpc_status_code h_open(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
     Ballast__Offload__V1__OpenSessionResponse *resp = (void *)rs;
     sess_open_info_t info;
     char err[SESS_ERR_LEN] = "";
-    status_t code = sess_open(svc->sessions, req->job, req->rank, req->quota_bytes, req->token,
-                              req->shared_memory, req->client_name, &info, err, sizeof err);
+    sess_caller_t caller = caller_of(ctx);
+    status_t code = sess_open_as(svc->sessions, &caller, req->job, req->rank, req->quota_bytes,
+                                 req->token, req->shared_memory, req->client_name, &info, err,
+                                 sizeof err);
     if (code) return sess_fail(ctx, code, err);
     pool_t *pool = store_pool(svc->store);
     uint32_t nsegs = pool_nsegs(pool);
@@ -86,7 +118,10 @@ static grpc_status_code h_close(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
     const Ballast__Offload__V1__CloseSessionRequest *req = (const void *)rq;
     Ballast__Offload__V1__CloseSessionResponse *resp = (void *)rs;
     char err[SESS_ERR_LEN] = "";
-    status_t code = sess_close(svc->sessions, req->session_id, req->keep_blobs, &resp->freed_bytes,
+    sess_caller_t caller = caller_of(ctx);
+    status_t code = sess_check_owner(svc->sessions, req->session_id, &caller, err, sizeof err);
+    if (code) return sess_fail(ctx, code, err);
+    code = sess_close(svc->sessions, req->session_id, req->keep_blobs, &resp->freed_bytes,
                                err, sizeof err);
     return code ? sess_fail(ctx, code, err) : GRPC_STATUS_OK;
 }
@@ -96,7 +131,10 @@ static grpc_status_code h_heartbeat(rpc_ctx_t *ctx, const ProtobufCMessage *rq, 
     const Ballast__Offload__V1__HeartbeatRequest *req = (const void *)rq;
     Ballast__Offload__V1__HeartbeatResponse *resp = (void *)rs;
     char err[SESS_ERR_LEN] = "";
-    status_t code = sess_heartbeat(svc->sessions, req->session_id, &resp->lease_seconds,
+    sess_caller_t caller = caller_of(ctx);
+    status_t code = sess_check_owner(svc->sessions, req->session_id, &caller, err, sizeof err);
+    if (code) return sess_fail(ctx, code, err);
+    code = sess_heartbeat(svc->sessions, req->session_id, &resp->lease_seconds,
                                    &resp->used_bytes, &resp->quota_bytes, err, sizeof err);
     return code ? sess_fail(ctx, code, err) : GRPC_STATUS_OK;
 }
@@ -105,7 +143,10 @@ static grpc_status_code h_heartbeat(rpc_ctx_t *ctx, const ProtobufCMessage *rq, 
 
 static grpc_status_code h_stats(rpc_ctx_t *ctx, const ProtobufCMessage *rq, ProtobufCMessage *rs) {
     offload_svc_t *svc = ctx->user;
+    const Ballast__Offload__V1__StatsRequest *req = (const void *)rq;
     Ballast__Offload__V1__StatsResponse *r = (void *)rs;
+    bool admin = caller_admin(svc, ctx, req->token);
+    sess_caller_t caller = caller_of(ctx);
     store_stats_t st;
     store_stats(svc->store, &st);
     sess_counters_t sc;
@@ -150,7 +191,12 @@ static grpc_status_code h_stats(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
     Ballast__Offload__V1__SessionStats *ss = rpc_ctx_alloc(ctx, (n ? n : 1) * sizeof *ss);
     Ballast__Offload__V1__SessionStats **pp = rpc_ctx_alloc(ctx, (n ? n : 1) * sizeof *pp);
     if (!ss || !pp) return rpc_ctx_errf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    for (size_t i = 0; i < n; i++) {
+    size_t shown = 0;
+    for (size_t j = 0; j < n; j++) {
+        /* others' sessions (their ids are capabilities) only for an administrator */
+        if (!admin && !sess_row_owned(&rows[j], &caller)) continue;
+        size_t i = shown++;
+        if (i != j) rows[i] = rows[j];
         ballast__offload__v1__session_stats__init(&ss[i]);
         ss[i].session_id = rows[i].sid;
         ss[i].job = rows[i].job;
@@ -166,7 +212,7 @@ static grpc_status_code h_stats(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
         ss[i].detached = rows[i].detached;
         pp[i] = &ss[i];
     }
-    r->n_sessions = n;
+    r->n_sessions = shown;
     r->sessions = pp;
     return GRPC_STATUS_OK;
 }
@@ -180,20 +226,34 @@ static grpc_status_code h_list(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
     const Ballast__Offload__V1__ListKeysRequest *req = (const void *)rq;
     Ballast__Offload__V1__ListKeysResponse *resp = (void *)rs;
     store_filter_t f = { 0, -1, 0, true };
+    bool known = true;
     if (req->job && req->job[0]) {
         if (!job_name_ok(req->job))
             return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                                 "job name '%.80s' is invalid: use " JOB_NAME_RULE, req->job);
-        char err[STORE_ERR_LEN] = "";
-        status_t st = store_job_id(svc->store, req->job, &f.job_id, err, sizeof err);
-        if (st != STATUS_OK) return rpc_ctx_errf(ctx, grpc_of(st), "job '%s': %s", req->job, err);
+    }
+    if (!caller_admin(svc, ctx, req->token)) {
+        if (!req->session_id) return not_admin(ctx, "ListKeys without a session_id");
+        char err[SESS_ERR_LEN] = "";
+        uint64_t job_id;
+        status_t code = use_owned(svc, ctx, req->session_id, &job_id, err, sizeof err);
+        if (code) return sess_fail(ctx, code, err);
+        uint64_t asked;
+        if (req->job && req->job[0] &&
+            (store_job_find(svc->store, req->job, &asked) != STATUS_OK || asked != job_id))
+            return rpc_ctx_errf(ctx, GRPC_STATUS_PERMISSION_DENIED,
+                                "a session lists only its own job's keys: leave job empty or name "
+                                "the session's job");
+        f.job_id = job_id;
+    } else if (req->job && req->job[0]) {
+        known = store_job_find(svc->store, req->job, &f.job_id) == STATUS_OK;
     }
     uint32_t max = req->max_keys ? req->max_keys : 10000;
     if (max > 100000)
         return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "max_keys %u is above 100000", max);
     store_blob_info_t *list = NULL;
     size_t n = 0;
-    if (store_list(svc->store, &f, &list, &n) != STATUS_OK)
+    if (known && store_list(svc->store, &f, &list, &n) != STATUS_OK)
         return rpc_ctx_errf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory listing blobs");
     if (list) rpc_ctx_defer_free(ctx, list);
     size_t m = n < max ? n : max;
@@ -229,16 +289,23 @@ static grpc_status_code h_release(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Pr
     offload_svc_t *svc = ctx->user;
     const Ballast__Offload__V1__ReleaseRequest *req = (const void *)rq;
     Ballast__Offload__V1__ReleaseResponse *resp = (void *)rs;
-    if (!sess_token_ok(svc->sessions, req->token))
-        return rpc_ctx_errf(ctx, GRPC_STATUS_UNAUTHENTICATED,
-                            "token missing or wrong: pass the contents of ballastd's --token-file");
     if (!job_name_ok(req->job))
         return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                             "job name '%.80s' is invalid: use " JOB_NAME_RULE, req->job ? req->job : "");
+    if (!sess_token_ok(svc->sessions, req->token))
+        return rpc_ctx_errf(ctx, GRPC_STATUS_UNAUTHENTICATED,
+                            "token missing or wrong: pass the contents of ballastd's --token-file");
     uint64_t job_id;
-    char err[STORE_ERR_LEN] = "";
-    status_t st = store_job_id(svc->store, req->job, &job_id, err, sizeof err);
-    if (st != STATUS_OK) return rpc_ctx_errf(ctx, grpc_of(st), "job '%s': %s", req->job, err);
+    bool admin = caller_admin(svc, ctx, req->token);
+    if (store_job_find(svc->store, req->job, &job_id) != STATUS_OK) {
+        if (admin) return GRPC_STATUS_OK; /* nothing held */
+        return rpc_ctx_errf(ctx, GRPC_STATUS_PERMISSION_DENIED, "job '%s' is not yours to release", req->job);
+    }
+    /* the job's owner (its first caller) or an administrator */
+    if (!admin && store_job_claim(svc->store, job_id, ctx->peer_local, ctx->peer_uid, false) != STATUS_OK)
+        return rpc_ctx_errf(ctx, GRPC_STATUS_PERMISSION_DENIED,
+                            "job '%s' belongs to another user: Release needs its owner, or a Unix-socket "
+                            "caller running as ballastd's uid or root", req->job);
     sess_release_job(svc->sessions, job_id, &resp->freed_blobs, &resp->freed_bytes);
     return GRPC_STATUS_OK;
 }
@@ -247,10 +314,9 @@ static grpc_status_code h_drain(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Prot
     offload_svc_t *svc = ctx->user;
     const Ballast__Offload__V1__DrainRequest *req = (const void *)rq;
     Ballast__Offload__V1__DrainResponse *resp = (void *)rs;
-    if (!sess_token_ok(svc->sessions, req->token))
-        return rpc_ctx_errf(ctx, GRPC_STATUS_UNAUTHENTICATED,
-                            "token missing or wrong: pass the contents of ballastd's --token-file");
+    if (!caller_admin(svc, ctx, req->token)) return not_admin(ctx, "Drain");
     sess_mgr_set_draining(svc->sessions);
+    if (svc->server) rpc_server_set_health(svc->server, "", RPC_HEALTH_NOT_SERVING);
     char err[STORE_ERR_LEN] = "";
     if (store_drain(svc->store, err, sizeof err) != 0)
         return rpc_ctx_errf(ctx, GRPC_STATUS_INTERNAL, "drain: %s", err);
@@ -270,7 +336,7 @@ static grpc_status_code session_key(rpc_ctx_t *ctx, offload_svc_t *svc, uint64_t
                                     const pb_key_t *pk, store_key_t *k) {
     char err[STORE_ERR_LEN] = "";
     uint64_t job_id;
-    status_t code = sess_use(svc->sessions, session_id, &job_id, err, sizeof err);
+    status_t code = use_owned(svc, ctx, session_id, &job_id, err, sizeof err);
     if (code) return sess_fail(ctx, code, err);
     grpc_status_code gc = key_from_pb(ctx, pk, job_id, k);
     if (gc) sess_count(svc->sessions, session_id, true, false);

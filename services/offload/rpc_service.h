@@ -26,7 +26,8 @@ typedef struct {
     const char *fd_socket;       /* handed to shared-memory clients */
     uint64_t max_msg_bytes;      /* the server's message limit, bytes */
     double start_s;              /* CLOCK_MONOTONIC at start, seconds */
-    volatile int *drain_flag;    /* set to 1 by the Drain RPC (may be NULL) */
+    volatile int *drain_flag;    /* set to 1 by the Drain RPC (may be NULL): the service then exits */
+    bool has_token;              /* --token-file was given */
 } offload_svc_t;
 
 /* Register the Offload methods on server s; svc must outlive it. */

@@ -48,6 +48,7 @@ typedef struct sess {
     bool attaching;                     /* fd handshake in progress */
     bool detached;                      /* closed with keep_blobs */
     pid_t pid;                          /* fd-socket peer */
+    sess_caller_t owner;                /* who opened it; the only caller it answers */
     _Atomic int64_t last_ns;            /* last activity, CLOCK_MONOTONIC ns */
     _Atomic uint64_t ops, errors;
     _Atomic bool stop;                  /* ring thread: stop now */
@@ -71,6 +72,7 @@ struct sess_mgr {
     pthread_cond_t cv;                  /* attaching flags changed / stop */
     sess_t *list;
     uint32_t nsess;
+    shm_uidset_t peers;                 /* allowed on the fd socket */
     _Atomic bool draining;
     _Atomic bool stopping;
     shm_listener_t lis;
@@ -371,6 +373,7 @@ static void handle_attach(sess_mgr_t *m, int fd, const shm_peer_t *peer) {
     status_t code = STATUS_OK;
     if (!s || s->detached) { why = "unknown session id (expired or closed): open a new session"; code = STATUS_NOT_FOUND; }
     else if (s->nonce != att.nonce) { why = "attach nonce does not match the session"; code = STATUS_PERMISSION_DENIED; }
+    else if (s->owner.local && s->owner.uid != (uint32_t)peer->uid) { why = "session was opened by another uid"; code = STATUS_PERMISSION_DENIED; }
     else if (!s->shared) { why = "session was opened in remote mode (shared_memory=false)"; code = STATUS_FAILED_PRECONDITION; }
     else if (s->attached || s->attaching) { why = "session is already attached"; code = STATUS_FAILED_PRECONDITION; }
     else if (atomic_load(&m->stopping)) { why = "service is shutting down"; code = STATUS_UNAVAILABLE; }
@@ -423,6 +426,28 @@ done:
     pthread_mutex_unlock(&m->mu);
 }
 
+static bool owner_ok(const sess_t *s, const sess_caller_t *c) {
+    if (s->owner.local) return c->local && c->uid == s->owner.uid;
+    return !c->local;
+}
+
+bool sess_row_owned(const sess_row_t *r, const sess_caller_t *c) {
+    if (r->owner_local) return c->local && c->uid == r->owner_uid;
+    return !c->local;
+}
+
+status_t sess_check_owner(sess_mgr_t *m, uint64_t sid, const sess_caller_t *caller,
+                          char *err, size_t errlen) {
+    pthread_mutex_lock(&m->mu);
+    sess_t *s = find_locked(m, sid);
+    bool ok = s && owner_ok(s, caller);
+    pthread_mutex_unlock(&m->mu);
+    if (ok) return STATUS_OK;
+    errbuf_set(err, errlen, "no session %016llx of this caller (closed, expired, or opened by another "
+               "user): open a new session", (unsigned long long)sid);
+    return STATUS_NOT_FOUND;
+}
+
 static void *acceptor_main(void *arg) {
     sess_mgr_t *m = arg;
     while (!atomic_load(&m->stopping)) {
@@ -432,7 +457,7 @@ static void *acceptor_main(void *arg) {
         int fd = -1;
         shm_peer_t peer;
         char err[SHM_ERR_LEN];
-        int rc = shm_accept(m->lis.fd, NULL, &fd, &peer, err, sizeof err);
+        int rc = shm_accept(m->lis.fd, &m->peers, &fd, &peer, err, sizeof err);
         if (rc == -EACCES) { log_warn("fd socket: %s", err); continue; }
         if (rc) { if (rc != -EAGAIN && rc != -EINTR) log_warn("fd socket: accept: %s", err); continue; }
         handle_attach(m, fd, &peer);
@@ -523,7 +548,12 @@ int sess_mgr_open(sess_mgr_t **out, const sess_config_t *cfg, store_t *store,
     pthread_cond_init(&m->cv, NULL);
     m->lis.fd = -1;
     m->lis.lock_fd = -1;
+    if (cfg->peers) m->peers = *cfg->peers;
+    else shm_uidset_default(&m->peers);
+    m->cfg.peers = NULL;
     int rc = shm_listen(&m->lis, m->fd_path, 64, err, errlen);
+    if (!rc && (rc = shm_socket_access(m->fd_path, cfg->socket_group_set, cfg->socket_gid, err, errlen)))
+        shm_listener_close(&m->lis);
     if (rc) { pthread_mutex_destroy(&m->mu); pthread_cond_destroy(&m->cv); free(m); return rc; }
     if (pthread_create(&m->acceptor, NULL, acceptor_main, m) != 0) {
         shm_listener_close(&m->lis);
@@ -576,6 +606,13 @@ double sess_lease(const sess_mgr_t *m) { return m->cfg.lease_s; }
 status_t sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
                    const char *token, bool shared, const char *client_name,
                    sess_open_info_t *info, char *err, size_t errlen) {
+    sess_caller_t me = { true, (uint32_t)geteuid() };
+    return sess_open_as(m, &me, job, rank, quota, token, shared, client_name, info, err, errlen);
+}
+
+status_t sess_open_as(sess_mgr_t *m, const sess_caller_t *caller, const char *job, uint32_t rank,
+                      uint64_t quota, const char *token, bool shared, const char *client_name,
+                      sess_open_info_t *info, char *err, size_t errlen) {
     memset(info, 0, sizeof *info);
     if (!sess_token_ok(m, token)) {
         errbuf_set(err, errlen, "token missing or wrong: pass the contents of ballastd's --token-file");
@@ -610,6 +647,14 @@ status_t sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota
         errbuf_set(err, errlen, "job '%s': %s", job, serr[0] ? serr : status_word(st));
         return st;
     }
+    bool none = true;
+    pthread_mutex_lock(&m->mu);
+    for (sess_t *o = m->list; o; o = o->next) none &= o->job_id != job_id;
+    pthread_mutex_unlock(&m->mu);
+    if (store_job_claim(m->store, job_id, caller->local, caller->uid, none) != STATUS_OK) {
+        errbuf_set(err, errlen, "job '%s' belongs to another user: pick another job name", job);
+        return STATUS_PERMISSION_DENIED;
+    }
     sess_t *s = calloc(1, sizeof *s);
     if (!s) { errbuf_set(err, errlen, "out of memory"); return STATUS_RESOURCE_EXHAUSTED; }
     s->nonce = rand64();
@@ -619,11 +664,14 @@ status_t sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota
     s->rank = rank;
     s->quota = quota;
     s->shared = shared;
+    s->owner = *caller;
     s->ringseg.fd = -1;
     for (int i = 0; i < RP_FD_COUNT; i++) s->efd[i] = -1;
     touch(s);
     pthread_mutex_lock(&m->mu);
-    if (m->nsess >= m->cfg.max_sessions) {
+    uint32_t live = 0; /* sessions closed with kept blobs hold no slot */
+    for (sess_t *o = m->list; o; o = o->next) live += !o->detached;
+    if (live >= m->cfg.max_sessions) {
         pthread_mutex_unlock(&m->mu);
         free(s);
         errbuf_set(err, errlen, "too many sessions (%u, --max-sessions): close idle ones or raise the limit",
@@ -773,8 +821,11 @@ status_t sess_release_job(sess_mgr_t *m, uint64_t job_id, uint64_t *blobs, uint6
             dead = s;
         }
     }
+    bool live = false; /* a live session of the job keeps its table entry */
+    for (sess_t *s = m->list; s; s = s->next) live |= s->job_id == job_id && !s->detached;
     pthread_mutex_unlock(&m->mu);
     while (dead) { sess_t *s = dead; dead = s->next; sess_destroy(m, s, false); }
+    if (!live) store_job_forget(m->store, job_id);
     return STATUS_OK;
 }
 
@@ -800,6 +851,8 @@ status_t sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n) {
         r[i].ops = atomic_load(&s->ops);
         r[i].errors = atomic_load(&s->errors);
         r[i].idle_s = (now - atomic_load(&s->last_ns)) / 1e9;
+        r[i].owner_local = s->owner.local;
+        r[i].owner_uid = s->owner.uid;
     }
     pthread_mutex_unlock(&m->mu);
     for (size_t j = 0; j < i; j++) {

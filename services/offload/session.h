@@ -27,6 +27,7 @@
 #include <sys/types.h>
 
 #include "job_name.h"
+#include "shm.h"
 #include "services/offload/store.h"
 
 #define SESS_ERR_LEN     256
@@ -45,7 +46,19 @@ typedef struct {
     const char *token;           /* required token, NULL or "" = none */
     uint64_t max_blob;           /* largest blob, bytes (0 = the pool's largest allocation) */
     uint32_t ring_spin_us;       /* ring threads poll this long before sleeping, microseconds */
+    const shm_uidset_t *peers;   /* who may connect to the fd socket; NULL = our uid and root */
+    bool socket_group_set;       /* chown the fd socket to socket_gid (mode 0660 always) */
+    gid_t socket_gid;
 } sess_config_t;
+
+/* Who makes a call: a session belongs to the caller that opened it and
+ * answers only that caller. Over a Unix socket that is the peer's uid
+ * (SO_PEERCRED); over TCP any caller that holds the session id (a random
+ * 64-bit capability that no unauthenticated call reveals). */
+typedef struct {
+    bool local;                  /* came over a Unix socket */
+    uint32_t uid;                /* its SO_PEERCRED uid, when local */
+} sess_caller_t;
 
 /* What OpenSession hands back. */
 typedef struct {
@@ -72,6 +85,8 @@ typedef struct {
     uint64_t quota, used;        /* bytes */
     uint64_t ops, errors;        /* served, of which failed */
     double idle_s;               /* since the last activity, seconds */
+    bool owner_local;            /* opened over a Unix socket ... */
+    uint32_t owner_uid;          /* ... by this uid */
 } sess_row_t;
 
 typedef struct {
@@ -100,6 +115,16 @@ bool sess_mgr_draining(const sess_mgr_t *m);
 status_t sess_open(sess_mgr_t *m, const char *job, uint32_t rank, uint64_t quota,
                    const char *token, bool shared, const char *client_name,
                    sess_open_info_t *info, char *err, size_t errlen);
+/* The same, owned by caller (sess_open: a local caller with our uid). */
+status_t sess_open_as(sess_mgr_t *m, const sess_caller_t *caller, const char *job, uint32_t rank,
+                      uint64_t quota, const char *token, bool shared, const char *client_name,
+                      sess_open_info_t *info, char *err, size_t errlen);
+/* Whether session sid exists and belongs to caller: NOT_FOUND otherwise
+ * (the same answer as for an unknown id, so ids of others cannot be probed). */
+status_t sess_check_owner(sess_mgr_t *m, uint64_t sid, const sess_caller_t *caller,
+                          char *err, size_t errlen);
+/* Whether row r belongs to caller. */
+bool sess_row_owned(const sess_row_t *r, const sess_caller_t *caller);
 status_t sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_bytes,
                     char *err, size_t errlen);
 /* Renew the lease; *lease_s, *used, *quota (may be NULL) describe the session. */

@@ -91,6 +91,9 @@ typedef struct {
 typedef struct {
     uint64_t id;
     char name[JOB_NAME_MAX + 1];
+    bool claimed;             /* a caller owns the job (store_job_claim) */
+    bool owner_local;         /* its owner: a Unix-socket uid, or TCP callers */
+    uint32_t owner_uid;
 } job_t;
 
 struct store {
@@ -289,6 +292,23 @@ static int job_add(store_t *s, uint64_t id, const char *name) {
     snprintf(s->jobs[s->njobs].name, sizeof s->jobs[s->njobs].name, "%s", name);
     s->njobs++;
     return 0;
+}
+
+/* Remove job id from the table (its slot is reused); with mu held. */
+static void job_drop(store_t *s, uint64_t id) {
+    for (size_t i = 0; i < s->njobs; i++) {
+        if (s->jobs[i].id != id) continue;
+        s->jobs[i] = s->jobs[--s->njobs];
+        memset(&s->jobs[s->njobs], 0, sizeof s->jobs[0]);
+        return;
+    }
+}
+
+static bool job_has_blobs(store_t *s, uint64_t id) {
+    for (uint64_t i = 0; i < s->nhash; i++)
+        for (blob_t *b = s->hash[i]; b; b = b->hnext)
+            if (b->key.job_id == id) return true;
+    return false;
 }
 
 /* ---- blob lifetime ---- */
@@ -842,6 +862,9 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
         s->persistent_live++;
     }
     free(rp.recs);
+    /* jobs the log names that hold nothing any more (released) take no slot */
+    for (size_t i = s->njobs; i-- > 0;)
+        if (!job_has_blobs(s, s->jobs[i].id)) job_drop(s, s->jobs[i].id);
     if (!info.created)
         log_info("store: manifest of %s replayed: %llu records, %zu persistent blobs served again%s",
                  s->spill_dir, (unsigned long long)info.records, rp.n - lost,
@@ -967,6 +990,32 @@ status_t store_job_id(store_t *s, const char *name, uint64_t *job_id, char *err,
     *job_id = id;
     pthread_mutex_unlock(&s->mu);
     return STATUS_OK;
+}
+
+status_t store_job_claim(store_t *s, uint64_t job_id, bool local, uint32_t uid, bool no_sessions) {
+    pthread_mutex_lock(&s->mu);
+    job_t *j = job_by_id(s, job_id);
+    status_t st = STATUS_OK;
+    if (!j) st = STATUS_NOT_FOUND;
+    else if (!j->claimed || (no_sessions && !job_has_blobs(s, job_id))) { j->claimed = true; j->owner_local = local; j->owner_uid = uid; }
+    else if (j->owner_local != local || (local && j->owner_uid != uid)) st = STATUS_PERMISSION_DENIED;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void store_job_forget(store_t *s, uint64_t job_id) {
+    pthread_mutex_lock(&s->mu);
+    if (!job_has_blobs(s, job_id)) job_drop(s, job_id);
+    pthread_mutex_unlock(&s->mu);
+}
+
+status_t store_job_find(store_t *s, const char *name, uint64_t *job_id) {
+    if (!job_name_ok(name)) return STATUS_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->mu);
+    job_t *j = job_by_name(s, name);
+    if (j) *job_id = j->id;
+    pthread_mutex_unlock(&s->mu);
+    return j ? STATUS_OK : STATUS_NOT_FOUND;
 }
 
 bool store_job_name(store_t *s, uint64_t job_id, char *name) {

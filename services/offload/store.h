@@ -169,6 +169,23 @@ pool_t *store_pool(store_t *s);
 status_t store_job_id(store_t *s, const char *name, uint64_t *job_id,
                       char *err, size_t errlen);
 
+/* The id of a known job without registering it: NOT_FOUND when the service
+ * has never seen the name (listing must not create state). */
+status_t store_job_find(store_t *s, const char *name, uint64_t *job_id);
+
+/* Bind a job to its first caller (local: a Unix-socket uid; else TCP
+ * callers): later claims by another owner get PERMISSION_DENIED, so no
+ * caller reaches another's blobs by naming its job. Kept in memory only:
+ * after a restart the first caller claims the job again. */
+status_t store_job_claim(store_t *s, uint64_t job_id, bool local, uint32_t uid, bool no_sessions);
+/* (no_sessions: the caller knows no session of the job is open; a job that
+ * then holds no blob either is free to claim again.) */
+
+/* Drop job_id from the job table when it holds no blob (after Release), so
+ * its slot is reused; the manifest forgets it at the next compaction and
+ * a restart does not re-register it. */
+void store_job_forget(store_t *s, uint64_t job_id);
+
 /* The name of a known job id into name[JOB_NAME_MAX+1]; false if unknown. */
 bool store_job_name(store_t *s, uint64_t job_id, char *name);
 

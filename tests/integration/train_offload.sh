@@ -32,6 +32,8 @@ export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 W=$TBIN/ballast-worker
 PY=/usr/bin/python3
 D=$(t_tmpdir)
+# the remote-mode token travels over plaintext loopback TCP here
+export BALLAST_ALLOW_INSECURE_TOKEN=1
 [ -x "$W" ] && [ -x "$BALLASTD" ] || { t_fail "binaries built" "missing $W or $BALLASTD"; t_done; exit 1; }
 
 offload_tiny "$D" 11
@@ -354,7 +356,7 @@ t_expect_fail "--resume-from-service for a job ballastd never saw names the job"
 # the cause), the same losses with --offload-token-file over TCP.
 echo "tok-$RANDOM$RANDOM" > "$D/token"
 if bd_start tok "$D" --pool-bytes 32M --spill-dir "$D/spill-tok" --spill-bytes 32M --spill-file-bytes 8M --no-mlock \
-        --listen 127.0.0.1:0 --token-file "$D/token"; then
+        --listen 127.0.0.1:0 --token-file "$D/token" --allow-insecure-token; then
     TPORT=$BD_LISTEN_tok
     t_expect_fail "offload to a ballastd with --token-file, no token: refused with the reason" "UNAUTHENTICATED.*--offload-token-file" \
         timeout 60 "$W" "${COMMON[@]}" --offload-socket "$(bd_sock tok)" --offload-job tok-none --micro-batch 4 --optimizer-offload nvme

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <netinet/in.h>
 #include <sys/un.h>
 #include <time.h>
@@ -510,4 +511,61 @@ Test(rpc, api_rejects_bad_input_with_clear_messages) {
     rpc_server_free(s);
     cr_assert_null(rpc_client_open("nope", NULL, err, sizeof err));
     cr_assert(strstr(err, "nope"), "%s", err);
+}
+
+/* Unix listeners: the socket file is 0660 and a handler sees the caller's
+ * uid (SO_PEERCRED); over TCP it sees no local peer. A request whose string
+ * field holds a NUL is refused before the handler, naming the field. */
+Test(rpc, unix_peer_credentials_socket_mode_and_nul_strings) {
+    char addr[128], err[256], msg[512];
+    unix_addr(addr, sizeof addr, "peer");
+    rpc_server_opts_t o = {.threads = 2};
+    rpc_server_t *s = rpc_server_new(&o, err, sizeof err);
+    cr_assert(s, "%s", err);
+    cr_assert_eq(rpc_server_add_method(s, &echo_method, err, sizeof err), 0, "%s", err);
+    int port = -1;
+    cr_assert_eq(rpc_server_listen(s, addr, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(rpc_server_listen(s, "127.0.0.1:0", &port, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(rpc_server_start(s, err, sizeof err), 0, "%s", err);
+    struct stat st;
+    cr_assert_eq(stat(addr + 5, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0660, "socket mode %o, want 0660", st.st_mode & 0777);
+
+    char tcp[64];
+    snprintf(tcp, sizeof tcp, "127.0.0.1:%d", port);
+    const char *addrs[2] = {addr, tcp};
+    uint64_t seed = 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+    for (int a = 0; a < 2; a++) {
+        rpc_client_t *c = open_client(addrs[a]);
+        cr_assert_eq(rpc_client_private(c), a == 0);
+        Ballast__Test__V1__EchoRequest req = BALLAST__TEST__V1__ECHO_REQUEST__INIT;
+        req.seq = (int64_t)(rnd(&seed) >> 1);
+        req.note = "fine";
+        ProtobufCMessage *r = NULL;
+        grpc_status_code code = rpc_call(c, ECHO_PATH, &req.base, &ballast__test__v1__echo_response__descriptor,
+                                         &r, 10000, true, msg, sizeof msg);
+        cr_assert_eq(code, GRPC_STATUS_OK, "%s", msg);
+        Ballast__Test__V1__EchoResponse *er = (void *)r;
+        cr_assert_eq(er->seq, req.seq);
+        cr_assert_eq(er->peer_local, a == 0, "%s: peer_local %d", addrs[a], er->peer_local);
+        if (a == 0) cr_assert_eq(er->peer_uid, (uint32_t)geteuid());
+        protobuf_c_message_free_unpacked(r, NULL);
+
+        /* "ab\0cd" in field 5 (note), at a random place among the bytes */
+        uint8_t raw[64];
+        size_t len = 2 + rnd(&seed) % 20, nulat = rnd(&seed) % len;
+        raw[0] = (5 << 3) | 2;
+        raw[1] = (uint8_t)len;
+        for (size_t i = 0; i < len; i++) raw[2 + i] = (uint8_t)('a' + rnd(&seed) % 26);
+        raw[2 + nulat] = 0;
+        void *out = NULL;
+        size_t outlen = 0;
+        code = rpc_call_raw(c, ECHO_PATH, raw, 2 + len, &out, &outlen, 10000, true, msg, sizeof msg);
+        free(out);
+        cr_assert_eq(code, GRPC_STATUS_INVALID_ARGUMENT, "NUL in note: %s (%s)", rpc_status_name(code), msg);
+        cr_assert(strstr(msg, "'note'") && strstr(msg, "NUL"), "message should name the field: %s", msg);
+        rpc_client_close(c);
+    }
+    rpc_server_free(s);
+    cr_assert_neq(access(addr + 5, F_OK), 0, "socket file left behind");
 }

@@ -356,8 +356,21 @@ status_t oc_open(const oc_options_t *o, oc_client_t **out) {
 
     char err[RPC_ERR_LEN];
     rpc_client_opts_t ro = { 0 };
+    ro.tls_ca = o->tls_ca ? o->tls_ca : getenv("BALLAST_TLS_CA");
+    ro.tls_cert = o->tls_cert ? o->tls_cert : getenv("BALLAST_TLS_CERT");
+    ro.tls_key = o->tls_key ? o->tls_key : getenv("BALLAST_TLS_KEY");
+    if (ro.tls_ca && !ro.tls_ca[0]) ro.tls_ca = NULL;
+    if (ro.tls_cert && !ro.tls_cert[0]) ro.tls_cert = NULL;
+    if (ro.tls_key && !ro.tls_key[0]) ro.tls_key = NULL;
     c->rpc = rpc_client_open(c->rpc_addr, &ro, err, sizeof err);
     if (!c->rpc) { client_free(c); return fail(STATUS_INVALID_ARGUMENT, "ballastd address %s: %s", o->addr, err); }
+    const char *ait = getenv("BALLAST_ALLOW_INSECURE_TOKEN");
+    if (token[0] && !rpc_client_private(c->rpc) && !o->allow_insecure_token && !(ait && strcmp(ait, "1") == 0)) {
+        client_free(c);
+        return fail(STATUS_INVALID_ARGUMENT, "refusing to send the token to %s over plaintext TCP: set "
+                    "BALLAST_TLS_CA to the CA of ballastd's --tls-cert, or BALLAST_ALLOW_INSECURE_TOKEN=1 on a "
+                    "trusted network", o->addr);
+    }
 
     Ballast__Offload__V1__OpenSessionRequest req = BALLAST__OFFLOAD__V1__OPEN_SESSION_REQUEST__INIT;
     req.job = (char *)o->job;

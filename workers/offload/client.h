@@ -61,6 +61,11 @@ typedef struct {
     unsigned flags;          /* OC_REMOTE */
     double timeout_s;        /* per-call deadline; 0 = 30 s */
     const char *client_name; /* shown in `ballast status`; NULL = program name */
+    const char *tls_ca;      /* PEM CA of ballastd's --tls-cert: TLS to a TCP address
+                                (NULL = $BALLAST_TLS_CA, else plaintext) */
+    const char *tls_cert;    /* client certificate and key for --tls-ca (NULL = $BALLAST_TLS_CERT, */
+    const char *tls_key;     /*   $BALLAST_TLS_KEY) */
+    bool allow_insecure_token; /* send a token over plaintext TCP (also $BALLAST_ALLOW_INSECURE_TOKEN=1) */
 } oc_options_t;
 
 /* A region handed to the caller: the blob's bytes. */
