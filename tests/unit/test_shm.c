@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -328,12 +329,28 @@ Test(shm, sealed_segment_cannot_be_resized_by_the_receiver) {
 
 /* ---- peer credentials ---- */
 
+/* Wait (at most 20 s) for a connection on the listener, so that a peer
+ * that could not connect fails the test instead of hanging it. */
+static void wait_connection(int lfd, pid_t peer) {
+    struct pollfd p = { .fd = lfd, .events = POLLIN };
+    int rc = poll(&p, 1, 20000);
+    if (rc <= 0) {
+        int st = 0;
+        pid_t w = waitpid(peer, &st, WNOHANG);
+        cr_assert_fail("no connection within 20 s (peer %s, exit %d)", w == peer ? "exited" : "still running",
+                       w == peer && WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+}
+
 Test(shm, peer_with_wrong_uid_is_refused, .fini = rm_tmpdir) {
     if (geteuid() != 0) cr_skip_test("needs root to run a peer as another uid (uid %u)", geteuid());
     char path[128], err[SHM_ERR_LEN];
     sock_path(path, sizeof path);
     shm_listener_t l;
     cr_assert_eq(shm_listen(&l, path, 0, err, sizeof err), 0, "%s", err);
+    /* the file mode is not under test here (the socket is 0660): let
+     * nobody reach the peer-credential check */
+    cr_assert_eq(chmod(path, 0666), 0, "chmod %s: %s", path, strerror(errno));
     /* 1: nobody connects; the default set (our uid and root) refuses it */
     pid_t pid = fork_peer();
     cr_assert_geq(pid, 0);
@@ -347,6 +364,7 @@ Test(shm, peer_with_wrong_uid_is_refused, .fini = rm_tmpdir) {
     }
     int conn = -1;
     shm_peer_t peer = { 0 };
+    wait_connection(l.fd, pid);
     int rc = shm_accept(l.fd, NULL, &conn, &peer, err, sizeof err);
     cr_assert_eq(rc, -EACCES, "%s", err);
     cr_assert_eq(conn, -1);
@@ -367,6 +385,7 @@ Test(shm, peer_with_wrong_uid_is_refused, .fini = rm_tmpdir) {
         char m[8];
         _exit(shm_recv_fds(s, m, sizeof m, NULL, NULL, 0, 10000, err, sizeof err) == 0 ? 0 : 12);
     }
+    wait_connection(l.fd, pid);
     cr_assert_eq(shm_accept(l.fd, NULL, &conn, &peer, err, sizeof err), 0, "%s", err);
     cr_assert_eq(peer.uid, 0);
     cr_assert_eq(peer.pid, pid);
@@ -387,6 +406,7 @@ Test(shm, peer_with_wrong_uid_is_refused, .fini = rm_tmpdir) {
         char m[8];
         _exit(shm_recv_fds(s, m, sizeof m, NULL, NULL, 0, 10000, err, sizeof err) == 0 ? 0 : 12);
     }
+    wait_connection(l.fd, pid);
     cr_assert_eq(shm_accept(l.fd, &only, &conn, &peer, err, sizeof err), 0, "%s", err);
     cr_assert_eq(peer.uid, NOBODY);
     cr_assert_eq(shm_send_fds(conn, "hi", 3, NULL, 0, err, sizeof err), 0, "%s", err);
