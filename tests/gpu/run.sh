@@ -341,7 +341,8 @@ build_programs() {
     # model.c reaches tp.c (and tp.c the comm API) for tensor parallelism only:
     # one process links tp.c with tests/gpu/lib/no_comm.c in place of the collectives
     C_TRAIN="common/options.c workers/model/model.c workers/model/tp.c tests/gpu/lib/no_comm.c workers/model/optim.c workers/model/config.c workers/ckpt/safetensors.c"
-    C_COMM="workers/comm/comm.c workers/comm/open.c workers/comm/shm.c workers/comm/nccl.c common/shm.c"
+    # Gloo is not on the GPU machine: tests/gpu/lib/no_gloo.c stands in for it
+    C_COMM="workers/comm/comm.c workers/comm/open.c workers/comm/shm.c workers/comm/nccl.c tests/gpu/lib/no_gloo.c common/shm.c"
     local CSRC="$C_ORACLE $C_COMM" f
     [ -n "$JANSSON_LIB" ] && CSRC="$CSRC $C_TRAIN"
     for f in $CSRC tests/gpu/*.c; do echo "$f"; done | { [ -n "$JANSSON_LIB" ] && cat || grep -v gpu_train; } | xargs -P "$JOBS" -I{} sh -c \
