@@ -29,7 +29,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # Debian packages the build, the tests and the benchmarks need.
 DEPS_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
              liburing-dev libjemalloc-dev libjansson-dev libmicrohttpd-dev libcriterion-dev \
-             python3-torch python3-numpy libopenblas-dev libopenblas0-pthread fio valgrind docker-compose python3-yaml \
+             python3-torch python3-numpy libopenblas0-pthread fio valgrind docker-compose python3-yaml \
              libboost-context-dev clang-14 libclang-rt-14-dev libpcre2-dev libgloo-dev
 PKGS      := grpc libprotobuf-c liburing jansson libmicrohttpd libpcre2-8
 
@@ -87,19 +87,12 @@ GEN_SRCS     :=        # generated C sources
 
 COMMON_LIB   := $(BUILD)/lib/libballast_common.a
 
-# OpenBLAS (Debian's libopenblas-dev, pthread build) under the CPU
-# backend's GEMMs: a program whose libraries include the backend's links it
-# (BLAS_FOR); --as-needed drops it where nothing calls it.
-BACKEND_LIB_PATH = $(BUILD)/lib/libballast_backend.a
-BLAS_LIBS := -lopenblas
-BLAS_FOR = $(if $(filter $(BACKEND_LIB_PATH),$(1)),$(BLAS_LIBS))
-
 # Link a program from its own objects ($^) and the libraries it names in
 # LINK_LIBS (a target-specific variable, most dependent first: each program
 # links only what it uses). MALLOC_LIBS (target-specific too, empty by
 # default) comes first: the allocator that must win over libc's.
 LINK = @mkdir -p $(@D); echo "  LD   $@"; \
-       $(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(MALLOC_LIBS) $(LINK_LIBS) $(call BLAS_FOR,$(LINK_LIBS)) $(LDLIBS) $(EXTRA_LIBS)
+       $(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(MALLOC_LIBS) $(LINK_LIBS) $(LDLIBS) $(EXTRA_LIBS)
 
 .PHONY: all build deps test run bench asan tsan valgrind clean help check-deps
 .DEFAULT_GOAL := all

@@ -67,7 +67,7 @@ $(EMU_DIR)/obj/tests/gpu/%.o: tests/gpu/%.c | $(GEN_HDRS)
 
 EMU_TEST_LIBS := $(TEST_LIB) $(WORKER_LIBS) $(EMU_CUDA_LIB) $(OFFLOAD_LIB) $(RDZV_LIB) $(COMMON_LIB)
 EMU_LINK = @mkdir -p $(@D); echo "  LD   $@"; \
-           $(CC) $(LDFLAGS) $(EMU_SAN) -o $@ $(filter %.o,$^) $(EMU_LINK_LIBS) $(call BLAS_FOR,$(EMU_LINK_LIBS)) $(LDLIBS) $(EMU_LIBS)
+           $(CC) $(LDFLAGS) $(EMU_SAN) -o $@ $(filter %.o,$^) $(EMU_LINK_LIBS) $(LDLIBS) $(EMU_LIBS)
 
 $(BUILD)/tests/emu/%: EMU_LINK_LIBS = $(EMU_TEST_LIBS)
 $(BUILD)/tests/emu/%: $(EMU_DIR)/obj/tests/gpu/%.o $(EMU_TEST_LIBS) $(EMU_SOS)

@@ -274,14 +274,13 @@ static void check_matmul(int N, int I, int O, bool fd) {
 }
 
 Test(backend_cpu, matmul, .init = setup, .fini = teardown) {
-    check_matmul(7, 37, 21, true);      /* odd sizes */
-    check_matmul(8, 16, 32, true);      /* powers of two */
-    check_matmul(67, 300, 70, false);   /* longer K */
+    check_matmul(7, 37, 21, true);      /* edges of the 4x16 tiles */
+    check_matmul(8, 16, 32, true);      /* whole tiles */
+    check_matmul(67, 300, 70, false);   /* crosses the K block */
     check_matmul(1, 5, 3, true);
 }
 
-/* Same bits for 1 and 2 threads: resume and activation checkpointing rely on
- * it (test_backend_cpu_threads.c checks every op at 1, 2 and 4 threads). */
+/* Same bits for 1 and 2 threads: resume and activation checkpointing rely on it. */
 Test(backend_cpu, matmul_deterministic_across_threads, .init = setup, .fini = teardown) {
     int N = 45, I = 300, O = 77;
     double *x = drand_vec((size_t)N * I, 1), *w = drand_vec((size_t)O * I, 1);
@@ -369,7 +368,7 @@ static void check_attention(int B, int T, int H, int Hkv, int Dh) {
                   tmalloc(nq * sizeof(double)), B, T, H, Hkv, Dh };
     round_f(c.q, nq); round_f(c.k, nk); round_f(c.v, nk); round_f(c.wo, nq);
     float *q = to_f(c.q, nq), *k = to_f(c.k, nk), *v = to_f(c.v, nk), *out = tmalloc(nq * sizeof(float));
-    cr_assert_eq(be->attention_state_numel(B, T, H), (size_t)B * H * T, "the CPU keeps log-sum-exp rows");
+    cr_assert_eq(be->attention_state_numel(B, T, H), (size_t)B * H * T * T, "the CPU keeps the probabilities");
     float *att = tmalloc(be->attention_state_numel(B, T, H) * sizeof(float));
     be->attention_fwd(out, att, q, k, v, B, T, H, Hkv, Dh);
     ref_attention(c.tmp, c.q, c.k, c.v, B, T, H, Hkv, Dh);
