@@ -157,6 +157,15 @@ def service_argv(name, svc, services, root):
 
 
 SERVICE_NAMES = set()  # filled from the rendered config
+HOSTS = {}             # --hosts: service -> {"pid": holder pid, "ip": address}
+
+
+def in_host(name, argv, workdir):
+    """argv as run in the service's namespace host (--hosts), else as is."""
+    h = HOSTS.get(name)
+    if not h:
+        return argv
+    return ["nsenter", "-t", str(h["pid"]), "-n", "-m", "-u", "-i", "-p", f"--wd={workdir}", "--"] + argv
 
 
 def env_of(svc, mapper):
@@ -168,9 +177,12 @@ def env_of(svc, mapper):
         e = dict(x.split("=", 1) for x in e)
     for k, v in e.items():
         v = "" if v is None else str(v)
-        # another service's host name (MASTER_ADDR=worker-0): every service
-        # runs on this machine here
-        env[k] = "127.0.0.1" if v in SERVICE_NAMES else mapper.path(v)
+        # another service's host name (MASTER_ADDR=worker-0): that service's
+        # namespace host's address (--hosts), else this machine
+        if v in SERVICE_NAMES:
+            env[k] = HOSTS[v]["ip"] if v in HOSTS else "127.0.0.1"
+        else:
+            env[k] = mapper.path(v)
     return env
 
 
@@ -288,6 +300,7 @@ def static_checks(cfg, root):
         (report("OK", f"{n}: healthcheck {' '.join(t[1:])}") if t else
          report("FAIL", f"{n} has a healthcheck", "others wait for service_healthy; neither compose nor its image has a test"))
     by_profile = {}
+    ckpt_vols = {}
     for n in workers:
         s = svcs[n]
         vols = {t: src for src, t in vol_pairs(s)}
@@ -317,9 +330,18 @@ def static_checks(cfg, root):
                 if d.get("driver") == "nvidia" and "gpu" in (d.get("capabilities") or [])]
         if (backend == "cuda") != bool(gpus):
             report("FAIL", f"{n}: GPU reservation matches --backend {backend}", f"nvidia devices: {gpus}")
+        ck = env.get("BALLAST_CKPT_DIR") or flag(argv, "--ckpt-dir")
         for p in s.get("profiles") or [""]:
             by_profile.setdefault(p, []).append((n, int(env.get("RANK", -1)), int(env.get("WORLD_SIZE", 1)),
                                                  env.get("MASTER_ADDR")))
+            ckpt_vols.setdefault(p, {})[n] = (ck, vols.get(ck) if ck else None)
+    for p, cv in sorted(ckpt_vols.items()):
+        # the ranks write one checkpoint together: one named volume for all
+        got = set(cv.values())
+        if len(cv) > 1 and len(got) == 1 and None not in next(iter(got)):
+            report("OK", f"profile {p}: the workers share the checkpoint volume {next(iter(got))[1]} at {next(iter(got))[0]}")
+        elif len(cv) > 1 and any(c for c, _ in cv.values()):
+            report("FAIL", f"profile {p}: the workers share a checkpoint volume", f"(dir, volume) per worker: {cv}")
     for p, ws in sorted(by_profile.items()):
         ranks = sorted(r for _, r, _, _ in ws)
         worlds = {w for _, _, w, _ in ws}
@@ -345,7 +367,12 @@ def main():
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--static-only", action="store_true", help="only check the rendered config")
     ap.add_argument("--no-static", action="store_true", help="skip the checks of the rendered config")
+    ap.add_argument("--list-services", action="store_true",
+                    help="print the profile's services in start order, each with its volumes' local directories")
+    ap.add_argument("--hosts", help="JSON {service: {pid, ip}}: run each service in that namespace host")
     a = ap.parse_args()
+    if a.hosts:
+        HOSTS.update(json.load(open(a.hosts)))
 
     cfg = yaml.safe_load(open(a.config))
     if not a.no_static:
@@ -356,6 +383,14 @@ def main():
     services = {n: s for n, s in cfg["services"].items()
                 if not s.get("profiles") or a.profile in s["profiles"]}
     names = order(services)
+    if a.list_services:
+        for n in names:
+            print(n, *sorted(set(volume_mounts(services[n], a.workdir).values())))
+        return 0
+    missing = [n for n in names if a.hosts and n not in HOSTS]
+    if missing:
+        report("FAIL", "every service has a namespace host", f"--hosts has none for {' '.join(missing)}")
+        return 1
     report("OK", f"services in dependency order for profile {a.profile}: {' '.join(names)}")
     multi = multi_rank_available(a.bin)
     running = {}
@@ -414,7 +449,7 @@ def main():
             logs[name] = os.path.join(a.workdir, f"{name}.log")
             print(f"# {name}: {' '.join(shlex.quote(x) for x in argv)}", flush=True)
             lf = open(logs[name], "w")
-            p = subprocess.Popen(argv, env=env, stdout=lf, stderr=subprocess.STDOUT, cwd=a.workdir,
+            p = subprocess.Popen(in_host(name, argv, a.workdir), env=env, stdout=lf, stderr=subprocess.STDOUT, cwd=a.workdir,
                                  start_new_session=True)
             running[name] = p
             status[name] = "started"
@@ -443,7 +478,7 @@ def main():
                 probe = mapper.argv(test[1:]) if test[0] == "CMD" else ["sh", "-c", mapper.path(test[1])]
                 healthy, last = False, ""
                 while time.time() < deadline and p.poll() is None:
-                    r = subprocess.run(probe, env=env, capture_output=True, text=True,
+                    r = subprocess.run(in_host(name, probe, a.workdir), env=env, capture_output=True, text=True,
                                        timeout=parse_duration(hc.get("timeout"), 30) + 5)
                     if r.returncode == 0:
                         healthy = True
@@ -474,6 +509,16 @@ def main():
                 continue
             env = env_of(svc, mapper)
             rank = int(env.get("RANK", "0") or 0)
+            world = int(env.get("WORLD_SIZE", "1") or 1)
+            if world > 1:
+                # the line naming the backend that joined the ranks (dist.c)
+                text = open(logs[name]).read()
+                line = re.search(r"rank \d+: \S+ group \(\d+ ranks\): (shm|gloo)\b.*", text)
+                if line:
+                    report("OK", f"{name}: ranks joined by {line.group(1)} ({line.group(0).strip()})")
+                else:
+                    report("FAIL", f"{name} logs the backend that joined the ranks",
+                           "no 'rank R: ... group (N ranks): shm|gloo' line in: " + text[:600].replace("\n", " / "))
             if rank != 0:
                 # only rank 0 logs the job's steps; the others trained with it
                 report("OK", f"{name}: rank {rank} trained alongside rank 0 and exited 0")
@@ -487,6 +532,9 @@ def main():
                 report("FAIL", f"{name} writes its step log", f"no --log-json file ({log_json})")
                 continue
             ls = losses(log_json)
+            bad = [x for x in ls if x != x or x in (float("inf"), float("-inf"))]
+            if bad:
+                report("FAIL", f"{name}: losses are finite", f"{len(bad)} of {len(ls)} are not")
             steps = int(env.get("BALLAST_STEPS", "0") or 0)
             if steps and len(ls) != steps:
                 report("FAIL", f"{name} logs one line per step", f"{len(ls)} lines, BALLAST_STEPS={steps}")
@@ -500,6 +548,17 @@ def main():
             print(f"# {name}: loss {ls[0]:.4f} -> {ls[-1]:.4f}; mean of the first {q} steps {head:.4f}, "
                   f"of the last {q} {tail:.4f}", flush=True)
             trained += 1
+            ckpt = env.get("BALLAST_CKPT_DIR")
+            if ckpt:
+                # every rank's shards in the one checkpoint volume
+                r = subprocess.run([os.path.join(a.bin, "ballast"), "ckpt", "info", ckpt], capture_output=True,
+                                   text=True, timeout=60)
+                m = re.search(r"^step\s+(\d+)", r.stdout, re.M)
+                if r.returncode == 0 and m:
+                    report("OK", f"{name}: a complete checkpoint of step {m.group(1)} in the checkpoint volume")
+                else:
+                    report("FAIL", f"{name} leaves a complete checkpoint in {ckpt}",
+                           f"ballast ckpt info: exit {r.returncode}: {r.stderr.strip()[-300:]}")
             if tail < 0.85 * head:
                 report("OK", f"{name}: loss falls (mean {head:.3f} over the first {q} steps -> {tail:.3f} over the last {q})")
             else:
@@ -510,7 +569,8 @@ def main():
             d_argv = Mapper(volume_mounts(services["ballastd"], a.workdir), a.bin).argv(
                 service_argv("ballastd", services["ballastd"], cfg["services"], a.root))
             sock = flag(d_argv, "--socket")
-            r = subprocess.run([os.path.join(a.bin, "ballast"), "status", "--socket", sock, "--json"],
+            r = subprocess.run(in_host("ballastd", [os.path.join(a.bin, "ballast"), "status", "--socket", sock, "--json"],
+                                       a.workdir),
                                capture_output=True, text=True, timeout=30)
             try:
                 opened = json.loads(r.stdout)["sessions_opened"]
@@ -527,18 +587,24 @@ def main():
         for name, p in list(running.items()):
             if p.poll() is not None:
                 report("FAIL", f"{name} keeps running until the others are done", f"it exited {p.poll()} early")
+                continue
+            if name in HOSTS:
+                # nsenter forwards no signal: SIGTERM every process of the
+                # host but its holder (one service per host), as docker stop
+                subprocess.run(in_host(name, ["bash", "-c", "kill -TERM -1 2> /dev/null; exit 0"], a.workdir),
+                               timeout=30)
             else:
                 p.send_signal(signal.SIGTERM)
-                try:
-                    rc = p.wait(timeout=parse_duration(services[name].get("stop_grace_period"), 10))
-                    if rc == 0:
-                        report("OK", f"{name} stops cleanly on SIGTERM")
-                    else:
-                        report("FAIL", f"{name} stops cleanly on SIGTERM", f"exit {rc}")
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-                    report("FAIL", f"{name} stops on SIGTERM", "killed after the stop grace period")
+            try:
+                rc = p.wait(timeout=parse_duration(services[name].get("stop_grace_period"), 10))
+                if rc == 0:
+                    report("OK", f"{name} stops cleanly on SIGTERM")
+                else:
+                    report("FAIL", f"{name} stops cleanly on SIGTERM", f"exit {rc}")
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                report("FAIL", f"{name} stops on SIGTERM", "killed after the stop grace period")
     return 1 if "FAIL" in RESULTS else 0
 
 

@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # compose_smoke.sh: docker/docker-compose.yml is valid for Debian's
 # docker-compose, its rendered config is consistent (shared socket volume,
-# memlock, start order, GPU reservations, ranks), and its services, run as
-# plain local processes from the rendered config (compose_local.py: volumes
-# -> temp dirs, image binaries -> build/bin), bring ballastd up healthy and
-# train with a falling loss. No Docker engine is needed.
+# memlock, start order, GPU reservations, ranks, one checkpoint volume),
+# and its services, run as local processes from the rendered config
+# (compose_local.py: volumes -> temp dirs, image binaries -> build/bin),
+# bring ballastd up healthy and train two ranks: both exit 0, each logs the
+# backend that joined them (shm through the socket volume, or gloo), rank
+# 0's losses are finite and fall, and a complete checkpoint is left in the
+# checkpoint volume. Each service runs in its own namespace host
+# (tests/multihost/hosts.lib) as Docker isolates containers: own network
+# (service names -> the hosts' addresses), PIDs, /tmp, /dev/shm, /run, and
+# only the volume directories it mounts. Without namespaces (not root) the
+# services run as plain local processes, and a skip line says so. No Docker
+# engine is needed.
 source "$(dirname "$0")/../lib.sh"
 export OMP_WAIT_POLICY=passive
 F=$ROOT/docker/docker-compose.yml
@@ -78,7 +86,33 @@ if [ -n "$missing" ]; then
     tap < <(run_local --static-only)
     t_skip "compose services run locally" "not built here:$missing (ballastd lands with the offload service)"
 else
-    tap < <(run_local --profile cpu --timeout 600)
+    # Each service in its own namespace host (tests/multihost/hosts.lib), as
+    # Docker isolates containers: its own network (service names -> the
+    # hosts' addresses), PIDs, /tmp, /dev/shm and /run, and of the work
+    # directory only the volumes it mounts.
+    source "$ROOT/tests/multihost/hosts.lib"
+    mapfile -t SVCS < <(run_local --profile cpu --no-static --list-services)
+    if [ "${#SVCS[@]}" -gt 0 ] && mh_up "${#SVCS[@]}" "$D/run"; then
+        hosts="{"
+        for i in "${!SVCS[@]}"; do
+            read -r -a sv <<< "${SVCS[$i]}"
+            # hide the work directory but this service's volumes: park them
+            # in the host's private /run, cover the directory, bind them back
+            mh_exec "$i" bash -c 'set -e; w=$1; shift; n=0
+                for v; do mkdir -p /run/.vol$n; mount --bind "$v" /run/.vol$n; n=$((n+1)); done
+                mount -t tmpfs -o mode=755 compose-none "$w"; n=0
+                for v; do mkdir -p "$v"; mount --bind /run/.vol$n "$v"; umount /run/.vol$n; n=$((n+1)); done' \
+                vols "$D/run" "${sv[@]:1}" ||
+                { t_fail "${sv[0]}: its volumes only, in namespace host $i" "mount failed"; t_done; exit 1; }
+            hosts+="$([ "$i" = 0 ] || echo ,)\"${sv[0]}\": {\"pid\": ${MH_HOLDER[$i]}, \"ip\": \"$(mh_ip "$i")\"}"
+            echo "# ${sv[0]}: namespace host $i ($(mh_ip "$i")), volumes:${sv[*]:1}"
+        done
+        echo "$hosts}" > "$D/hosts.json"
+        tap < <(run_local --profile cpu --timeout 600 --hosts "$D/hosts.json")
+    else
+        t_skip "services in namespace hosts" "${MH_WHY:-no services listed}; running them as local processes sharing this machine's network, PIDs and /tmp"
+        tap < <(run_local --profile cpu --timeout 600)
+    fi
     # With a zero learning rate the same run must fail the loss check.
     if render BALLAST_LR=0 BALLAST_MIN_LR=0 > "$D/lr0.yml" 2> "$D/config.err"; then
         mkdir -p "$D/run-lr0"
