@@ -72,6 +72,48 @@ void comm_req_done(comm_req_t *r, int status, const char *msg) {
     pthread_mutex_unlock(&r->mu);
 }
 
+/* ---- the progress threads' queue ---- */
+
+void comm_queue_init(comm_queue_t *q) {
+    memset(q, 0, sizeof *q);
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+}
+
+void comm_queue_destroy(comm_queue_t *q) {
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+}
+
+void comm_queue_push(comm_queue_t *q, comm_req_t *r) {
+    pthread_mutex_lock(&q->mu);
+    r->next = NULL;
+    if (q->tail) q->tail->next = r;
+    else q->head = r;
+    q->tail = r;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+comm_req_t *comm_queue_pop(comm_queue_t *q) {
+    pthread_mutex_lock(&q->mu);
+    while (!q->head && !q->stop) pthread_cond_wait(&q->cv, &q->mu);
+    comm_req_t *r = q->head;
+    if (r) {
+        q->head = r->next;
+        if (!q->head) q->tail = NULL;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return r;
+}
+
+void comm_queue_stop(comm_queue_t *q) {
+    pthread_mutex_lock(&q->mu);
+    q->stop = true;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
 static int start(comm_t *c, comm_coll_t coll, const void *send, void *recv, size_t count,
                  comm_dtype_t dt, comm_op_t op, int root, comm_req_t **out, char *err, size_t errlen) {
     *out = NULL;

@@ -41,10 +41,7 @@ typedef struct {
     gloo_engine_t *eng;
     pthread_t thread;
     bool thread_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    comm_req_t *head, *tail;    /* started, not yet run */
-    bool stop;
+    comm_queue_t q;             /* started, not yet run */
     int broken;                 /* 0, or the error every later collective gets */
     char broken_msg[COMM_ERR_LEN];
     float *tmp;                 /* fp32 scratch (reduce-scatter, bf16) */
@@ -200,16 +197,8 @@ static void *progress(void *arg) {
     comm_t *c = arg;
     gloo_state_t *st = c->backend;
     for (;;) {
-        pthread_mutex_lock(&st->mu);
-        while (!st->head && !st->stop) pthread_cond_wait(&st->cv, &st->mu);
-        if (!st->head) {
-            pthread_mutex_unlock(&st->mu);
-            return NULL;
-        }
-        comm_req_t *r = st->head;
-        st->head = r->next;
-        if (!st->head) st->tail = NULL;
-        pthread_mutex_unlock(&st->mu);
+        comm_req_t *r = comm_queue_pop(&st->q);
+        if (!r) return NULL;
         int rc = st->broken;
         if (!rc && (r->count > 0 || r->coll == COLL_BARRIER)) {
             rc = run(c, r);
@@ -230,13 +219,7 @@ static void *progress(void *arg) {
 static int gloo_start(comm_t *c, comm_req_t *r, char *err, size_t errlen) {
     gloo_state_t *st = c->backend;
     (void)err, (void)errlen;
-    pthread_mutex_lock(&st->mu);
-    r->next = NULL;
-    if (st->tail) st->tail->next = r;
-    else st->head = r;
-    st->tail = r;
-    pthread_cond_signal(&st->cv);
-    pthread_mutex_unlock(&st->mu);
+    comm_queue_push(&st->q, r);
     return 0;
 }
 
@@ -255,8 +238,7 @@ static int gloo_init(comm_t *c, const comm_config_t *cfg, char *err, size_t errl
         return -ENOMEM;
     }
     c->backend = st;
-    pthread_mutex_init(&st->mu, NULL);
-    pthread_cond_init(&st->cv, NULL);
+    comm_queue_init(&st->q);
     const char *iface = getenv("GLOO_SOCKET_IFNAME");
     char host[INET6_ADDRSTRLEN] = "";
     int rc = 0;
@@ -298,15 +280,11 @@ static void gloo_destroy_backend(comm_t *c) {
     gloo_state_t *st = c->backend;
     if (!st) return;
     if (st->thread_started) {
-        pthread_mutex_lock(&st->mu);
-        st->stop = true;
-        pthread_cond_signal(&st->cv);
-        pthread_mutex_unlock(&st->mu);
+        comm_queue_stop(&st->q);
         pthread_join(st->thread, NULL);
     }
     gloo_engine_close(st->eng);
-    pthread_mutex_destroy(&st->mu);
-    pthread_cond_destroy(&st->cv);
+    comm_queue_destroy(&st->q);
     free(st->tmp);
     free(st);
     c->backend = NULL;

@@ -74,6 +74,23 @@ struct comm {
  * wakes comm_wait. Called by backends, any thread. */
 void comm_req_done(comm_req_t *req, int status, const char *msg);
 
+/* The started collectives of a backend whose progress thread runs them in
+ * order (shm, gloo): pushed by the caller's start, popped by that thread. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    comm_req_t *head, *tail;    /* started, not yet run */
+    bool stop;
+} comm_queue_t;
+
+void comm_queue_init(comm_queue_t *q);
+void comm_queue_destroy(comm_queue_t *q);
+void comm_queue_push(comm_queue_t *q, comm_req_t *r);
+/* Blocks for the next request; NULL once comm_queue_stop was called and
+ * nothing is left. */
+comm_req_t *comm_queue_pop(comm_queue_t *q);
+void comm_queue_stop(comm_queue_t *q);
+
 /* "all_gather", ... */
 const char *comm_coll_name(comm_coll_t c);
 size_t comm_dtype_size(comm_dtype_t dt);

@@ -112,10 +112,7 @@ typedef struct {
     /* queue of started collectives, run in order by the progress thread */
     pthread_t thread;
     bool thread_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    comm_req_t *head, *tail;
-    bool stop;
+    comm_queue_t q;             /* started, not yet run */
     int broken;                 /* 0, or the error every later collective gets */
     char broken_msg[COMM_ERR_LEN];
     /* peer connections (rendezvous set-up only): the leader holds one per
@@ -503,16 +500,8 @@ static void *progress(void *arg) {
     comm_t *c = arg;
     shm_state_t *st = c->backend;
     for (;;) {
-        pthread_mutex_lock(&st->mu);
-        while (!st->head && !st->stop) pthread_cond_wait(&st->cv, &st->mu);
-        if (!st->head) {
-            pthread_mutex_unlock(&st->mu);
-            return NULL;
-        }
-        comm_req_t *r = st->head;
-        st->head = r->next;
-        if (!st->head) st->tail = NULL;
-        pthread_mutex_unlock(&st->mu);
+        comm_req_t *r = comm_queue_pop(&st->q);
+        if (!r) return NULL;
         int rc = st->broken;
         if (!rc && (r->count > 0 || r->coll == COLL_BARRIER)) rc = run(c, r);
         comm_req_done(r, rc, rc ? st->broken_msg : NULL);
@@ -522,13 +511,7 @@ static void *progress(void *arg) {
 static int shm_start(comm_t *c, comm_req_t *r, char *err, size_t errlen) {
     shm_state_t *st = c->backend;
     (void)err, (void)errlen;
-    pthread_mutex_lock(&st->mu);
-    r->next = NULL;
-    if (st->tail) st->tail->next = r;
-    else st->head = r;
-    st->tail = r;
-    pthread_cond_signal(&st->cv);
-    pthread_mutex_unlock(&st->mu);
+    comm_queue_push(&st->q, r);
     return 0;
 }
 
@@ -734,8 +717,7 @@ static int shm_init(comm_t *c, const comm_config_t *cfg, char *err, size_t errle
     }
     for (int i = 0; i < c->n; i++) st->conn[i] = -1;
     double setup_s = cfg->setup_timeout_s > 0 ? cfg->setup_timeout_s : c->timeout_s;
-    pthread_mutex_init(&st->mu, NULL);
-    pthread_cond_init(&st->cv, NULL);
+    comm_queue_init(&st->q);
     size_t slot_bytes = cfg->slot_bytes;
     int rc = check_slot_bytes(c->n, &slot_bytes, err, errlen);
     int fd = -1;
@@ -786,10 +768,7 @@ static void shm_destroy_backend(comm_t *c) {
     shm_state_t *st = c->backend;
     if (!st) return;
     if (st->thread_started) {
-        pthread_mutex_lock(&st->mu);
-        st->stop = true;
-        pthread_cond_signal(&st->cv);
-        pthread_mutex_unlock(&st->mu);
+        comm_queue_stop(&st->q);
         pthread_join(st->thread, NULL);
     }
     for (int i = 0; i < c->n; i++)
@@ -800,8 +779,7 @@ static void shm_destroy_backend(comm_t *c) {
     free(st->conn);
     free(st->left);
     shm_destroy(&st->seg);
-    pthread_mutex_destroy(&st->mu);
-    pthread_cond_destroy(&st->cv);
+    comm_queue_destroy(&st->q);
     free(st);
     c->backend = NULL;
 }
