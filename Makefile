@@ -14,6 +14,11 @@
 # "Layout" in README.md and docs/layers.md.
 
 BUILD   ?= build
+# Build with every core unless the caller chose a -j of its own: CI and a
+# newcomer's `make test` both start from nothing.
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 CUDA    ?= auto
 SAN     ?=
 V       ?= 0
@@ -56,8 +61,8 @@ OPT            := $(if $(SAN),-O1,-O2)
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter \
                -Wno-missing-field-initializers -fopenmp -pthread $(SAN_FLAGS)
 INCLUDES    := -I. -Icommon -I$(BUILD)/gen
-PKG_CFLAGS   = $(shell pkg-config --cflags $(PKGS) jemalloc)
-PKG_LIBS     = $(shell pkg-config --libs $(PKGS))
+PKG_CFLAGS   := $(shell pkg-config --cflags $(PKGS) jemalloc)
+PKG_LIBS     := $(shell pkg-config --libs $(PKGS))
 CFLAGS      += $(CFLAGS_BASE) $(INCLUDES) $(PKG_CFLAGS) $(JEMALLOC_CFLAGS)
 # Gloo (CPU collectives between hosts, workers/comm/gloo_engine.cc) is C++:
 # its library and libstdc++ come last; --as-needed keeps them out of the
