@@ -70,6 +70,7 @@ pts = [tuple(map(float, p.split(","))) for p in
 vals = [r["loss"] for r in steps] + [floor]
 lo, hi = min(vals), max(vals)
 ymin, ymax = lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo)
+ymin = 0.0 if lo >= 0 and ymin < 0 else ymin
 assert len(pts) == len(steps), (len(pts), len(steps))
 for (x, y), r in zip(pts, steps):
     ex = 70 + 620 * (r["step"] - 1) / 11

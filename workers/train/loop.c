@@ -43,6 +43,7 @@
 #include "workers/train/hooks.h"
 #include "workers/train/job.h"
 #include "workers/train/progress.h"
+#include "workers/train/tensorboard.h"
 
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { (void)sig; g_stop = 1; }
@@ -66,6 +67,7 @@ typedef struct {
     offload_run_t orun;        /* memory savers through ballastd */
     FILE *con;                 /* console: stdout, or stderr when --log-json is stdout */
     FILE *jlog;                /* --log-json on rank 0, or NULL */
+    tb_writer_t *tb;           /* --tensorboard-dir on rank 0, or NULL */
     progress_t *prog;
     metrics_server_t *msrv;
     int32_t *inputs, *targets; /* (B*T) host micro-batch */
@@ -372,6 +374,11 @@ static int open_reports(run_t *r) {
         r->jlog = !strcmp(o->log_json, "-") ? stdout : fopen(o->log_json, r->start > 0 ? "a" : "w");
         if (!r->jlog) { log_error("--log-json %s: cannot open for writing", o->log_json); return -1; }
     }
+    if (o->tensorboard_dir && rank == 0) {
+        r->tb = tb_open(o->tensorboard_dir, r->err, sizeof r->err);
+        if (!r->tb) { log_error("%s", r->err); return -1; }
+        log_info("TensorBoard events: %s", tb_path(r->tb));
+    }
     if (o->metrics_port > 0) {
         /* several ranks on one node: P + local rank, so they do not collide */
         int local = r->job.topo.local_rank, port = (int)o->metrics_port + local;
@@ -395,7 +402,7 @@ static int open_reports(run_t *r) {
                             .flops_per_token = llama_flops_per_token(&r->cfg, r->T), .n_gpus = r->job.world,
                             .device = be_device_name(r->job.be), .peak_tflops = o->peak_tflops,
                             .log_every = o->log_every, .console = rank == 0 ? r->con : NULL, .live = -1,
-                            .json = r->jlog, .rank = rank, .metrics = metrics_default() };
+                            .json = r->jlog, .tb = r->tb, .rank = rank, .metrics = metrics_default() };
     size_t nopt;
     const opt_t *opts = train_option_table(&nopt);
     r->prog = progress_new(&pcfg, r->err, sizeof r->err);
@@ -708,6 +715,7 @@ done:
     progress_free(r->prog);
     metrics_server_stop(r->msrv);
     if (r->jlog && r->jlog != stdout) fclose(r->jlog);
+    tb_close(r->tb);
     free(r->inputs);
     free(r->targets);
     free(r->logits_host);

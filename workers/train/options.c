@@ -49,6 +49,7 @@ static const opt_t train_options[] = {
     { "ckpt-keep", OPT_INT, "0", 0, 1 << 30, NULL, "keep only the newest N complete checkpoints in --ckpt-dir, deleting older ones after each save (0: keep all)", &g_opts.ckpt_keep },
     { "resume", OPT_STRING, "false", 0, 0, NULL, "continue from a checkpoint: auto or true (the newest complete one in --ckpt-dir; none yet: start fresh), a step directory, or false", &g_opts.resume_arg },
     { "log-json", OPT_STRING, NULL, 0, 0, NULL, "write one JSON object per step to FILE (- for stdout)", &g_opts.log_json },
+    { "tensorboard-dir", OPT_STRING, NULL, 0, 0, NULL, "write TensorBoard event files of the step scalars (loss, lr, grad norm, tokens/s, offload) into DIR", &g_opts.tensorboard_dir },
     { "log-every", OPT_INT, "1", 1, 9.2e18, NULL, "print a progress line every N steps", &g_opts.log_every },
     { "activation-checkpointing", OPT_BOOL, "false", 0, 0, NULL, "keep only block inputs; recompute blocks in backward", &g_opts.act_ckpt },
     { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads (0: all cores)", &g_opts.threads },

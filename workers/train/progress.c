@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "workers/train/tensorboard.h"
 
 #define ETA_WINDOW 20          /* steps averaged for the ETA */
 #define LIVE_REDRAW_S 0.1      /* live line: at most ten redraws a second */
@@ -40,6 +41,11 @@ struct progress {
     /* metrics; NULL without a registry */
     metric_t *m_steps, *m_tokens, *m_step_s, *m_step, *m_loss, *m_val, *m_lr, *m_gnorm, *m_tps, *m_tps_total, *m_flops, *m_mfu;
     metric_t *m_phase[PROGRESS_NPHASES], *m_nonfinite, *m_mem_gpu, *m_mem_host;
+};
+
+const char *const PROGRESS_TB_TAGS[PROGRESS_TB_NTAGS] = {
+    "train/loss", "val/loss", "train/lr", "train/grad_norm", "perf/tokens_per_s", "perf/tokens_per_s_per_gpu",
+    "perf/mfu", "perf/step_s", "offload/to_host_bytes", "offload/to_device_bytes", "offload/wait_s",
 };
 
 static const char *const PHASE_NAMES[PROGRESS_NPHASES] = { "compute", "comm", "offload", "data" };
@@ -468,7 +474,18 @@ int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *s
             fflush(p->cfg.console);
         }
     }
-    if (p->cfg.json) return write_step(p, s, &st, err, errlen);
+    if (p->cfg.json && write_step(p, s, &st, err, errlen) != 0) return -1;
+    if (p->cfg.tb) {
+        const double v[PROGRESS_TB_NTAGS] = {
+            s->loss, s->val_loss, s->lr, s->grad_norm, st.tokens_per_s, st.tokens_per_s_per_gpu, st.mfu, s->step_s,
+            (double)s->offload_to_host_bytes, (double)s->offload_to_device_bytes, st.phase_s[PROGRESS_OFFLOAD],
+        };
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        if (tb_write_scalars(p->cfg.tb, s->step, (double)now.tv_sec + now.tv_nsec * 1e-9, PROGRESS_TB_TAGS, v,
+                             PROGRESS_TB_NTAGS, err, errlen) != 0)
+            return -1;
+    }
     return 0;
 }
 

@@ -46,6 +46,7 @@ typedef struct {
     FILE *console;           /* stderr normally; NULL = no console output */
     int live;                /* 1 = one rewritten line, 0 = plain lines, -1 = live when console is a tty */
     FILE *json;              /* --log-json stream, or NULL */
+    struct tb_writer *tb;    /* --tensorboard-dir event file (tensorboard.h), or NULL */
     int rank;                /* rank="N": set as the registry's constant label (on every series) */
     metrics_registry_t *metrics; /* registry to export to (metrics_default()), or NULL; also where the
                                     offload client's counters are read (progress_totals) */
@@ -81,6 +82,14 @@ typedef struct {
 } progress_stats_t;
 
 typedef struct progress progress_t;
+
+/* The TensorBoard tags a step writes, with the JSON log field each one
+ * carries (as a float): loss, val_loss, lr, grad_norm, tokens_per_s,
+ * tokens_per_s_per_gpu, mfu, step_s, offload_to_host_bytes,
+ * offload_to_device_bytes, offload_wait_s. Fields that are null (or absent)
+ * in the JSON record are left out of the event. */
+#define PROGRESS_TB_NTAGS 11
+extern const char *const PROGRESS_TB_TAGS[PROGRESS_TB_NTAGS];
 
 /* Non-finite loss policy. */
 typedef enum {
@@ -126,8 +135,9 @@ void progress_totals(const progress_t *p, progress_totals_t *t);
 void progress_step_since(progress_step_t *s, const progress_totals_t *a, const progress_totals_t *b);
 
 /* Derive the figures for s, draw the console line, write the JSON line and
- * update the metrics. stats may be NULL. Returns 0, or -1 when writing the
- * JSON log failed (message in err: disk full, closed pipe). */
+ * the TensorBoard event (the scalars of PROGRESS_TB_TAGS) and update the
+ * metrics. stats may be NULL. Returns 0, or -1 when writing the JSON log or
+ * the event file failed (message in err: disk full, closed pipe). */
 int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *stats, char *err, size_t errlen);
 
 /* The end of a training step of the training loop (workers/train/loop.c,

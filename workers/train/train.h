@@ -52,6 +52,7 @@ typedef struct {
     bool resume_auto;         /* --resume auto: no checkpoint yet is a normal fresh start */
     const char *resume_path;  /* --resume PATH: that step directory; NULL = the newest in ckpt_dir */
     const char *log_json;     /* file, "-" for stdout, or NULL */
+    const char *tensorboard_dir; /* TensorBoard event files (rank 0), or NULL */
     int64_t log_every;        /* console line every N steps */
     bool act_ckpt;            /* --activation-checkpointing */
     int64_t threads;          /* OpenMP threads; 0 = all cores */
