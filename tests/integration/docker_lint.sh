@@ -9,8 +9,9 @@ source "$(dirname "$0")/../lib.sh"
 LINT=$ROOT/tests/integration/docker_lint.py
 D=$(t_tmpdir)
 cd "$ROOT"
-BINS=$(make --no-print-directory -pq BUILD=build report 2> /dev/null | sed -n 's/^BINS := //p')
-DEPS=$(make --no-print-directory -pq report 2> /dev/null | sed -n 's/^DEPS_PKGS := //p')
+make --no-print-directory -pq BUILD=build report > "$D/make.db" 2> /dev/null  # one parse of the Makefile for both
+BINS=$(sed -n 's/^BINS := //p' "$D/make.db")
+DEPS=$(sed -n 's/^DEPS_PKGS := //p' "$D/make.db")
 [ -n "$BINS" ] && [ -n "$DEPS" ] || { t_fail "read BINS and DEPS_PKGS from the Makefile" "make -pq printed neither"; t_done; exit 1; }
 
 tap() {
