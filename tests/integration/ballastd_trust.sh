@@ -114,4 +114,36 @@ if bd_start K "$D" --pool-bytes 16M --mlock=false --spill-dir "$D/spillk" --spil
         kill -TERM "$(bd_pid K)"; bd_wait "$(bd_pid K)"
     fi
 fi
+# ---- the fd socket serves connections concurrently ----
+# 10 clients connect to the fd socket and send nothing; an attach right after
+# must not wait behind them (served one at a time, each idle one held the
+# acceptor for its 2 s deadline, and the attach timed out).
+if bd_start F "$D" --pool-bytes 16M --mlock=false; then
+    SF=$(bd_sock F)
+    /usr/bin/python3 -c '
+import socket, sys, time
+held = []
+for _ in range(10):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(sys.argv[1])
+    held.append(s)
+open(sys.argv[2], "w").write("held\n")
+time.sleep(60)
+' "$SF.fd" "$D/idle.ready" &
+    IDLE=$!; bd_track $IDLE
+    for _ in $(seq 1 200); do [ -s "$D/idle.ready" ] && break; sleep 0.05; done
+    head -c $(( 50000 + RANDOM * 4 )) /dev/urandom > "$D/att.in"
+    t0=$(date +%s)
+    rc=0
+    timeout 15 "$BALLAST" store put --socket "$SF" --job attach --index 3 --file "$D/att.in" > "$D/att.log" 2>&1 &&
+        timeout 15 "$BALLAST" store get --socket "$SF" --job attach --index 3 --file "$D/att.out" >> "$D/att.log" 2>&1 || rc=$?
+    took=$(( $(date +%s) - t0 ))
+    if [ -s "$D/idle.ready" ] && [ $rc -eq 0 ] && cmp -s "$D/att.in" "$D/att.out"; then
+        t_ok "with 10 idle fd-socket connections held, a put and a get attach and round-trip the bytes (${took} s, bound 15 s each)"
+    else
+        t_fail "attach behind 10 idle fd-socket connections" "rc $rc after ${took} s: $(tail -3 "$D/att.log")"
+    fi
+    kill -9 $IDLE 2>/dev/null; bd_wait $IDLE
+    kill -TERM "$(bd_pid F)"; bd_wait "$(bd_pid F)"
+fi
 t_done
