@@ -1487,6 +1487,7 @@ static status_t get_locked(store_t *s, uint64_t sid, const store_key_t *key, poo
             else blob_maybe_destroy(s, b);
             continue;
         }
+        bool loaded = !b->in_pool; /* a read-back is checked by load_blob */
         if (!b->in_pool) {
             b->refs++;
             status_t st = load_blob(s, b, true, err, errlen);
@@ -1503,6 +1504,23 @@ static status_t get_locked(store_t *s, uint64_t sid, const store_key_t *key, poo
             lru_update(s, b);
             errbuf_set(err, errlen, "out of memory");
             return STATUS_NO_SPACE;
+        }
+        if (region && b->crc_valid && !loaded) {
+            /* Every session maps the whole pool, so a committed pool copy
+             * may have been written by another client since: check it (with
+             * mu dropped; the pin keeps the region) before handing it out. */
+            uint32_t want = b->crc;
+            pthread_mutex_unlock(&s->mu);
+            uint32_t got = crc32c(0, pool_ptr(s->pool, &b->region), b->length);
+            pthread_mutex_lock(&s->mu);
+            if (got != want) {
+                s->crc_errors++;
+                pin_drop(s, b, sid, 1);
+                errbuf_set(err, errlen, "the pool copy of this blob changed after its commit (crc32c "
+                           "%08x, committed %08x): a client wrote into the shared pool; nothing is "
+                           "returned (put it again)", got, want);
+                return STATUS_DATA_LOSS;
+            }
         }
         if (region) { /* a get (store_pin asks for no region and moves no bytes) */
             *region = b->region;

@@ -146,4 +146,28 @@ time.sleep(60)
     kill -9 $IDLE 2>/dev/null; bd_wait $IDLE
     kill -TERM "$(bd_pid F)"; bd_wait "$(bd_pid F)"
 fi
+# ---- --job-quota: cycling sessions does not get around it ----
+# every `ballast store put` opens a session, puts and closes it; persistent
+# blobs stay charged to their job after their session is gone
+if bd_start Q "$D" --pool-bytes 16M --mlock=false --spill-dir "$D/spillq" --spill-bytes 32M --spill-file-bytes 16M \
+        --session-quota 1M --job-quota 1M; then
+    SQ=$(bd_sock Q)
+    sz=$(( 270000 + RANDOM % 30000 ))   # 3 fit in 1 MiB (rounded to 4 KiB), a 4th does not
+    head -c $sz /dev/urandom > "$D/q.in"
+    n=0
+    for i in 1 2 3 4 5 6; do
+        # remote mode: its error carries the service's text (a ring completion carries a code)
+        "$BALLAST" store put --socket "$SQ" --remote --job cycler --index $i --persistent --file "$D/q.in" 2> "$D/q.err" || break
+        n=$((n+1))
+    done
+    if [ $n -eq 3 ] && grep -q "job cycler quota exceeded.*--job-quota" "$D/q.err"; then
+        t_ok "--job-quota 1M: 3 persistent blobs of $sz bytes from 3 sessions, the 4th session's put refused naming it"
+    else
+        t_fail "--job-quota across sessions" "$n puts; $(cat "$D/q.err")"
+    fi
+    t_check "another job is not charged for it" "$BALLAST" store put --socket "$SQ" --job bystander --persistent --file "$D/q.in"
+    t_check "a removed blob gives its share back" bash -c "'$BALLAST' store rm --socket '$SQ' --job cycler --index 1 &&
+        '$BALLAST' store put --socket '$SQ' --job cycler --index 9 --persistent --file '$D/q.in'"
+    kill -TERM "$(bd_pid Q)"; bd_wait "$(bd_pid Q)"
+fi
 t_done

@@ -1080,3 +1080,38 @@ Test(store, job_quota_holds_across_sessions_and_restarts, .timeout = 60) {
     store_close(s);
     remove_dir();
 }
+
+/* ---- a pool copy written after its commit ---- */
+
+/* Every session maps the whole pool: a committed blob whose pool copy was
+ * changed (by another client) since its crc32c was taken is DATA_LOSS on
+ * get, never returned with other bytes; an untouched one still comes back. */
+Test(store, a_pool_copy_changed_after_commit_is_data_loss) {
+    make_dir();
+    store_config_t c = small_cfg(8u << 20, true);
+    store_t *s = open_store(&c);
+    char err[STORE_ERR_LEN];
+    uint64_t job, seed = th_seed((uint64_t)time(NULL) ^ 0xc0c0ull);
+    cr_assert_eq(store_job_id(s, "pool-victim", &job, err, sizeof err), STATUS_OK);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
+    uint64_t len = 4096 + th_xorshift64(&seed) % (200u << 10);
+    store_key_t k = key_of(job, 0, 1), k2 = key_of(job, 0, 2);
+    cr_assert_eq(put_gen(s, 1, &k, 11, len, STORE_F_PERSISTENT), STATUS_OK);
+    cr_assert_eq(put_gen(s, 1, &k2, 12, len, STORE_F_PERSISTENT), STATUS_OK);
+    cr_assert_eq(get_check(s, 1, &k, 11, len, true), STATUS_OK);
+    pool_region_t r;
+    store_blob_info_t info;
+    cr_assert_eq(store_get(s, 1, &k, &r, &info, err, sizeof err), STATUS_OK);
+    uint8_t *p = pool_ptr(store_pool(s), &r);
+    p[th_xorshift64(&seed) % len] ^= (uint8_t)(1 + th_xorshift64(&seed) % 255);
+    cr_assert_eq(store_get_done(s, 1, &k), STATUS_OK);
+    status_t st = store_get(s, 1, &k, &r, &info, err, sizeof err);
+    cr_assert_eq(st, STATUS_DATA_LOSS, "a changed pool copy was handed out: %s", status_word(st));
+    cr_assert(strstr(err, "changed after its commit") != NULL, "%s", err);
+    cr_assert_eq(get_check(s, 1, &k2, 12, len, true), STATUS_OK);
+    store_stats_t ss;
+    store_stats(s, &ss);
+    cr_assert_eq(ss.crc_errors, 1);
+    store_close(s);
+    remove_dir();
+}
