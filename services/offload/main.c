@@ -39,7 +39,7 @@ static const char *o_socket, *o_fd_socket, *o_listen, *o_health_bind, *o_spill_d
 static int64_t o_health_port, o_threads, o_max_sessions, o_ring_entries, o_queue_depth,
                o_io_threads, o_ring_spin_us;
 static uint64_t o_pool_bytes, o_segment_bytes, o_spill_bytes, o_spill_file_bytes,
-                o_session_quota, o_default_quota, o_max_msg;
+                o_session_quota, o_default_quota, o_max_msg, o_job_quota;
 static double o_lease, o_evict_wait, o_stats_interval, o_drain_grace;
 static int o_huge, o_io_backend;
 static int64_t o_metrics_port;
@@ -90,6 +90,9 @@ static const opt_t opts[] = {
       "how long a put waits for pool space before RESOURCE_EXHAUSTED", &o_evict_wait },
     { "session-quota", OPT_SIZE, "0", 0, 1ull << 60, NULL,
       "most bytes one session may hold (0 = no limit); requests above it are refused", &o_session_quota },
+    { "job-quota", OPT_SIZE, "0", 0, 1ull << 60, NULL,
+      "most bytes the blobs of one job may hold, over all its sessions, persistent ones until "
+      "freed or released (0 = no limit)", &o_job_quota },
     { "default-quota", OPT_SIZE, "0", 0, 1ull << 60, NULL,
       "quota of a session that asks for none (0 = --session-quota)", &o_default_quota },
     { "max-sessions", OPT_INT, "256", 1, 65536, NULL, "open sessions at most", &o_max_sessions },
@@ -260,6 +263,7 @@ int main(int argc, char **argv) {
     sc.spill_dir = o_spill_dir && o_spill_dir[0] ? o_spill_dir : NULL;
     sc.spill_bytes = o_spill_bytes;
     sc.spill_file_bytes = o_spill_file_bytes;
+    sc.job_quota = o_job_quota;
     sc.io_backend = o_io_backend == 1 ? STORE_IO_URING : o_io_backend == 2 ? STORE_IO_THREADS : STORE_IO_AUTO;
     sc.queue_depth = (uint32_t)o_queue_depth;
     sc.io_threads = (uint32_t)o_io_threads;

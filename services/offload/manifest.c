@@ -87,6 +87,54 @@ static void encode_header(unsigned char *h, uint64_t file_bytes) {
     put32(h + 60, crc32c(0, h, 60));
 }
 
+/* ---- damage ---- */
+
+/* Offset of the first record in buf[from, got) that decodes and continues
+ * the sequence past seq; 0 when there is none. */
+static size_t next_good(const unsigned char *buf, size_t from, size_t got, uint64_t seq) {
+    for (size_t p = from; p + MANIFEST_REC_SIZE <= got; p += MANIFEST_REC_SIZE) {
+        manifest_rec_t r;
+        if (manifest_decode(buf + p, &r) && r.seq > seq) return p;
+    }
+    return 0;
+}
+
+static const char *type_word(unsigned t) {
+    switch (t) {
+    case MREC_JOB: return "JOB";
+    case MREC_PUT: return "PUT";
+    case MREC_DEL: return "DEL";
+    case MREC_RELEASE: return "RELEASE";
+    default: return "unknown";
+    }
+}
+
+/* Log the damaged records buf[from, to): where they are, which sequence
+ * numbers they held, and for each what its fields read as (unverified: one
+ * of them is wrong, but usually the key still says which blob was lost). */
+static void report_damage(const char *path, const unsigned char *buf, size_t from, size_t to,
+                          uint64_t last, uint64_t next_seq) {
+    log_warn("manifest %s: %zu damaged record(s) at offset %zu..%zu (sequence numbers %llu..%llu "
+             "missing; records after them are good and were replayed). A blob such a record put "
+             "is reported missing (NOT_FOUND), never returned wrong; a blob it freed may be served "
+             "again unless a later record reused its space",
+             path, (to - from) / MANIFEST_REC_SIZE, from, to, (unsigned long long)last + 1,
+             (unsigned long long)next_seq - 1);
+    for (size_t p = from; p < to; p += MANIFEST_REC_SIZE) {
+        const unsigned char *b = buf + p;
+        char job[MANIFEST_NAME_MAX];
+        size_t n = 0;
+        for (; n < MANIFEST_NAME_MAX - 1 && b[72 + n]; n++)
+            job[n] = b[72 + n] >= 0x20 && b[72 + n] < 0x7f ? (char)b[72 + n] : '?';
+        job[n] = 0;
+        log_warn("manifest %s: damaged record at offset %zu read as (unverified) %s job %s (id %llu) "
+                 "rank %u kind %u index %llu step %llu length %llu",
+                 path, p, type_word(b[4]), job, (unsigned long long)get64(b + 16), get32(b + 24),
+                 get32(b + 28), (unsigned long long)get64(b + 32), (unsigned long long)get64(b + 40),
+                 (unsigned long long)get64(b + 48));
+    }
+}
+
 /* ---- file helpers ---- */
 
 static int write_all(int fd, const void *buf, size_t len, off_t off) {
@@ -203,8 +251,11 @@ int manifest_open(manifest_t **out, const char *dir, uint64_t spill_file_bytes,
     }
     if (got < MANIFEST_HDR_SIZE || memcmp(buf, HDR_MAGIC, 8) != 0 ||
         get32(buf + 60) != crc32c(0, buf, 60)) {
-        errbuf_set(err, errlen, "%s is not a ballast manifest (bad magic or header checksum); move the "
-               "spill directory aside or point --spill-dir at an empty directory", m->path);
+        /* The header holds the spill file size every extent is found by:
+         * guessing it could hand out a live blob's extent, so refuse. */
+        errbuf_set(err, errlen, "%s is not a ballast manifest (bad magic or header checksum in bytes "
+               "0-63: a foreign file or a damaged header); move the spill directory aside or point "
+               "--spill-dir at an empty directory", m->path);
         free(buf);
         manifest_close(m);
         return -EPROTO;
@@ -222,20 +273,36 @@ int manifest_open(manifest_t **out, const char *dir, uint64_t spill_file_bytes,
     size_t pos = MANIFEST_HDR_SIZE;
     while (pos + MANIFEST_REC_SIZE <= got) {
         manifest_rec_t r;
-        if (!manifest_decode(buf + pos, &r) || r.seq <= m->seq) break;
-        m->seq = r.seq;
-        m->nrec++;
-        if (fn) fn(arg, &r);
-        pos += MANIFEST_REC_SIZE;
+        if (manifest_decode(buf + pos, &r) && r.seq > m->seq) {
+            m->seq = r.seq;
+            m->nrec++;
+            if (fn) fn(arg, &r);
+            pos += MANIFEST_REC_SIZE;
+            continue;
+        }
+        /* A bad record. With a good one after it, it is damage in the middle
+         * of the log (the records after it were appended, and possibly
+         * acknowledged, later): skip it and report it. Without, it is a torn
+         * tail. */
+        size_t next = next_good(buf, pos + MANIFEST_REC_SIZE, got, m->seq);
+        if (!next) break;
+        uint64_t nbad = (next - pos) / MANIFEST_REC_SIZE;
+        manifest_rec_t after;
+        manifest_decode(buf + next, &after);
+        report_damage(m->path, buf, pos, next, m->seq, after.seq);
+        if (!info->damaged_records) info->first_damaged_off = pos;
+        info->damaged_records += nbad;
+        pos = next;
     }
     free(buf);
     info->records = m->nrec;
     info->torn_bytes = size - pos;
     m->end = pos;
     if (pos < size) {
-        log_warn("manifest %s: ignoring %zu bytes after record %llu (a torn or damaged tail, "
-                 "e.g. from a crash during a write); blobs they described were never acknowledged",
-                 m->path, size - pos, (unsigned long long)m->nrec);
+        log_warn("manifest %s: cutting %zu bytes at offset %zu, after record %llu (a torn tail from "
+                 "a crash during an append: no record after it reads back valid); the puts they "
+                 "described were never acknowledged",
+                 m->path, size - pos, pos, (unsigned long long)m->seq);
         if (ftruncate(fd, (off_t)pos) != 0 || fdatasync(fd) != 0) {
             int e = errno;
             errbuf_set(err, errlen, "truncating the torn tail of %s: %s", m->path, strerror(e));

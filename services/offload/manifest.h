@@ -4,9 +4,12 @@
  * fixed 160-byte records, each carrying its own CRC-32C. A record is
  * appended (and fdatasynced) only after the blob's bytes are durable in the
  * spill file, so a record that reads back valid always describes durable
- * data. At open the log is replayed in order; the first record that is
- * short or fails its checksum ends the log (a torn tail from a crash in the
- * middle of an append) and is cut off. When the log holds many dead records
+ * data. At open the log is replayed in order. A record that is short, fails
+ * its checksum or does not continue the sequence is either a torn tail (no
+ * good record after it: a crash in the middle of an append), which is cut
+ * off, or damage in the middle (good records follow), which is skipped,
+ * counted and logged with its offset while the records after it are
+ * replayed: the blobs they describe were acknowledged and must not be lost. When the log holds many dead records
  * it is compacted: the live ones are written to "manifest.tmp", fsynced,
  * renamed over "manifest", and the directory fsynced, so a crash leaves
  * either the old or the new log, never a mix. Byte layout: see
@@ -50,6 +53,8 @@ typedef struct {
 typedef struct {
     uint64_t records;      /* valid records replayed */
     uint64_t torn_bytes;   /* bytes cut off the end (0 after a clean shutdown) */
+    uint64_t damaged_records; /* bad records skipped in the middle (good ones follow them) */
+    uint64_t first_damaged_off; /* file offset of the first of them, bytes */
     uint64_t file_bytes;   /* spill file size the log was made for, bytes */
     bool created;          /* no log existed: a new one was written */
 } manifest_open_info_t;
@@ -61,7 +66,8 @@ typedef void (*manifest_replay_fn)(void *arg, const manifest_rec_t *rec);
 /* Open "<dir>/manifest", creating it (header with spill_file_bytes, written
  * through a temp file and renamed, directory fsynced) when absent. Existing
  * logs are replayed through fn (may be NULL) record by record, a torn tail
- * is cut off, and info (may be NULL) says what was found; info->file_bytes
+ * is cut off, damaged records followed by good ones are skipped and logged,
+ * and info (may be NULL) says what was found; info->file_bytes
  * is the spill file size recorded in the header, which the caller must use.
  * Errors (-errno and a message): unreadable file, a header that is not a
  * ballast manifest or of another version (-EPROTO: the directory belongs to

@@ -30,6 +30,7 @@
 #define RING_BATCH        32     /* entries popped per wakeup */
 #define RING_POLL_MS      100    /* ring threads re-check their stop flag this often */
 #define ATTACH_TIMEOUT_MS 2000   /* a client must send its attach message within this */
+#define MAX_ATTACHING 64         /* fd-socket connections served at once */
 #define MAX_LOGGED_ERRORS 8      /* bad ring entries logged per session (then counted only) */
 
 /* ---- types ---- */
@@ -78,6 +79,7 @@ struct sess_mgr {
     shm_listener_t lis;
     pthread_t acceptor, reaper;
     bool threads_started;
+    int nconn;                          /* fd-socket connections being served (mu) */
     _Atomic uint64_t opened, expired, closed, ring_ops, ring_errors, quota_refusals;
 };
 
@@ -448,6 +450,30 @@ status_t sess_check_owner(sess_mgr_t *m, uint64_t sid, const sess_caller_t *call
     return STATUS_NOT_FOUND;
 }
 
+typedef struct {
+    sess_mgr_t *m;
+    int fd;
+    shm_peer_t peer;
+} conn_t;
+
+/* One fd-socket connection, on its own thread: a client that connects and
+ * sends nothing holds only this thread, for at most ATTACH_TIMEOUT_MS. */
+static void *conn_main(void *arg) {
+    conn_t *c = arg;
+    sess_mgr_t *m = c->m;
+    handle_attach(m, c->fd, &c->peer);
+    close(c->fd);
+    free(c);
+    pthread_mutex_lock(&m->mu);
+    m->nconn--;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    return NULL;
+}
+
+/* Accept connections and hand each to a thread of its own (at most
+ * MAX_ATTACHING at once; past that a connection is refused with a reason),
+ * so idle or slow clients cannot hold up another's attach. */
 static void *acceptor_main(void *arg) {
     sess_mgr_t *m = arg;
     while (!atomic_load(&m->stopping)) {
@@ -460,9 +486,37 @@ static void *acceptor_main(void *arg) {
         int rc = shm_accept(m->lis.fd, &m->peers, &fd, &peer, err, sizeof err);
         if (rc == -EACCES) { log_warn("fd socket: %s", err); continue; }
         if (rc) { if (rc != -EAGAIN && rc != -EINTR) log_warn("fd socket: accept: %s", err); continue; }
-        handle_attach(m, fd, &peer);
+        pthread_mutex_lock(&m->mu);
+        bool room = m->nconn < MAX_ATTACHING;
+        if (room) m->nconn++;
+        pthread_mutex_unlock(&m->mu);
+        conn_t *c = room ? malloc(sizeof *c) : NULL;
+        pthread_attr_t at;
+        pthread_t t;
+        bool started = false;
+        if (c && pthread_attr_init(&at) == 0) {
+            *c = (conn_t){ m, fd, peer };
+            pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+            started = pthread_create(&t, &at, conn_main, c) == 0;
+            pthread_attr_destroy(&at);
+        }
+        if (started) continue;
+        free(c);
+        if (room) {
+            pthread_mutex_lock(&m->mu);
+            m->nconn--;
+            pthread_mutex_unlock(&m->mu);
+        }
+        log_warn("fd socket: pid %d: %s", (int)peer.pid, room ? "cannot start a thread for the connection"
+                 : "too many connections attaching at once");
+        send_reply(fd, STATUS_RESOURCE_EXHAUSTED, 0, room ? "ballastd cannot start a thread: retry"
+                   : "too many clients attaching at once: retry in a moment");
         close(fd);
     }
+    /* the connection threads use m: wait for them (each ends within its deadline) */
+    pthread_mutex_lock(&m->mu);
+    while (m->nconn > 0) pthread_cond_wait(&m->cv, &m->mu);
+    pthread_mutex_unlock(&m->mu);
     return NULL;
 }
 

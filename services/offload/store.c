@@ -78,6 +78,7 @@ typedef struct blob {
     holder_t *holders;
     struct blob *lprev, *lnext; /* LRU (head = least recently used) or zombie list */
     struct blob *hnext;       /* hash chain */
+    bool job_charged;         /* alen is in its job's used */
 } blob_t;
 
 typedef struct {
@@ -92,6 +93,7 @@ typedef struct {
     uint64_t id;
     char name[JOB_NAME_MAX + 1];
     bool claimed;             /* a caller owns the job (store_job_claim) */
+    uint64_t used;            /* bytes charged: every indexed blob of the job (cfg.job_quota) */
     bool owner_local;         /* its owner: a Unix-socket uid, or TCP callers */
     uint32_t owner_uid;
 } job_t;
@@ -136,6 +138,7 @@ struct store {
     uint64_t puts, put_bytes;  /* committed puts and their bytes (length, not the 4 KiB rounding) */
     uint64_t gets, get_bytes;  /* gets that handed a blob's region to a client, and its bytes */
     uint64_t evictions, prefetches, crc_errors, persistent_live;
+    uint64_t manifest_damaged, manifest_lost; /* found when the manifest was replayed */
 };
 
 /* ---- keys and the index ---- */
@@ -304,6 +307,21 @@ static void job_drop(store_t *s, uint64_t id) {
     }
 }
 
+/* The job's share of b (mu held): charged while b is in the index. */
+static void job_charge(store_t *s, blob_t *b) {
+    job_t *j = job_by_id(s, b->key.job_id);
+    if (!j || b->job_charged) return;
+    j->used += b->alen;
+    b->job_charged = true;
+}
+
+static void job_uncharge(store_t *s, blob_t *b) {
+    if (!b->job_charged) return;
+    job_t *j = job_by_id(s, b->key.job_id);
+    if (j) j->used -= b->alen;
+    b->job_charged = false;
+}
+
 static bool job_has_blobs(store_t *s, uint64_t id) {
     for (uint64_t i = 0; i < s->nhash; i++)
         for (blob_t *b = s->hash[i]; b; b = b->hnext)
@@ -331,6 +349,7 @@ static void blob_unlink(store_t *s, blob_t *b) {
     lru_del(s, b);
     index_del(s, b);
     uncharge(s, b);
+    job_uncharge(s, b);
     if (b->durable) s->persistent_live--;
     zombie_add(s, b);
     blob_maybe_destroy(s, b);
@@ -762,12 +781,35 @@ static void replay_fn(void *arg, const manifest_rec_t *r) {
     }
 }
 
+static int rec_seq_desc(const void *a, const void *b) {
+    uint64_t x = ((const manifest_rec_t *)a)->seq, y = ((const manifest_rec_t *)b)->seq;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
 static int open_tier(store_t *s, char *err, size_t errlen) {
     const store_config_t *cfg = &s->cfg;
-    if (mkdir(s->spill_dir, 0700) != 0 && errno != EEXIST) {
-        int e = errno;
-        errbuf_set(err, errlen, "creating spill directory %s: %s", s->spill_dir, strerror(e));
-        return -e;
+    if (mkdir(s->spill_dir, 0700) != 0) {
+        if (errno != EEXIST) {
+            int e = errno;
+            errbuf_set(err, errlen, "creating spill directory %s: %s", s->spill_dir, strerror(e));
+            return -e;
+        }
+    } else {
+        /* A new directory's entry is in its parent: make it durable before
+         * anything in it is acknowledged. */
+        char parent[4200];
+        snprintf(parent, sizeof parent, "%s", s->spill_dir);
+        char *slash = strrchr(parent, '/');
+        if (!slash) snprintf(parent, sizeof parent, ".");
+        else if (slash == parent) parent[1] = 0;
+        else *slash = 0;
+        int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        int rc = pfd < 0 || fsync(pfd) != 0 ? -errno : 0;
+        if (pfd >= 0) close(pfd);
+        if (rc) {
+            errbuf_set(err, errlen, "fsync of %s, the parent of the new spill directory: %s", parent, strerror(-rc));
+            return rc;
+        }
     }
     char lp[4200];
     snprintf(lp, sizeof lp, "%s/ballastd.lock", s->spill_dir);
@@ -831,7 +873,10 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
                      "works without (raise RLIMIT_MEMLOCK to get them)", strerror(-r));
     }
 
-    /* Serve the persistent blobs of earlier runs. */
+    /* Serve the persistent blobs of earlier runs, newest record first: two
+     * live records can only share space when a damaged DEL or RELEASE was
+     * skipped, and then the later one is the blob that owns it. */
+    qsort(rp.recs, rp.n, sizeof *rp.recs, rec_seq_desc);
     size_t lost = 0;
     for (size_t i = 0; i < rp.n; i++) {
         manifest_rec_t *r = &rp.recs[i];
@@ -840,12 +885,16 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
         b->key = (store_key_t){ r->job_id, r->rank, r->kind, r->index, r->step };
         b->length = r->length;
         b->alen = (r->length + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
-        if (r->length == 0 || tier_reserve(s->tier, r->nvme_off, b->alen) != 0 || lookup(s, &b->key)) {
-            log_warn("store: persistent blob (job %s, rank %u, kind %u, index %llu, step %llu) lies "
-                     "outside the spill files (offset %llu, %llu bytes); --spill-bytes shrank? It is "
-                     "reported missing", r->job, r->rank, r->kind, (unsigned long long)r->index,
-                     (unsigned long long)r->step, (unsigned long long)r->nvme_off,
-                     (unsigned long long)r->length);
+        bool inside = r->length && r->nvme_off + b->alen >= r->nvme_off &&
+                      r->nvme_off + b->alen <= ts.capacity;
+        if (!inside || tier_reserve(s->tier, r->nvme_off, b->alen) != 0 || lookup(s, &b->key)) {
+            log_warn("store: persistent blob (job %s, rank %u, kind %u, index %llu, step %llu) at "
+                     "offset %llu, %llu bytes, is reported missing: %s", r->job, r->rank, r->kind,
+                     (unsigned long long)r->index, (unsigned long long)r->step,
+                     (unsigned long long)r->nvme_off, (unsigned long long)r->length,
+                     !inside ? "it lies outside the spill files (--spill-bytes shrank?)"
+                             : "a later record of the manifest holds its space or key (a damaged "
+                               "record that freed it was skipped)");
             free(b);
             lost++;
             continue;
@@ -859,16 +908,25 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
         b->in_manifest = true;
         b->nvme_off = r->nvme_off;
         index_add(s, b);
+        job_charge(s, b);
         s->persistent_live++;
     }
     free(rp.recs);
     /* jobs the log names that hold nothing any more (released) take no slot */
     for (size_t i = s->njobs; i-- > 0;)
         if (!job_has_blobs(s, s->jobs[i].id)) job_drop(s, s->jobs[i].id);
+    s->manifest_damaged = info.damaged_records;
+    s->manifest_lost = lost;
     if (!info.created)
         log_info("store: manifest of %s replayed: %llu records, %zu persistent blobs served again%s",
                  s->spill_dir, (unsigned long long)info.records, rp.n - lost,
-                 info.torn_bytes ? ", torn tail ignored" : "");
+                 info.torn_bytes ? ", torn tail cut" : "");
+    if (info.damaged_records)
+        log_warn("store: %s/manifest had %llu damaged record(s), the first at offset %llu; they were "
+                 "skipped (the lines above say what they read as), and %zu blob(s) of good records "
+                 "are not served (also above). The log is kept as it is until its next compaction; check the disk",
+                 s->spill_dir, (unsigned long long)info.damaged_records,
+                 (unsigned long long)info.first_damaged_off, lost);
     maybe_compact(s);
     return 0;
 }
@@ -1208,6 +1266,17 @@ status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint6
                (unsigned long long)se->quota, (unsigned long long)alen);
         st = STATUS_QUOTA_EXCEEDED;
     }
+    job_t *jq = st == STATUS_OK && s->cfg.job_quota ? job_by_id(s, key->job_id) : NULL;
+    /* the blob this put replaces gives its share back */
+    uint64_t back = old && old->job_charged ? old->alen : 0;
+    if (jq && jq->used - back + alen > s->cfg.job_quota) {
+        errbuf_set(err, errlen, "job %s quota exceeded: its blobs hold %llu of the %llu bytes of "
+               "--job-quota (persistent ones count until freed or released), this put needs %llu "
+               "(free or release blobs of the job, or raise --job-quota)", jq->name,
+               (unsigned long long)jq->used, (unsigned long long)s->cfg.job_quota,
+               (unsigned long long)alen);
+        st = STATUS_QUOTA_EXCEEDED;
+    }
     if (st != STATUS_OK) { pthread_mutex_unlock(&s->mu); return st; }
     if (old) free_blobs(s, &old, 1, false, 0);
     /* Charge first so that concurrent puts of the session see the quota taken. */
@@ -1224,6 +1293,7 @@ status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint6
         b->owner = sid;
         b->refs = 1; /* hidden from others until it has space */
         index_add(s, b);
+        job_charge(s, b);
         st = alloc_space(s, alen, &b->region, true, err, errlen);
         b->refs--;
         if (st == STATUS_OK && b->linked) {
@@ -1417,6 +1487,7 @@ static status_t get_locked(store_t *s, uint64_t sid, const store_key_t *key, poo
             else blob_maybe_destroy(s, b);
             continue;
         }
+        bool loaded = !b->in_pool; /* a read-back is checked by load_blob */
         if (!b->in_pool) {
             b->refs++;
             status_t st = load_blob(s, b, true, err, errlen);
@@ -1433,6 +1504,23 @@ static status_t get_locked(store_t *s, uint64_t sid, const store_key_t *key, poo
             lru_update(s, b);
             errbuf_set(err, errlen, "out of memory");
             return STATUS_NO_SPACE;
+        }
+        if (region && b->crc_valid && !loaded) {
+            /* Every session maps the whole pool, so a committed pool copy
+             * may have been written by another client since: check it (with
+             * mu dropped; the pin keeps the region) before handing it out. */
+            uint32_t want = b->crc;
+            pthread_mutex_unlock(&s->mu);
+            uint32_t got = crc32c(0, pool_ptr(s->pool, &b->region), b->length);
+            pthread_mutex_lock(&s->mu);
+            if (got != want) {
+                s->crc_errors++;
+                pin_drop(s, b, sid, 1);
+                errbuf_set(err, errlen, "the pool copy of this blob changed after its commit (crc32c "
+                           "%08x, committed %08x): a client wrote into the shared pool; nothing is "
+                           "returned (put it again)", got, want);
+                return STATUS_DATA_LOSS;
+            }
         }
         if (region) { /* a get (store_pin asks for no region and moves no bytes) */
             *region = b->region;
@@ -1687,6 +1775,8 @@ void store_stats(store_t *s, store_stats_t *out) {
     out->evictions = s->evictions;
     out->prefetches = s->prefetches;
     out->crc_errors = s->crc_errors;
+    out->manifest_damaged = s->manifest_damaged;
+    out->manifest_lost = s->manifest_lost;
     out->sessions = s->nsessions;
     out->draining = s->draining;
     pthread_mutex_unlock(&s->mu);

@@ -24,9 +24,11 @@
  * Sessions: the service opens a store session per client session
  * (store_session_open) with a quota; every blob a session puts is charged to
  * it (its length rounded up to 4 KiB, whichever tier it is on) until it is
- * freed. store_drop_session (lease expiry, CloseSession) frees the session's
- * non-persistent blobs and drops its pins; its persistent blobs stay, charged
- * to nobody, until store_release_job.
+ * freed. Every blob is also charged to its key's job (cfg.job_quota) until it
+ * leaves the index. store_drop_session (lease expiry, CloseSession) frees the
+ * session's non-persistent blobs and drops its pins; its persistent blobs
+ * stay, charged to no session but still to their job, until
+ * store_release_job or a free.
  *
  * Access control: the store does not check which job a session belongs to;
  * the service must only pass keys whose job_id is the session's job. A pin is
@@ -69,7 +71,7 @@ typedef struct {
 /* ---- status ---- */
 
 /* Every call returns a status_t (proto/status.h). Besides the gRPC values it
- * uses the refinements STATUS_QUOTA_EXCEEDED (the session's quota),
+ * uses the refinements STATUS_QUOTA_EXCEEDED (the session's or the job's quota),
  * STATUS_NO_SPACE (pool full and nothing evictable, NVMe tier full, out of
  * memory), STATUS_BUSY (wrong state: commit of a blob not ALLOCATED,
  * replace of a pinned blob, put of a key another session is writing),
@@ -136,6 +138,7 @@ typedef struct {
     uint32_t evict_wait_ms;      /* how long put_alloc waits for space (evictions by
                                     others, pins dropping); 0 = 5000 */
     bool direct_io;              /* try O_DIRECT (default true via store_config_default) */
+    uint64_t job_quota;          /* bytes all blobs of one job may hold together; 0 = no limit */
 } store_config_t;
 
 /* Defaults: 256 MiB pool in one segment, huge pages off, mlock on, no spill
@@ -350,6 +353,8 @@ typedef struct {
     uint64_t evictions;       /* blobs whose pool copy was dropped to make room */
     uint64_t prefetches;      /* read-backs started by store_prefetch */
     uint64_t crc_errors;      /* read-backs whose crc32c did not match */
+    uint64_t manifest_damaged; /* damaged manifest records skipped at open */
+    uint64_t manifest_lost;   /* persistent blobs of the replayed manifest not served again */
     uint64_t sessions;        /* open sessions */
     char io_backend[16];      /* "io_uring", "threads", "none" */
     char io_fallback[128];    /* why io_uring was not used ("" when it is / not asked) */

@@ -74,8 +74,12 @@ static void file_path(const tier_t *t, uint32_t i, char *buf, size_t len) {
     snprintf(buf, len, "%s/spill-%04u.dat", t->dir, i);
 }
 
-/* Open (creating and preallocating when needed) spill file i. */
-static int open_file(tier_t *t, uint32_t i, bool want_direct, char *err, size_t errlen) {
+/* Open (creating and preallocating when needed) spill file i. A file that
+ * was created or grown is fsynced (its size and allocation are metadata
+ * that fdatasync of later writes need not cover) and *changed set, so that
+ * the caller fsyncs the directory entry too: a blob acknowledged durable must
+ * not sit in a file that a power loss could take away. */
+static int open_file(tier_t *t, uint32_t i, bool want_direct, bool *changed, char *err, size_t errlen) {
     char path[4200];
     file_path(t, i, path, sizeof path);
     int base = O_RDWR | O_CREAT | O_CLOEXEC;
@@ -121,9 +125,26 @@ static int open_file(tier_t *t, uint32_t i, bool want_direct, char *err, size_t 
             close(fd);
             return -e;
         }
+        if (fsync(fd) != 0) {
+            int e = errno;
+            errbuf_set(err, errlen, "fsync of the new spill file %s: %s (is the spill filesystem "
+                   "full or read-only?)", path, strerror(e));
+            close(fd);
+            return -e;
+        }
+        *changed = true;
     }
     t->fds[i] = fd;
     return 0;
+}
+
+/* fsync directory dir (its entries: the files just created in it). */
+static int fsync_dir(const char *dir, char *err, size_t errlen) {
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = dfd < 0 || fsync(dfd) != 0 ? -errno : 0;
+    if (dfd >= 0) close(dfd);
+    if (rc) errbuf_set(err, errlen, "fsync of the spill directory %s: %s", dir, strerror(-rc));
+    return rc;
 }
 
 int tier_open(tier_t **out, const tier_config_t *cfg, char *err, size_t errlen) {
@@ -157,8 +178,9 @@ int tier_open(tier_t **out, const tier_config_t *cfg, char *err, size_t errlen) 
     if (!t->fds || !t->ext) { free(t->fds); ext_destroy(t->ext); free(t); errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
     for (uint32_t i = 0; i < t->nfiles; i++) t->fds[i] = -1;
     int rc = 0;
+    bool changed = false;
     for (uint32_t i = 0; i < t->nfiles && rc == 0; i++) {
-        rc = open_file(t, i, cfg->direct, err, errlen);
+        rc = open_file(t, i, cfg->direct, &changed, err, errlen);
         if (rc == 0 && ext_add_span(t->ext, (uint64_t)i * fb, fb) < 0) {
             errbuf_set(err, errlen, "out of memory");
             rc = -ENOMEM;
@@ -173,6 +195,7 @@ int tier_open(tier_t **out, const tier_config_t *cfg, char *err, size_t errlen) 
             rc = -errno;
         }
     }
+    if (rc == 0 && changed) rc = fsync_dir(cfg->dir, err, errlen);
     if (rc == 0) rc = io_engine_open(&t->io, &cfg->io, err, errlen);
     if (rc) { tier_close(t); return rc; }
     *out = t;

@@ -21,6 +21,7 @@ int main(int argc, char **argv) {
     int64_t world = 0, threads = 0;
     uint64_t max_value = 0;
     int64_t max_keys = 0;
+    uint64_t max_bytes = 0;
     double timeout = 0;
     const opt_t opts[] = {
         { "listen", OPT_STRING, "127.0.0.1:29500", 0, 0, NULL,
@@ -34,6 +35,8 @@ int main(int argc, char **argv) {
         { "threads", OPT_INT, "4", 2, 256, NULL, "server threads", &threads },
         { "max-value", OPT_SIZE, "1M", 1, 1ull << 30, NULL, "largest value accepted", &max_value },
         { "max-keys", OPT_INT, "65536", 1, 1 << 24, NULL, "most keys held", &max_keys },
+        { "max-bytes", OPT_SIZE, "256M", 4096, 1ull << 40, NULL,
+          "most bytes held in keys, values and barriers together", &max_bytes },
         { "port-file", OPT_STRING, NULL, 0, 0, NULL,
           "write the bound TCP port to this file once serving (for port 0)", &port_file },
     };
@@ -55,7 +58,7 @@ int main(int argc, char **argv) {
     }
     rdzv_server_opts_t so = { .listen = listen, .job_id = job_id, .world = (int)world,
                               .threads = (int)threads, .max_value_bytes = max_value,
-                              .max_keys = (size_t)max_keys };
+                              .max_keys = (size_t)max_keys, .max_bytes = max_bytes };
     char serr[RDZV_ERR_LEN];
     int port = 0;
     rdzv_server_t *s = rdzv_server_start(&so, &port, serr, sizeof serr);

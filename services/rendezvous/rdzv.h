@@ -25,6 +25,7 @@
 
 #define RDZV_MAX_KEY 256                  /* bytes */
 #define RDZV_DEFAULT_MAX_VALUE (1u << 20) /* bytes: default value size limit */
+#define RDZV_DEFAULT_MAX_BYTES (256u << 20) /* bytes: default limit of everything held */
 #define RDZV_ERR_LEN 512
 #define RDZV_POLL_SLICE_MS 200            /* longest a server holds one Wait/Barrier call */
 
@@ -40,6 +41,7 @@ typedef struct {
     int threads;               /* server threads; 0 = 4 */
     size_t max_value_bytes;    /* largest value accepted; 0 = RDZV_DEFAULT_MAX_VALUE */
     size_t max_keys;           /* most keys held; 0 = 65536 */
+    size_t max_bytes;          /* most bytes held in keys, values and barriers; 0 = RDZV_DEFAULT_MAX_BYTES */
 } rdzv_server_opts_t;
 
 /* Start serving in background threads. *bound_port (may be NULL) gets the

@@ -28,6 +28,7 @@ static grpc_status_code status_of(int rc) {
     case 0: return GRPC_STATUS_OK;
     case -EEXIST: return GRPC_STATUS_ALREADY_EXISTS;
     case -ENOENT: return GRPC_STATUS_NOT_FOUND;
+    case -EMSGSIZE: return GRPC_STATUS_INVALID_ARGUMENT; /* one request over a size limit */
     case -E2BIG:
     case -ENOSPC:
     case -ENOMEM: return GRPC_STATUS_RESOURCE_EXHAUSTED;
@@ -180,6 +181,12 @@ rdzv_server_t *rdzv_server_start(const rdzv_server_opts_t *o, int *bound_port, c
     size_t max_value = o->max_value_bytes ? o->max_value_bytes : RDZV_DEFAULT_MAX_VALUE;
     s->store = rdzv_store_new(o->max_keys ? o->max_keys : 65536, max_value, threads - 1);
     rpc_server_opts_t ro = { .threads = threads, .max_msg_bytes = max_value + 64 * 1024 };
+    /* A barrier reply lists the missing ranks, at most 5 bytes each as
+     * varints: the world is bounded so that the list fits the message limit
+     * with room for the rest of the reply. */
+    if (s->store)
+        rdzv_store_limits(s->store, (uint32_t)((ro.max_msg_bytes - 4096) / 5),
+                          o->max_bytes ? o->max_bytes : RDZV_DEFAULT_MAX_BYTES);
     if (!s->store || !(s->rpc = rpc_server_new(&ro, err, errlen))) {
         if (!s->store) snprintf(err, errlen, "rendezvous server: out of memory");
         goto fail;

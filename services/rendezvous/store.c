@@ -43,6 +43,8 @@ struct rdzv_store {
     pthread_cond_t cv;       /* CLOCK_MONOTONIC */
     entry_t *bucket[NBUCKETS];
     size_t nkeys, max_keys, max_value;
+    size_t bytes, max_bytes;  /* held in keys, values and barriers (with their headers) / limit */
+    uint32_t max_world;       /* largest barrier */
     barrier_t *barriers;
     int blocked, max_blocked;
     bool shutdown;
@@ -91,7 +93,25 @@ rdzv_store_t *rdzv_store_new(size_t max_keys, size_t max_value, int max_blocked)
     s->max_keys = max_keys;
     s->max_value = max_value;
     s->max_blocked = max_blocked;
+    s->max_bytes = SIZE_MAX;
+    s->max_world = MAX_WORLD;
     return s;
+}
+
+void rdzv_store_limits(rdzv_store_t *s, uint32_t max_world, size_t max_bytes) {
+    pthread_mutex_lock(&s->mu);
+    if (max_world) s->max_world = max_world < MAX_WORLD ? max_world : MAX_WORLD;
+    if (max_bytes) s->max_bytes = max_bytes;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Whether grow more bytes fit under max_bytes (mu held); else err says so. */
+static bool fits(rdzv_store_t *s, size_t grow, const char *what, const char *name, char *err, size_t errlen) {
+    if (grow <= s->max_bytes && s->bytes <= s->max_bytes - grow) return true;
+    snprintf(err, errlen, "%s %.64s needs %zu bytes, but the store holds %zu of its %zu-byte limit: "
+             "start the server with a larger --max-bytes, or use fewer or smaller keys and barriers",
+             what, name, grow, s->bytes, s->max_bytes);
+    return false;
 }
 
 void rdzv_store_shutdown(rdzv_store_t *s) {
@@ -171,7 +191,7 @@ int rdzv_store_set(rdzv_store_t *s, const char *key, const void *val, size_t len
     if (len > s->max_value) {
         snprintf(err, errlen, "value of key %s is %zu bytes, over the limit of %zu: start the server "
                  "with a larger --max-value", key, len, s->max_value);
-        return -E2BIG;
+        return -EMSGSIZE;
     }
     void *copy = malloc(len ? len : 1);
     if (!copy) {
@@ -187,6 +207,12 @@ int rdzv_store_set(rdzv_store_t *s, const char *key, const void *val, size_t len
         snprintf(err, errlen, "key %s already exists (version %llu): set overwrite to replace it",
                  key, (unsigned long long)e->version);
         return -EEXIST;
+    }
+    size_t grow = e ? (len > e->len ? len - e->len : 0) : sizeof *e + strlen(key) + 1 + len;
+    if (!fits(s, grow, "key", key, err, errlen)) {
+        pthread_mutex_unlock(&s->mu);
+        free(copy);
+        return -ENOSPC;
     }
     if (!e) {
         if (s->nkeys >= s->max_keys) {
@@ -209,7 +235,9 @@ int rdzv_store_set(rdzv_store_t *s, const char *key, const void *val, size_t len
         e->next = s->bucket[h];
         s->bucket[h] = e;
         s->nkeys++;
+        s->bytes += sizeof *e + strlen(key) + 1;
     }
+    s->bytes = s->bytes - e->len + len;
     free(e->val);
     e->val = copy;
     e->len = len;
@@ -256,6 +284,12 @@ int rdzv_store_get(rdzv_store_t *s, const char *key, int max_ms, void **val, siz
 }
 
 /* ---- barriers ---- */
+
+static barrier_t *barrier_find(rdzv_store_t *s, const char *name) {
+    for (barrier_t *b = s->barriers; b; b = b->next)
+        if (!strcmp(b->name, name)) return b;
+    return NULL;
+}
 
 static barrier_t *barrier_get(rdzv_store_t *s, const char *name) {
     for (barrier_t *b = s->barriers; b; b = b->next)
@@ -321,23 +355,43 @@ int rdzv_store_barrier(rdzv_store_t *s, const char *name, uint32_t rank, uint32_
     memset(out, 0, sizeof *out);
     int rc = rdzv_key_check(name, "barrier name", err, errlen);
     if (rc) return rc;
-    if (world == 0 || world > MAX_WORLD || rank >= world) {
-        snprintf(err, errlen, "barrier %s: rank %u / world %u out of range: need 0 <= rank < world <= %u",
-                 name, rank, world, MAX_WORLD);
+    if (world == 0 || rank >= world) {
+        snprintf(err, errlen, "barrier %s: rank %u / world %u out of range: need 0 <= rank < world",
+                 name, rank, world);
         return -EINVAL;
     }
     double end = clock_now_s() + max_ms / 1000.0;
     pthread_mutex_lock(&s->mu);
-    barrier_t *b = barrier_get(s, name);
-    if (!b) {
+    if (world > s->max_world) {
+        uint32_t mw = s->max_world;
         pthread_mutex_unlock(&s->mu);
-        snprintf(err, errlen, "out of memory for barrier %s", name);
-        return -ENOMEM;
+        snprintf(err, errlen, "barrier %s: world %u is over the limit of %u ranks (a reply naming the "
+                 "missing ranks must fit the server's message limit; a larger --max-value raises it)",
+                 name, world, mw);
+        return -EMSGSIZE;
+    }
+    barrier_t *b = barrier_find(s, name);
+    if (!b) {
+        if (!fits(s, sizeof *b + strlen(name) + 1 + world, "barrier", name, err, errlen)) {
+            pthread_mutex_unlock(&s->mu);
+            return -ENOSPC;
+        }
+        b = barrier_get(s, name);
+        if (!b) {
+            pthread_mutex_unlock(&s->mu);
+            snprintf(err, errlen, "out of memory for barrier %s", name);
+            return -ENOMEM;
+        }
+        s->bytes += sizeof *b + strlen(name) + 1;
     }
     if (round == 0) { /* arrive */
         if (b->failed) goto failed;
         if (b->n_arrived == 0) {
             if (b->world != world) {
+                if (world > b->world && !fits(s, world - b->world, "barrier", name, err, errlen)) {
+                    pthread_mutex_unlock(&s->mu);
+                    return -ENOSPC;
+                }
                 bool *a = calloc(world, sizeof(bool));
                 if (!a) {
                     pthread_mutex_unlock(&s->mu);
@@ -346,6 +400,7 @@ int rdzv_store_barrier(rdzv_store_t *s, const char *name, uint32_t rank, uint32_
                 }
                 free(b->arrived);
                 b->arrived = a;
+                s->bytes = s->bytes - b->world + world;
                 b->world = world;
             }
             b->first_s = clock_now_s();

@@ -16,6 +16,11 @@ typedef struct rdzv_store rdzv_store_t;
 rdzv_store_t *rdzv_store_new(size_t max_keys, size_t max_value, int max_blocked);
 void rdzv_store_free(rdzv_store_t *s);
 
+/* Bound barriers to max_world ranks and everything held (keys, values,
+ * barrier names and arrival tables, with their bookkeeping) to max_bytes;
+ * 0 keeps the current bound (at first 2^20 ranks and no byte limit). */
+void rdzv_store_limits(rdzv_store_t *s, uint32_t max_world, size_t max_bytes);
+
 /* Wait up to max_ms until every rank of each barrier's latest completed
  * round has been answered "done", and every rank of a failed round has
  * been told of the failure (so a server stopping right after its own last
@@ -25,8 +30,8 @@ bool rdzv_store_quiesce(rdzv_store_t *s, int max_ms);
 /* Wake every blocked call and make later blocking calls return -ESHUTDOWN. */
 void rdzv_store_shutdown(rdzv_store_t *s);
 
-/* -EEXIST (exists, !overwrite), -E2BIG (value too large), -ENOSPC (too
- * many keys), -EINVAL (bad key). *version: the key's write count. */
+/* -EEXIST (exists, !overwrite), -EMSGSIZE (value over max_value), -ENOSPC
+ * (too many keys or bytes), -EINVAL (bad key). *version: the key's write count. */
 int rdzv_store_set(rdzv_store_t *s, const char *key, const void *val, size_t len, bool overwrite,
                    uint64_t *version, char *err, size_t errlen);
 
@@ -44,7 +49,8 @@ typedef struct {
 } rdzv_barrier_state_t;
 
 /* round == 0: rank arrives (-EEXIST: already arrived in the open round;
- * -EINVAL: rank/world out of range or world differs from the round's);
+ * -EINVAL: rank/world out of range or world differs from the round's;
+ * -EMSGSIZE: world over max_world; -ENOSPC: a new barrier over max_bytes);
  * round > 0: poll that round, waiting up to max_ms for it to complete.
  * A round not complete timeout_ms after its first arrival fails: -ETIMEDOUT
  * with the missing ranks named in err, for every later call about it. */

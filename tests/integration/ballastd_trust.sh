@@ -114,4 +114,60 @@ if bd_start K "$D" --pool-bytes 16M --mlock=false --spill-dir "$D/spillk" --spil
         kill -TERM "$(bd_pid K)"; bd_wait "$(bd_pid K)"
     fi
 fi
+# ---- the fd socket serves connections concurrently ----
+# 10 clients connect to the fd socket and send nothing; an attach right after
+# must not wait behind them (served one at a time, each idle one held the
+# acceptor for its 2 s deadline, and the attach timed out).
+if bd_start F "$D" --pool-bytes 16M --mlock=false; then
+    SF=$(bd_sock F)
+    /usr/bin/python3 -c '
+import socket, sys, time
+held = []
+for _ in range(10):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(sys.argv[1])
+    held.append(s)
+open(sys.argv[2], "w").write("held\n")
+time.sleep(60)
+' "$SF.fd" "$D/idle.ready" &
+    IDLE=$!; bd_track $IDLE
+    for _ in $(seq 1 200); do [ -s "$D/idle.ready" ] && break; sleep 0.05; done
+    head -c $(( 50000 + RANDOM * 4 )) /dev/urandom > "$D/att.in"
+    t0=$(date +%s)
+    rc=0
+    timeout 15 "$BALLAST" store put --socket "$SF" --job attach --index 3 --file "$D/att.in" > "$D/att.log" 2>&1 &&
+        timeout 15 "$BALLAST" store get --socket "$SF" --job attach --index 3 --file "$D/att.out" >> "$D/att.log" 2>&1 || rc=$?
+    took=$(( $(date +%s) - t0 ))
+    if [ -s "$D/idle.ready" ] && [ $rc -eq 0 ] && cmp -s "$D/att.in" "$D/att.out"; then
+        t_ok "with 10 idle fd-socket connections held, a put and a get attach and round-trip the bytes (${took} s, bound 15 s each)"
+    else
+        t_fail "attach behind 10 idle fd-socket connections" "rc $rc after ${took} s: $(tail -3 "$D/att.log")"
+    fi
+    kill -9 $IDLE 2>/dev/null; bd_wait $IDLE
+    kill -TERM "$(bd_pid F)"; bd_wait "$(bd_pid F)"
+fi
+# ---- --job-quota: cycling sessions does not get around it ----
+# every `ballast store put` opens a session, puts and closes it; persistent
+# blobs stay charged to their job after their session is gone
+if bd_start Q "$D" --pool-bytes 16M --mlock=false --spill-dir "$D/spillq" --spill-bytes 32M --spill-file-bytes 16M \
+        --session-quota 1M --job-quota 1M; then
+    SQ=$(bd_sock Q)
+    sz=$(( 270000 + RANDOM % 30000 ))   # 3 fit in 1 MiB (rounded to 4 KiB), a 4th does not
+    head -c $sz /dev/urandom > "$D/q.in"
+    n=0
+    for i in 1 2 3 4 5 6; do
+        # remote mode: its error carries the service's text (a ring completion carries a code)
+        "$BALLAST" store put --socket "$SQ" --remote --job cycler --index $i --persistent --file "$D/q.in" 2> "$D/q.err" || break
+        n=$((n+1))
+    done
+    if [ $n -eq 3 ] && grep -q "job cycler quota exceeded.*--job-quota" "$D/q.err"; then
+        t_ok "--job-quota 1M: 3 persistent blobs of $sz bytes from 3 sessions, the 4th session's put refused naming it"
+    else
+        t_fail "--job-quota across sessions" "$n puts; $(cat "$D/q.err")"
+    fi
+    t_check "another job is not charged for it" "$BALLAST" store put --socket "$SQ" --job bystander --persistent --file "$D/q.in"
+    t_check "a removed blob gives its share back" bash -c "'$BALLAST' store rm --socket '$SQ' --job cycler --index 1 &&
+        '$BALLAST' store put --socket '$SQ' --job cycler --index 9 --persistent --file '$D/q.in'"
+    kill -TERM "$(bd_pid Q)"; bd_wait "$(bd_pid Q)"
+fi
 t_done

@@ -103,4 +103,36 @@ for r in 0 1 3; do
     elif grep -Eq "rank 2 did not arrive|still missing at the last answer: 2$" "$D/x.$r"; then t_ok "in-process: rank $r's error names missing rank 2"
     else t_fail "in-process: rank $r's error names missing rank 2" "$(cat "$D/x.$r")"; fi
 done
+# ---- bounds: barrier size, value size, bytes held ----
+"$RDZV" --listen=127.0.0.1:0 --port-file="$D/portb" --max-value=4K --max-bytes=64K --timeout=30s >"$D/serverb.log" 2>&1 &
+SRV=$!
+for _ in $(seq 100); do [ -s "$D/portb" ] && break; sleep 0.05; done
+AB=127.0.0.1:$(cat "$D/portb")
+# 4K values + 64K of headroom: (4096 + 65536 - 4096) / 5 ranks fit a reply
+LIM=$(( (4096 + 65536 - 4096) / 5 ))
+W=$(( LIM + 1 + RANDOM % 200000 ))
+t_expect_fail "a barrier of $W ranks is INVALID_ARGUMENT naming the limit of $LIM" \
+    "INVALID_ARGUMENT: barrier huge: world $W is over the limit of $LIM ranks" "$TOOL" "$AB" "" $W barrier huge 0 1
+# at the limit, the reply that lists every missing rank fits the message limit
+t_expect_fail "a barrier of exactly $LIM ranks answers (its deadline, naming the missing ranks)" \
+    "did not arrive" "$TOOL" "$AB" "" $LIM barrier atlimit 0 0.5
+BIG=$(head -c 4097 /dev/urandom | od -An -tx1 | tr -d ' \n')
+t_expect_fail "a 4097-byte value is INVALID_ARGUMENT naming --max-value" "INVALID_ARGUMENT: .*over the limit of 4096.*--max-value" \
+    "$TOOL" "$AB" "" 1 set big "$BIG"
+t_expect_fail "a 257-byte key is INVALID_ARGUMENT" "INVALID_ARGUMENT: (rendezvous )?key must be 1..256" \
+    "$TOOL" "$AB" "" 1 set "$(head -c 257 /dev/zero | tr '\0' k)" 00
+V=$(head -c 4000 /dev/urandom | od -An -tx1 | tr -d ' \n')
+n=0
+while [ $n -lt 40 ] && "$TOOL" "$AB" "" 1 set "k$n" "$V" 2>"$D/full.err"; do n=$((n+1)); done
+# $LIM's arrival table and its barrier took some of the 64K too
+if [ $n -ge 8 ] && [ $n -lt 16 ] && grep -q "RESOURCE_EXHAUSTED: .*64K\|RESOURCE_EXHAUSTED: .*65536-byte limit.*--max-bytes" "$D/full.err"; then
+    t_ok "keys stop at the --max-bytes total ($n values of 4000 bytes), RESOURCE_EXHAUSTED naming it"
+else
+    t_fail "--max-bytes bounds what the keys hold" "$n keys; $(cat "$D/full.err")"
+fi
+# less than one 4000-byte value is left: a barrier of 8000 ranks does not fit
+t_expect_fail "a new barrier over the --max-bytes total is refused naming it" "RESOURCE_EXHAUSTED: barrier late.*--max-bytes" \
+    "$TOOL" "$AB" "" 8000 barrier late 0 1
+t_check "an existing key can still be read" "$TOOL" "$AB" "" 1 get k0
+stop_server
 t_done

@@ -10,6 +10,7 @@
  *       waits for it, then barrier "start", then barrier "done"
  *
  * Exit 0 on success; 1 with the error on stderr. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +91,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rdzv_tool: bad arguments for %s\n", cmd);
     }
     free(v);
-    if (rc && rc != 2) fprintf(stderr, "rdzv_tool: %s\n", err);
+    if (rc && rc != 2)
+        fprintf(stderr, "rdzv_tool: %s%s\n", rc == -EINVAL ? "INVALID_ARGUMENT: " : rc == -ENOSPC ? "RESOURCE_EXHAUSTED: " : "", err);
     rdzv_client_close(c);
     rdzv_server_stop(srv);
     return rc == 0 ? 0 : rc == 2 ? 2 : 1;

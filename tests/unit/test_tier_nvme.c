@@ -527,3 +527,63 @@ Test(tier, falls_back_to_buffered_when_o_direct_is_refused) {
     free(b);
     remove_dir();
 }
+
+/* ---- durability of new spill files ---- */
+
+/* fsync as seen by this program: while recording, the path of every fd
+ * synced is kept, then the real call is made. */
+static char fsynced[16][512];
+static int nfsynced;
+static atomic_bool recording;
+
+int fsync(int fd) {
+    if (atomic_load(&recording) && nfsynced < 16) {
+        char l[64];
+        snprintf(l, sizeof l, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(l, fsynced[nfsynced], sizeof fsynced[0] - 1);
+        fsynced[nfsynced][n > 0 ? n : 0] = 0;
+        nfsynced++;
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
+
+static bool was_fsynced(const char *path) {
+    for (int i = 0; i < nfsynced; i++)
+        if (strcmp(fsynced[i], path) == 0) return true;
+    return false;
+}
+
+/* Spill files made by tier_open, and the directory that holds their names,
+ * are fsynced before tier_open returns (so before any blob in them can be
+ * acknowledged durable); reopening complete files syncs nothing. */
+Test(tier, new_spill_files_and_their_directory_are_fsynced) {
+    make_dir("/tmp");
+    char real[400];
+    cr_assert_not_null(realpath(dir, real));
+    uint64_t seed = th_seed(0x5eed7 ^ (uint64_t)getpid());
+    uint32_t nf = 2 + (uint32_t)(th_xorshift64(&seed) % 3);
+    tier_config_t tc = { .dir = dir, .capacity = (uint64_t)nf << 20, .file_bytes = 1u << 20,
+                         .io = { .backend = IO_BACKEND_THREADS }, .direct = false };
+    tier_t *t;
+    char err[256];
+    nfsynced = 0;
+    atomic_store(&recording, true);
+    int rc = tier_open(&t, &tc, err, sizeof err);
+    atomic_store(&recording, false);
+    cr_assert_eq(rc, 0, "%s", err);
+    for (uint32_t i = 0; i < nf; i++) {
+        char p[512];
+        snprintf(p, sizeof p, "%s/spill-%04u.dat", real, i);
+        cr_assert(was_fsynced(p), "new spill file %s was not fsynced (%d fsyncs seen)", p, nfsynced);
+    }
+    cr_assert(was_fsynced(real), "spill directory %s was not fsynced after creating its files", real);
+    tier_close(t);
+    nfsynced = 0;
+    atomic_store(&recording, true);
+    rc = tier_open(&t, &tc, err, sizeof err);
+    atomic_store(&recording, false);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_assert_eq(nfsynced, 0, "reopening complete spill files synced %d files", nfsynced);
+    tier_close(t);
+    remove_dir();
+}
