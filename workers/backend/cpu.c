@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "workers/backend/cpu_ring.h"
 
 /* Below these sizes an op runs on the calling thread: forking a team
  * costs more than it saves (and much more on a busy machine). */
@@ -555,6 +556,7 @@ static const backend_t cpu_backend = {
     .matmul_fwd = cpu_matmul_fwd, .matmul_bwd = cpu_matmul_bwd,
     .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd,
     .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
+    .attn_block_fwd = cpu_attn_block_fwd, .attn_merge = cpu_attn_merge, .attn_block_bwd = cpu_attn_block_bwd,
     .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
     .xent_fwd = cpu_xent_fwd, .xent_bwd = cpu_xent_bwd,
     .adamw = cpu_adamw,
