@@ -24,6 +24,14 @@ static void setup(void) { be = backend_cpu(2); }
 /* The backend's own GEMM kernel, which runs where OpenBLAS does not load
  * (each test runs in its own process, so the choice holds for that test). */
 static void setup_builtin(void) { setenv("BALLAST_CPU_GEMM", "builtin", 1); setup(); }
+static void misspelt_gemm(void) { setenv("BALLAST_CPU_GEMM", "openblass", 1); }
+
+/* A BALLAST_CPU_GEMM that names no GEMM stops the program (with a message
+ * naming the three choices) instead of running on a guess. */
+Test(backend_cpu, bad_gemm_choice_exits, .init = misspelt_gemm, .exit_code = 1) {
+    backend_cpu(1);
+    cr_assert_fail("backend_cpu accepted BALLAST_CPU_GEMM=openblass");
+}
 
 /* Test buffers come from here and are all released after each test, so a
  * failing assertion mid-test leaks nothing either (LeakSanitizer, valgrind). */

@@ -108,11 +108,19 @@ static void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float
         float mean = (float)(dot / D);
         for (int j = 0; j < D; j++) dxi[j] += r * (gi[j] * w[j] - xi[j] * r * mean);
     }
+    /* dw: blocks of 64 columns walked row by row (rows in order for each
+     * column, as one column at a time would, but along the rows' memory) */
+    enum { JB = 64 };
 #pragma omp parallel for schedule(static) if ((size_t)N * D > PAR_MIN)
-    for (int j = 0; j < D; j++) {
-        double s = 0;
-        for (int i = 0; i < N; i++) s += (double)dout[(size_t)i * D + j] * (x[(size_t)i * D + j] * rstd[i]);
-        dw[j] += (float)s;
+    for (int j0 = 0; j0 < D; j0 += JB) {
+        int nj = D - j0 < JB ? D - j0 : JB;
+        double s[JB] = { 0 };
+        for (int i = 0; i < N; i++) {
+            const float *gi = dout + (size_t)i * D + j0, *xi = x + (size_t)i * D + j0;
+            float r = rstd[i];
+            for (int j = 0; j < nj; j++) s[j] += (double)gi[j] * (xi[j] * r);
+        }
+        for (int j = 0; j < nj; j++) dw[j0 + j] += (float)s[j];
     }
 }
 
@@ -164,24 +172,64 @@ static void cpu_rope_bwd(float *dx, int B, int T, int nh, int Dh, int pos0, cons
 
 /* ---- SwiGLU ---- */
 
+/* h = silu(g) * u on elements [0, n) of one chunk */
 __attribute__((target_clones("arch=x86-64-v3", "default")))
-static void cpu_swiglu_fwd(float *h, const float *g, const float *u, size_t n) {
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
+static void swiglu_fwd_chunk(float *h, const float *g, const float *u, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f g8, u8;
+        V8_LD(g8, g + i);
+        V8_LD(u8, u + i);
+        v8f s = -g8;
+        cpu_expf8(&s);
+        s = 1.f / (1.f + s);
+        v8f h8 = g8 * s * u8;
+        V8_ST(h + i, h8);
+    }
+    for (; i < n; i++) {
         float s = 1.f / (1.f + cpu_expf(-g[i]));
         h[i] = g[i] * s * u[i];
     }
 }
 
+static void cpu_swiglu_fwd(float *h, const float *g, const float *u, size_t n) {
+    size_t nch = (n + CPU_CHUNK - 1) / CPU_CHUNK;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t c = 0; c < nch; c++) {
+        size_t i0 = c * CPU_CHUNK, m = n - i0 < CPU_CHUNK ? n - i0 : CPU_CHUNK;
+        swiglu_fwd_chunk(h + i0, g + i0, u + i0, m);
+    }
+}
+
+/* dg, du of h = silu(g) * u on one chunk */
 __attribute__((target_clones("arch=x86-64-v3", "default")))
-static void cpu_swiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n) {
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
+static void swiglu_bwd_chunk(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f g8, u8, d8;
+        V8_LD(g8, g + i);
+        V8_LD(u8, u + i);
+        V8_LD(d8, dh + i);
+        v8f s = -g8;
+        cpu_expf8(&s);
+        s = 1.f / (1.f + s);
+        v8f dg8 = d8 * u8 * s * (1.f + g8 * (1.f - s)), du8 = d8 * (g8 * s);
+        V8_ST(dg + i, dg8);
+        V8_ST(du + i, du8);
+    }
+    for (; i < n; i++) {
         float s = 1.f / (1.f + cpu_expf(-g[i]));
-        float silu = g[i] * s;
-        float gd = dh[i];
-        dg[i] = gd * u[i] * s * (1.f + g[i] * (1.f - s));
-        du[i] = gd * silu;
+        dg[i] = dh[i] * u[i] * s * (1.f + g[i] * (1.f - s));
+        du[i] = dh[i] * (g[i] * s);
+    }
+}
+
+static void cpu_swiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n) {
+    size_t nch = (n + CPU_CHUNK - 1) / CPU_CHUNK;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t c = 0; c < nch; c++) {
+        size_t i0 = c * CPU_CHUNK, m = n - i0 < CPU_CHUNK ? n - i0 : CPU_CHUNK;
+        swiglu_bwd_chunk(dg + i0, du + i0, dh + i0, g + i0, u + i0, m);
     }
 }
 

@@ -28,9 +28,18 @@
 
 __attribute__((target_clones("arch=x86-64-v3", "default"), optimize("fp-contract=fast")))
 float cpu_exp_sub(float *x, int n, float sub) {
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < n; i++) {
+    v8f acc = { 0 }, vs = V8_SPLAT(sub);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f e;
+        V8_LD(e, x + i);
+        e -= vs;
+        cpu_expf8(&e);
+        V8_ST(x + i, e);
+        acc += e;
+    }
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) {
         float e = cpu_expf(x[i] - sub);
         x[i] = e;
         s += e;
@@ -40,17 +49,47 @@ float cpu_exp_sub(float *x, int n, float sub) {
 
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 static float row_max(const float *x, int n) {
+    v8f m8 = V8_SPLAT(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f a;
+        V8_LD(a, x + i);
+        m8 = (v8f)(((v8i)a & (a > m8)) | ((v8i)m8 & ~(a > m8)));
+    }
     float m = -INFINITY;
-    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    for (int l = 0; l < 8; l++) m = m8[l] > m ? m8[l] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
 }
 
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 static float dot(const float *a, const float *b, int n) {
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    v8f acc = { 0 };
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f x, y;
+        V8_LD(x, a + i);
+        V8_LD(y, b + i);
+        acc += x * y;
+    }
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += a[i] * b[i];
     return s;
+}
+
+/* dr[u] = pr[u] * (dr[u] - d) * sc: the softmax backward of one row. */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void softmax_bwd_row(float *dr, const float *pr, float d, float sc, int n) {
+    v8f vd = V8_SPLAT(d), vsc = V8_SPLAT(sc);
+    int u = 0;
+    for (; u + 8 <= n; u += 8) {
+        v8f p8, d8;
+        V8_LD(p8, pr + u);
+        V8_LD(d8, dr + u);
+        d8 = p8 * (d8 - vd) * vsc;
+        V8_ST(dr + u, d8);
+    }
+    for (; u < n; u++) dr[u] = pr[u] * (dr[u] - d) * sc;
 }
 
 void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
@@ -126,9 +165,7 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
                         cpu_gemm1(false, true, m, n, Dh, 1.f, dout + qoff, qs, vb, ks, 0.f, dp, n);
                         for (int i = 0; i < m; i++) {
                             float d = dot(dout + qoff + (size_t)i * qs, out + qoff + (size_t)i * qs, Dh);
-                            const float *pr = p + (size_t)i * n;
-                            float *dr = dp + (size_t)i * n;
-                            for (int u = 0; u < n; u++) dr[u] = pr[u] * (dr[u] - d) * sc;
+                            softmax_bwd_row(dp + (size_t)i * n, p + (size_t)i * n, d, sc, n);
                         }
                         cpu_gemm1(false, false, m, Dh, n, 1.f, dp, n, kb, ks, 0.f, dq + qoff, qs);
                         cpu_gemm1(true, false, n, Dh, m, 1.f, dp, n, q + qoff, qs, 1.f, dkb, ks);

@@ -87,13 +87,6 @@ const char *cpu_gemm_impl(void) { return g_sgemm ? "OpenBLAS" : "the built-in ke
 
 /* ---- the built-in kernel ---- */
 
-typedef float v8f __attribute__((vector_size(32)));
-
-/* Unaligned 8-float loads and stores, as macros so no vector value crosses
- * a function boundary (the ABI of 32-byte vectors differs without AVX). */
-#define V8_LD(v, p) memcpy(&(v), (p), sizeof(v8f))
-#define V8_ST(p, v) memcpy((p), &(v), sizeof(v8f))
-
 #define MR 4                /* rows of a micro-tile */
 #define NR 16               /* columns of a micro-tile */
 #define KC 256              /* depth of a packed block */
