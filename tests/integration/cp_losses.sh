@@ -19,7 +19,7 @@
 # reasons and figures of fsdp_losses.sh apply unchanged.
 #
 # Also: the activation bytes per rank (the layout record) fall as 1/C at
-# the same rows per rank; a sequence whose activations are over
+# the same rows per rank (plus the ring's own buffers, counted exactly); a sequence whose activations are over
 # --max-activation-bytes (half the one-process figure) trains at C = 4 and
 # is refused at C = 1 with a message naming the degree that fits; C that
 # does not divide world / T, a seq-len not divisible by 2C and C > 1 in one
@@ -75,16 +75,21 @@ run c2-t2 4 1 1 2 2 off on
 run c2-r2 4 2 1 1 2 off off
 run c2 2 1 1 1 2 off off
 
-# 1/C at the same rows per rank (8): every buffer holds a rank's tokens,
-# except the one-process attention state, whose probabilities are (T, T)
-# per row and head where the ring keeps a log-sum-exp per token: so C times
-# the C figure is at most the one-process one, and at least 3/4 of it
-# (the probabilities are under a quarter of the tiny model's activations)
+# 1/C at the same rows per rank (8): every activation buffer holds a rank's
+# tokens (the attention state is a log-sum-exp per token and head), and the
+# ring adds its own: two K|V and two dK|dV blocks (8 x Hkv*Dh values per
+# token) and one chunk's partial output and log-sum-exp. So, exactly,
+# C * act(C) = act(1) + C * ring(C), with the sizes from the model's config
+# (width 64, 8 heads of 8, kv heads 4; fp32 on the CPU).
 A2=$(act "$D/c2.jsonl") A4=$(act "$D/c4.jsonl")
+ring() {  # C -> bytes of the ring's buffers on a rank
+    local C=$1 T=$((SEQ / $1)) H=8 KVD=32 DH=8
+    echo $(( 4 * (8 * GB * T * KVD + T / 2 * H * DH) + 4 * (T / 2 * H) ))
+}
 if [ -n "$A1" ] && [ -n "$A2" ] && [ -n "$A4" ] &&
-   awk -v a="$A1" -v b="$A2" -v c="$A4" 'BEGIN { exit !(2*b <= a && 2*b >= 0.75*a && 4*c <= a && 4*c >= 0.75*a) }'; then
-    t_ok "activation bytes per rank at C 1, 2, 4: $A1, $A2, $A4 (1, 1/2, 1/4)"
-else t_fail "activation bytes per rank fall as 1/C" "C 1: $A1, C 2: $A2, C 4: $A4"; fi
+   [ $((2 * A2)) -eq $((A1 + 2 * $(ring 2))) ] && [ $((4 * A4)) -eq $((A1 + 4 * $(ring 4))) ]; then
+    t_ok "activation bytes per rank at C 1, 2, 4: $A1, $A2, $A4 (1, 1/2, 1/4, plus the ring's $(ring 2), $(ring 4))"
+else t_fail "activation bytes per rank fall as 1/C" "C 1: $A1, C 2: $A2, C 4: $A4; ring buffers $(ring 2), $(ring 4)"; fi
 if grep -qE "^activations: .*\\($A4 bytes\\) per rank for 8 rows x 8 tokens \\(two chunks" "$D/c4.out"; then
     t_ok "the start banner says the same ($A4 bytes at C 4)"
 else t_fail "activations in the banner" "$(grep '^activations' "$D/c4.out")"; fi
