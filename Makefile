@@ -34,7 +34,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # Debian packages the build, the tests and the benchmarks need.
 DEPS_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
              liburing-dev libjemalloc-dev libjansson-dev libmicrohttpd-dev libcriterion-dev \
-             python3-torch python3-numpy libopenblas0-pthread fio valgrind docker-compose python3-yaml \
+             python3-torch python3-numpy libopenblas-dev libopenblas0-pthread fio valgrind docker-compose python3-yaml \
              libboost-context-dev clang-14 libclang-rt-14-dev libpcre2-dev libgloo-dev iperf3 \
              chromium protobuf-compiler python3-protobuf
 PKGS      := grpc libprotobuf-c liburing jansson libmicrohttpd libpcre2-8
@@ -92,6 +92,13 @@ CUDA_OBJS    :=        # objects from .cu files
 GEN_SRCS     :=        # generated C sources
 
 COMMON_LIB   := $(BUILD)/lib/libballast_common.a
+
+# OpenBLAS (Debian's libopenblas0-pthread) under the CPU backend's GEMMs is
+# opened at run time (workers/backend/cpu_gemm.c), not linked: programs
+# that hold the backend also load where it is missing (the GPU machine).
+# Only the GEMM benchmark, which calls cblas_sgemm itself, links it
+# (libopenblas-dev).
+BLAS_LIBS := -lopenblas
 
 # Link a program from its own objects ($^) and the libraries it names in
 # LINK_LIBS (a target-specific variable, most dependent first: each program

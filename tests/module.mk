@@ -30,6 +30,9 @@ $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(TEST_LIBS)
 $(BUILD)/tests/bench/%: $(BUILD)/obj/tests/bench/%.o $(TEST_LIBS)
 	$(LINK)
 
+# the GEMM benchmark's reference: one cblas_sgemm call, threaded by OpenBLAS
+$(BUILD)/tests/bench/bench_cpu_gemm: EXTRA_LIBS += $(BLAS_LIBS)
+
 # tests/unit/nccl_fake.c: libnccl and libcudart stand-ins in one shared
 # library, which test_comm_nccl_wait points the NCCL backend at
 NCCL_FAKE := $(BUILD)/tests/lib/nccl_fake.so

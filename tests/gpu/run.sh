@@ -337,7 +337,9 @@ build_programs() {
         fi
         say "dry run: building with gcc ($JOBS jobs), the .cu objects from $cu_from (nvcc --dryrun accepts: $ARCH)"
     fi
-    C_ORACLE="common/log.c common/errbuf.c common/clock.c workers/backend/cpu.c"
+    # the CPU backend opens OpenBLAS when the machine has it (the GPU machine
+    # does not: its GEMMs run on the backend's own kernel), hence -ldl
+    C_ORACLE="common/log.c common/errbuf.c common/clock.c workers/backend/cpu.c workers/backend/cpu_gemm.c workers/backend/cpu_attention.c"
     # model.c reaches tp.c (and tp.c the comm API) for tensor parallelism only:
     # one process links tp.c with tests/gpu/lib/no_comm.c in place of the collectives
     C_TRAIN="common/options.c workers/model/model.c workers/model/tp.c tests/gpu/lib/no_comm.c workers/model/optim.c workers/model/config.c workers/ckpt/safetensors.c"
@@ -350,7 +352,7 @@ build_programs() {
         || { say "C build failed"; return 1; }
     local CUOBJ ORACLE_OBJ src n extra
     CUOBJ=$(ls $B/obj/*.cu.o)
-    ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/common_errbuf.c.o $B/obj/common_clock.c.o $B/obj/workers_backend_cpu.c.o"
+    ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/common_errbuf.c.o $B/obj/common_clock.c.o $B/obj/workers_backend_cpu.c.o $B/obj/workers_backend_cpu_gemm.c.o $B/obj/workers_backend_cpu_attention.c.o"
     obj() { for f in "$@"; do echo "$B/obj/$(echo $f | tr / _).o"; done; }
     for src in tests/gpu/check_*.c; do
         n=$(basename "$src" .c)
@@ -366,7 +368,7 @@ build_programs() {
         local TRAIN_OBJ
         TRAIN_OBJ=$(obj $C_TRAIN)
         $CC_BIN -fopenmp -pthread -o "$B/bin/gpu_train" "$B/obj/tests_gpu_gpu_train.c.o" $TRAIN_OBJ $ORACLE_OBJ $CUOBJ \
-            $JANSSON_LIB $CUDA_LINK -lm || { say "link of gpu_train failed"; return 1; }
+            $JANSSON_LIB $CUDA_LINK -lm -ldl || { say "link of gpu_train failed"; return 1; }
     fi
     say "built: $(ls $B/bin | tr '\n' ' ')"
 }

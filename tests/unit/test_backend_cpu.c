@@ -21,6 +21,17 @@
 
 static const backend_t *be;
 static void setup(void) { be = backend_cpu(2); }
+/* The backend's own GEMM kernel, which runs where OpenBLAS does not load
+ * (each test runs in its own process, so the choice holds for that test). */
+static void setup_builtin(void) { setenv("BALLAST_CPU_GEMM", "builtin", 1); setup(); }
+static void misspelt_gemm(void) { setenv("BALLAST_CPU_GEMM", "openblass", 1); }
+
+/* A BALLAST_CPU_GEMM that names no GEMM stops the program (with a message
+ * naming the three choices) instead of running on a guess. */
+Test(backend_cpu, bad_gemm_choice_exits, .init = misspelt_gemm, .exit_code = 1) {
+    backend_cpu(1);
+    cr_assert_fail("backend_cpu accepted BALLAST_CPU_GEMM=openblass");
+}
 
 /* Test buffers come from here and are all released after each test, so a
  * failing assertion mid-test leaks nothing either (LeakSanitizer, valgrind). */
@@ -274,13 +285,20 @@ static void check_matmul(int N, int I, int O, bool fd) {
 }
 
 Test(backend_cpu, matmul, .init = setup, .fini = teardown) {
-    check_matmul(7, 37, 21, true);      /* edges of the 4x16 tiles */
-    check_matmul(8, 16, 32, true);      /* whole tiles */
-    check_matmul(67, 300, 70, false);   /* crosses the K block */
+    check_matmul(7, 37, 21, true);      /* odd sizes */
+    check_matmul(8, 16, 32, true);      /* powers of two */
+    check_matmul(67, 300, 70, false);   /* longer K */
+    check_matmul(1, 5, 3, true);
+}
+Test(backend_cpu, matmul_builtin_gemm, .init = setup_builtin, .fini = teardown) {
+    check_matmul(7, 37, 21, true);      /* odd sizes */
+    check_matmul(8, 16, 32, true);      /* powers of two */
+    check_matmul(67, 300, 70, false);   /* longer K */
     check_matmul(1, 5, 3, true);
 }
 
-/* Same bits for 1 and 2 threads: resume and activation checkpointing rely on it. */
+/* Same bits for 1 and 2 threads: resume and activation checkpointing rely on
+ * it (test_backend_cpu_threads.c checks every op at 1, 2 and 4 threads). */
 Test(backend_cpu, matmul_deterministic_across_threads, .init = setup, .fini = teardown) {
     int N = 45, I = 300, O = 77;
     double *x = drand_vec((size_t)N * I, 1), *w = drand_vec((size_t)O * I, 1);
@@ -368,7 +386,7 @@ static void check_attention(int B, int T, int H, int Hkv, int Dh) {
                   tmalloc(nq * sizeof(double)), B, T, H, Hkv, Dh };
     round_f(c.q, nq); round_f(c.k, nk); round_f(c.v, nk); round_f(c.wo, nq);
     float *q = to_f(c.q, nq), *k = to_f(c.k, nk), *v = to_f(c.v, nk), *out = tmalloc(nq * sizeof(float));
-    cr_assert_eq(be->attention_state_numel(B, T, H), (size_t)B * H * T * T, "the CPU keeps the probabilities");
+    cr_assert_eq(be->attention_state_numel(B, T, H), (size_t)B * H * T, "the CPU keeps log-sum-exp rows");
     float *att = tmalloc(be->attention_state_numel(B, T, H) * sizeof(float));
     be->attention_fwd(out, att, q, k, v, B, T, H, Hkv, Dh);
     ref_attention(c.tmp, c.q, c.k, c.v, B, T, H, Hkv, Dh);
@@ -388,6 +406,10 @@ static void check_attention(int B, int T, int H, int Hkv, int Dh) {
 Test(backend_cpu, attention_grouped_query, .init = setup, .fini = teardown) { check_attention(2, 5, 4, 2, 6); }
 Test(backend_cpu, attention_multi_head, .init = setup, .fini = teardown) { check_attention(1, 7, 3, 3, 4); }
 Test(backend_cpu, attention_multi_query, .init = setup, .fini = teardown) { check_attention(2, 4, 4, 1, 8); }
+Test(backend_cpu, attention_builtin_gemm, .init = setup_builtin, .fini = teardown) {
+    check_attention(2, 5, 4, 2, 6);
+    check_attention(1, 21, 2, 1, 20);     /* past one 16-column panel of the kernel */
+}
 
 /* ---- SwiGLU ---- */
 

@@ -1,7 +1,7 @@
 /* test_comm_shm.c: the shared-memory collectives across forked processes.
  *
  * - 4 and 8 ranks run every collective (all_gather, reduce_scatter,
- *   all_reduce sum and avg, broadcast, barrier) in fp32 and bf16 on seeded
+ *   all_reduce sum and avg, broadcast, barrier, ring_shift) in fp32 and bf16 on seeded
  *   random data of random odd lengths, with a small slot so that tensors
  *   stream through many rounds; each result is compared bit for bit with a
  *   serial reference built from the same seeds, and a digest of every
@@ -77,9 +77,14 @@ static int one_collective(comm_t *c, int k, comm_dtype_t dt, comm_op_t op, size_
         if (comm_broadcast(c, out, len, dt, root, &req, err, sizeof err)) RFAIL("start: %s", err);
         memcpy(ref, inputs[root], len * es);
         break;
-    default:
+    case 4:
         if (comm_barrier(c, &req, err, sizeof err)) RFAIL("start: %s", err);
         out_len = 0;
+        break;
+    default:
+        /* ring shift: the predecessor's block */
+        if (comm_ring_shift(c, inputs[me], out, len, dt, &req, err, sizeof err)) RFAIL("start: %s", err);
+        memcpy(ref, inputs[(me + n - 1) % n], len * es);
         break;
     }
     if (comm_wait(req, err, sizeof err)) RFAIL("rank %d: collective %d: %s", me, k, err);
@@ -90,7 +95,7 @@ static int one_collective(comm_t *c, int k, comm_dtype_t dt, comm_op_t op, size_
               me, k, dt == COMM_F32 ? "fp32" : "bf16", (int)op, len, n, e, cc_get(out, e, dt),
               cc_get(ref, e, dt));
     }
-    if (k != 1) *digest = fnv(*digest, out, out_len * es); /* reduce_scatter parts differ by design */
+    if (k != 1 && k != 5) *digest = fnv(*digest, out, out_len * es); /* reduce_scatter and shift parts differ by design */
     rc = 0;
 out:
     for (int i = 0; i < n; i++) free(inputs[i]);
@@ -120,7 +125,7 @@ static int rank_all_collectives(int rank, int n, void *argp) {
     int bad = 0;
     for (int it = 0; it < a->iters && !bad; it++) {
         uint64_t r = cc_mix(a->seed + (uint64_t)it);           /* same on every rank */
-        int k = it % 5;
+        int k = it % 6;
         comm_dtype_t dt = (it / 5) % 2 ? COMM_BF16 : COMM_F32;
         comm_op_t op = (it / 10) % 2 ? COMM_AVG : COMM_SUM;
         size_t len = ((r >> 8) % 3000) | 1;                    /* odd, 1..2999 */

@@ -96,7 +96,7 @@ Test(dist, eight_ranks_hybrid_2x2) {
     arg_t a = make_arg(2, 2, -1, 30);
     int failed = cc_run_ranks(8, rank_main, &a, 60, NULL);
     for (int r = 0; r < 8; r++) {
-        cr_expect_eq(a.checked[r], 3, "rank %d verified %d of 3 groups: %s", r, a.checked[r], a.msg[r]);
+        cr_expect_eq(a.checked[r], GROUP_NKINDS, "rank %d verified %d of %d groups: %s", r, a.checked[r], GROUP_NKINDS, a.msg[r]);
         cr_expect_eq(a.S_seen[r], 2);
     }
     cr_assert_eq(failed, 0);
@@ -106,7 +106,7 @@ Test(dist, groups_of_one_rank_have_no_communicator) {
     /* S 1, T 1 of 4: the TP and shard groups are each rank alone, the replica group all four */
     arg_t a = make_arg(1, 1, -1, 30);
     int failed = cc_run_ranks(4, rank_main, &a, 60, NULL);
-    for (int r = 0; r < 4; r++) cr_expect_eq(a.checked[r], 3, "rank %d verified %d of 3 groups: %s", r, a.checked[r], a.msg[r]);
+    for (int r = 0; r < 4; r++) cr_expect_eq(a.checked[r], GROUP_NKINDS, "rank %d verified %d of %d groups: %s", r, a.checked[r], GROUP_NKINDS, a.msg[r]);
     cr_assert_eq(failed, 0);
 }
 

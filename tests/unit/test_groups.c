@@ -1,6 +1,7 @@
-/* test_groups.c: rank layouts for many (world, S, T) checked against a
+/* test_groups.c: rank layouts for many (world, S, T, C) checked against a
  * membership predicate written directly from the layout rule (TP innermost,
- * then shard, then replica); every rank in exactly one group of each kind;
+ * then context parallel, then shard, then replica; the replica group spans
+ * replicas and CP ranks); every rank in exactly one group of each kind;
  * S = 0 through a chooser and through the plan model; errors that name the
  * numbers that do not divide. */
 #include <criterion/criterion.h>
@@ -10,32 +11,36 @@
 
 #include "workers/parallel/groups.h"
 
-/* Whether ranks a and b share a group of kind k in layout (S, T):
- * same (replica, shard) for TP; same replica and tp for shard; same
- * (shard, tp) for replica. */
-static int same_group(group_kind_t k, int S, int T, int a, int b) {
+/* Whether ranks a and b share a group of kind k in layout (S, T, C):
+ * same (replica, shard, cp) for TP; same (replica, shard, tp) for CP; same
+ * (replica, cp, tp) for shard; same (shard, tp) for replica. */
+static int same_group(group_kind_t k, int S, int T, int C, int a, int b) {
     int ta = a % T, tb = b % T;
-    int sa = (a / T) % S, sb = (b / T) % S;
-    int ra = a / (S * T), rb = b / (S * T);
+    int ca = (a / T) % C, cb = (b / T) % C;
+    int sa = (a / (T * C)) % S, sb = (b / (T * C)) % S;
+    int ra = a / (S * T * C), rb = b / (S * T * C);
     switch (k) {
-    case GROUP_TP: return ra == rb && sa == sb;
-    case GROUP_SHARD: return ra == rb && ta == tb;
+    case GROUP_TP: return ra == rb && sa == sb && ca == cb;
+    case GROUP_CP: return ra == rb && sa == sb && ta == tb;
+    case GROUP_SHARD: return ra == rb && ca == cb && ta == tb;
     default: return sa == sb && ta == tb;
     }
 }
 
-static void check_layout(int world, int S, int T) {
+static void check_layout_cp(int world, int S, int T, int C) {
     char err[GROUPS_ERR_LEN];
-    int R = world / (S * T);
+    int R = world / (S * T * C);
     groups_t *all = calloc((size_t)world, sizeof *all);
     cr_assert_not_null(all);
     for (int r = 0; r < world; r++) {
-        cr_assert_eq(groups_build(&all[r], world, r, S, T, NULL, NULL, err, sizeof err), 0,
-                     "(world %d, S %d, T %d) rank %d: %s", world, S, T, r, err);
+        cr_assert_eq(groups_build_cp(&all[r], world, r, S, T, C, NULL, NULL, err, sizeof err), 0,
+                     "(world %d, S %d, T %d, C %d) rank %d: %s", world, S, T, C, r, err);
         groups_t *g = &all[r];
         cr_assert_eq(g->R, R);
-        cr_assert_eq(groups_rank_of(S, T, g->replica, g->shard, g->tp), r);
-        int want_n[GROUP_NKINDS] = { T, S, R };
+        cr_assert_eq(g->C, C);
+        cr_assert_eq(groups_rank_of_cp(S, T, C, g->replica, g->shard, g->cp, g->tp), r);
+        if (C == 1) cr_assert_eq(groups_rank_of(S, T, g->replica, g->shard, g->tp), r);
+        int want_n[GROUP_NKINDS] = { [GROUP_TP] = T, [GROUP_SHARD] = S, [GROUP_REPLICA] = R * C, [GROUP_CP] = C };
         for (int k = 0; k < GROUP_NKINDS; k++) {
             group_t *gr = &g->group[k];
             cr_assert_eq(gr->n, want_n[k], "(%d,%d,%d) rank %d %s n %d", world, S, T, r,
@@ -45,7 +50,7 @@ static void check_layout(int world, int S, int T) {
             /* the group is exactly the set of ranks the predicate accepts, ascending */
             int pos = 0;
             for (int j = 0; j < world; j++) {
-                if (!same_group(k, S, T, r, j)) continue;
+                if (!same_group(k, S, T, C, r, j)) continue;
                 cr_assert_lt(pos, gr->n);
                 cr_assert_eq(gr->ranks[pos], j, "(%d,%d,%d) rank %d %s group[%d] = %d, want %d",
                              world, S, T, r, group_kind_name(k), pos, gr->ranks[pos], j);
@@ -80,6 +85,39 @@ static void check_layout(int world, int S, int T) {
     }
     for (int r = 0; r < world; r++) groups_free(&all[r]);
     free(all);
+}
+
+static void check_layout(int world, int S, int T) { check_layout_cp(world, S, T, 1); }
+
+Test(groups, context_parallel_layouts_up_to_32_ranks) {
+    int n = 0;
+    for (int world = 2; world <= 32; world++)
+        for (int T = 1; T <= world; T++)
+            for (int C = 2; C <= world / T; C++) {
+                if (world % (T * C)) continue;
+                for (int S = 1; S <= world / (T * C); S++) {
+                    if ((world / (T * C)) % S) continue;
+                    check_layout_cp(world, S, T, C);
+                    n++;
+                }
+            }
+    cr_assert_gt(n, 100, "only %d layouts checked", n);
+    /* (R 2, S 1, T 2, C 2): rank 5 = (replica 1, cp 0, tp 1); its replica group
+     * holds the (replica, cp) pairs of tp 1: ranks 1, 3, 5, 7 */
+    groups_t g;
+    char err[GROUPS_ERR_LEN];
+    cr_assert_eq(groups_build_cp(&g, 8, 5, 1, 2, 2, NULL, NULL, err, sizeof err), 0, "%s", err);
+    int want_rep[] = { 1, 3, 5, 7 }, want_cp[] = { 5, 7 };
+    cr_assert_eq(g.group[GROUP_REPLICA].n, 4);
+    cr_assert_eq(g.group[GROUP_REPLICA].index, 2);
+    cr_assert_eq(memcmp(g.group[GROUP_REPLICA].ranks, want_rep, sizeof want_rep), 0);
+    cr_assert_eq(memcmp(g.group[GROUP_CP].ranks, want_cp, sizeof want_cp), 0);
+    groups_free(&g);
+    /* C that does not divide world / T is named with the choices */
+    cr_assert_eq(groups_build_cp(&g, 8, 0, 1, 2, 3, NULL, NULL, err, sizeof err), -1);
+    cr_assert(strstr(err, "not divisible by --context-parallel-degree 3") && strstr(err, "choices: 1, 2, 4"), "%s", err);
+    cr_assert_eq(groups_build_cp(&g, 8, 0, 1, 1, 0, NULL, NULL, err, sizeof err), -1);
+    cr_assert(strstr(err, "--context-parallel-degree 0 is invalid"), "%s", err);
 }
 
 Test(groups, every_layout_up_to_64_ranks) {

@@ -151,6 +151,29 @@ typedef struct backend {
                           const act_t *q, const act_t *k, const act_t *v, const float *att,
                           int B, int T, int H, int Hkv, int Dh);
 
+    /* ---- ring attention (context parallelism, workers/model/model.c) ----
+     * One (query chunk, key/value chunk) pair of a causal attention whose
+     * sequence is split in chunks: q (Tq, H, Dh) of one row, k, v (Tk, Hkv,
+     * Dh); query head h reads kv head h / (H / Hkv), scale 1/sqrt(Dh).
+     * causal: the diagonal pair (Tq == Tk, same positions: query t sees keys
+     * 0..t); otherwise every key (a chunk wholly before the queries).
+     *   attn_block_fwd  out (Tq, H, Dh) and lse (Tq, H) fp32 of this pair alone:
+     *                   lse[t, h] = log sum over the keys of exp(score)
+     *   attn_merge      out, lse (the pairs merged so far) take in the pair
+     *                   out_b, lse_b exactly: lse' = log(e^lse + e^lse_b),
+     *                   out' = out e^(lse - lse') + out_b e^(lse_b - lse')
+     *   attn_block_bwd  dq (Tq, H, Dh), dk, dv (Tk, Hkv, Dh) accumulate this
+     *                   pair's part, given out, lse of the whole rows (all
+     *                   pairs merged) and dout: P = exp(score - lse),
+     *                   dS = P (dout . v - rowsum(dout * out))
+     * NULL in a table without them: context parallelism is refused. */
+    void (*attn_block_fwd)(act_t *out, float *lse, const act_t *q, const act_t *k, const act_t *v, int Tq, int Tk,
+                           int H, int Hkv, int Dh, bool causal);
+    void (*attn_merge)(act_t *out, float *lse, const act_t *out_b, const float *lse_b, int Tq, int H, int Dh);
+    void (*attn_block_bwd)(act_t *dq, act_t *dk, act_t *dv, const act_t *dout, const act_t *out, const float *lse,
+                           const act_t *q, const act_t *k, const act_t *v, int Tq, int Tk, int H, int Hkv, int Dh,
+                           bool causal);
+
     /* ---- SwiGLU: h = silu(gate) * up, n elements ---- */
     void (*swiglu_fwd)(act_t *h, const act_t *gate, const act_t *up, size_t n);
     void (*swiglu_bwd)(act_t *dgate, act_t *dup, const act_t *dh, const act_t *gate, const act_t *up, size_t n);

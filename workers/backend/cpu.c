@@ -3,11 +3,13 @@
  *
  * Every op is a plain loop written for clarity, parallelised with OpenMP so
  * that each output element is produced by exactly one thread in a fixed
- * order: results are bit-identical for any thread count. The matmuls go
- * through one register-blocked GEMM (C += A @ B, row-major) whose 4x16 inner
- * kernel is compiled twice, for AVX2+FMA and for baseline x86-64, and picked
- * at load time. Attention materialises the (T, T) probabilities per head. */
+ * order: results are bit-identical for any thread count. The matmuls are
+ * OpenBLAS sgemm calls on fixed tiles (cpu_gemm.c); attention runs as GEMMs
+ * over query tiles and keeps log-sum-exp rows (cpu_attention.c). Loops that
+ * matter are compiled twice, for AVX2+FMA and for baseline x86-64, and
+ * picked at load time. */
 #include "workers/backend/backend.h"
+#include "workers/backend/cpu_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -16,11 +18,7 @@
 #include <string.h>
 
 #include "log.h"
-
-/* Below these sizes an op runs on the calling thread: forking a team
- * costs more than it saves (and much more on a busy machine). */
-#define PAR_MIN (1u << 15)          /* elements */
-#define PAR_MIN_FLOPS (1 << 21)     /* multiply-adds */
+#include "workers/backend/cpu_ring.h"
 
 /* ---- memory ---- */
 
@@ -35,108 +33,6 @@ static void *cpu_alloc(size_t bytes) {
 static void cpu_free(void *p) { free(p); }
 static void cpu_memset0(void *p, size_t n) { memset(p, 0, n); }
 static void cpu_copy(void *d, const void *s, size_t n) { if (d != s) memmove(d, s, n); }
-
-/* ---- scratch ---- */
-
-/* One growing scratch area for transposes; the backend is driven by one
- * thread (OpenMP parallelism lives inside each op). */
-static float *scratch_get(size_t n) {
-    static float *buf;
-    static size_t cap;
-    if (n > cap) {
-        free(buf);
-        cap = n + n / 4;
-        buf = cpu_alloc(cap * sizeof(float));
-        CHECK_ALLOC(buf);
-    }
-    return buf;
-}
-
-/* out (C, R) = in (R, C)^T */
-static void transpose(float *out, const float *in, int R, int C) {
-    const int BS = 32;
-#pragma omp parallel for collapse(2) schedule(static) if ((size_t)R * C > PAR_MIN)
-    for (int r0 = 0; r0 < R; r0 += BS)
-        for (int c0 = 0; c0 < C; c0 += BS) {
-            int r1 = r0 + BS < R ? r0 + BS : R, c1 = c0 + BS < C ? c0 + BS : C;
-            for (int r = r0; r < r1; r++)
-                for (int c = c0; c < c1; c++) out[(size_t)c * R + r] = in[(size_t)r * C + c];
-        }
-}
-
-/* ---- GEMM ---- */
-
-typedef float v8f __attribute__((vector_size(32)));
-
-/* Unaligned 8-float loads and stores, as macros so no vector value crosses
- * a function boundary (the ABI of 32-byte vectors differs without AVX). */
-#define V8_LD(v, p) memcpy(&(v), (p), sizeof(v8f))
-#define V8_ST(p, v) memcpy((p), &(v), sizeof(v8f))
-
-/* C[0..4)[0..16) += A[0..4)[0..K) @ B[0..K)[0..16). The eight accumulators
- * are named variables so that they live in registers. */
-__attribute__((target_clones("arch=x86-64-v3", "default"), optimize("fp-contract=fast")))
-static void kernel_4x16(int K, const float *A, size_t lda, const float *B, size_t ldb, float *C, size_t ldc) {
-    v8f c00, c01, c10, c11, c20, c21, c30, c31;
-    V8_LD(c00, C); V8_LD(c01, C + 8);
-    V8_LD(c10, C + ldc); V8_LD(c11, C + ldc + 8);
-    V8_LD(c20, C + 2 * ldc); V8_LD(c21, C + 2 * ldc + 8);
-    V8_LD(c30, C + 3 * ldc); V8_LD(c31, C + 3 * ldc + 8);
-    const float *a0 = A, *a1 = A + lda, *a2 = A + 2 * lda, *a3 = A + 3 * lda;
-    for (int k = 0; k < K; k++) {
-        v8f b0, b1;
-        V8_LD(b0, B + (size_t)k * ldb);
-        V8_LD(b1, B + (size_t)k * ldb + 8);
-        v8f x0 = (v8f){0} + a0[k], x1 = (v8f){0} + a1[k], x2 = (v8f){0} + a2[k], x3 = (v8f){0} + a3[k];
-        c00 += x0 * b0; c01 += x0 * b1;
-        c10 += x1 * b0; c11 += x1 * b1;
-        c20 += x2 * b0; c21 += x2 * b1;
-        c30 += x3 * b0; c31 += x3 * b1;
-    }
-    V8_ST(C, c00); V8_ST(C + 8, c01);
-    V8_ST(C + ldc, c10); V8_ST(C + ldc + 8, c11);
-    V8_ST(C + 2 * ldc, c20); V8_ST(C + 2 * ldc + 8, c21);
-    V8_ST(C + 3 * ldc, c30); V8_ST(C + 3 * ldc + 8, c31);
-}
-
-/* Edge tiles: rows [0, mr) x cols [0, nr) of the same product. */
-static void kernel_edge(int mr, int nr, int K, const float *A, size_t lda, const float *B, size_t ldb,
-                        float *C, size_t ldc) {
-    for (int i = 0; i < mr; i++)
-        for (int k = 0; k < K; k++) {
-            float a = A[i * lda + k];
-            const float *b = B + (size_t)k * ldb;
-            float *c = C + i * ldc;
-            for (int j = 0; j < nr; j++) c[j] += a * b[j];
-        }
-}
-
-/* C (M, N) = (acc ? C : 0) + A (M, K) @ B (K, N); row-major with leading
- * dimensions. Parallel over 4-row strips; K is walked in blocks so the B
- * panel stays in cache, always in the same order (determinism). */
-static void gemm_nn(int M, int N, int K, const float *A, size_t lda, const float *B, size_t ldb,
-                    float *C, size_t ldc, bool acc) {
-    const int KB = 256, NB = 256;
-    int strips = (M + 3) / 4;
-#pragma omp parallel for schedule(static) if ((double)M * N * K > PAR_MIN_FLOPS)
-    for (int s = 0; s < strips; s++) {
-        int i = s * 4, mr = M - i < 4 ? M - i : 4;
-        if (!acc)
-            for (int r = 0; r < mr; r++) memset(C + (size_t)(i + r) * ldc, 0, (size_t)N * sizeof(float));
-        for (int j0 = 0; j0 < N; j0 += NB) {
-            int j1 = j0 + NB < N ? j0 + NB : N;
-            for (int k0 = 0; k0 < K; k0 += KB) {
-                int kb = K - k0 < KB ? K - k0 : KB;
-                const float *a = A + (size_t)i * lda + k0;
-                const float *b = B + (size_t)k0 * ldb;
-                int j = j0;
-                if (mr == 4)
-                    for (; j + 16 <= j1; j += 16) kernel_4x16(kb, a, lda, b + j, ldb, C + (size_t)i * ldc + j, ldc);
-                if (j < j1) kernel_edge(mr, j1 - j, kb, a, lda, b + j, ldb, C + (size_t)i * ldc + j, ldc);
-            }
-        }
-    }
-}
 
 /* ---- elementwise ---- */
 
@@ -213,30 +109,32 @@ static void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float
         float mean = (float)(dot / D);
         for (int j = 0; j < D; j++) dxi[j] += r * (gi[j] * w[j] - xi[j] * r * mean);
     }
+    /* dw: blocks of 64 columns walked row by row (rows in order for each
+     * column, as one column at a time would, but along the rows' memory) */
+    enum { JB = 64 };
 #pragma omp parallel for schedule(static) if ((size_t)N * D > PAR_MIN)
-    for (int j = 0; j < D; j++) {
-        double s = 0;
-        for (int i = 0; i < N; i++) s += (double)dout[(size_t)i * D + j] * (x[(size_t)i * D + j] * rstd[i]);
-        dw[j] += (float)s;
+    for (int j0 = 0; j0 < D; j0 += JB) {
+        int nj = D - j0 < JB ? D - j0 : JB;
+        double s[JB] = { 0 };
+        for (int i = 0; i < N; i++) {
+            const float *gi = dout + (size_t)i * D + j0, *xi = x + (size_t)i * D + j0;
+            float r = rstd[i];
+            for (int j = 0; j < nj; j++) s[j] += (double)gi[j] * (xi[j] * r);
+        }
+        for (int j = 0; j < nj; j++) dw[j0 + j] += (float)s[j];
     }
 }
 
 /* ---- matmul ---- */
 
 static void cpu_matmul_fwd(float *out, const float *x, const float *w, int N, int I, int O) {
-    float *wt = scratch_get((size_t)I * O);
-    transpose(wt, w, O, I);                     /* (I, O) */
-    gemm_nn(N, O, I, x, I, wt, O, out, O, false);
+    cpu_gemm(false, true, N, O, I, 1.f, x, I, w, I, 0.f, out, O);       /* x @ w^T */
 }
 
 static void cpu_matmul_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w,
                            int N, int I, int O, bool dx_acc) {
-    if (dx) gemm_nn(N, I, O, dout, O, w, I, dx, I, dx_acc);
-    if (dw) {
-        float *dt = scratch_get((size_t)N * O);
-        transpose(dt, dout, N, O);              /* (O, N) */
-        gemm_nn(O, I, N, dt, N, x, I, dw, I, true);
-    }
+    if (dx) cpu_gemm(false, false, N, I, O, 1.f, dout, O, w, I, dx_acc ? 1.f : 0.f, dx, I);
+    if (dw) cpu_gemm(true, false, O, I, N, 1.f, dout, O, x, I, 1.f, dw, I);   /* dout^T @ x */
 }
 
 /* ---- RoPE ---- */
@@ -271,112 +169,68 @@ static void cpu_rope_bwd(float *dx, int B, int T, int nh, int Dh, int pos0, cons
     rope_apply(dx, B, T, nh, Dh, pos0, r, -1.f);
 }
 
-/* ---- attention ---- */
-
-static void cpu_attention_fwd(float *out, float *att, const float *q, const float *k, const float *v,
-                              int B, int T, int H, int Hkv, int Dh) {
-    int rep = H / Hkv;
-    float sc = (float)(1.0 / sqrt((double)Dh));
-    size_t qs = (size_t)H * Dh, ks = (size_t)Hkv * Dh;
-#pragma omp parallel for collapse(2) schedule(static) if ((double)B * H * T * T * Dh > PAR_MIN_FLOPS)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            int kh = h / rep;
-            for (int t = 0; t < T; t++) {
-                const float *qt = q + ((size_t)b * T + t) * qs + (size_t)h * Dh;
-                float *p = att + (((size_t)b * H + h) * T + t) * T;
-                float mx = -INFINITY;
-                for (int u = 0; u <= t; u++) {
-                    const float *ku = k + ((size_t)b * T + u) * ks + (size_t)kh * Dh;
-                    float s = 0;
-#pragma omp simd reduction(+ : s)
-                    for (int d = 0; d < Dh; d++) s += qt[d] * ku[d];
-                    s *= sc;
-                    p[u] = s;
-                    if (s > mx) mx = s;
-                }
-                double sum = 0;
-                for (int u = 0; u <= t; u++) { p[u] = expf(p[u] - mx); sum += p[u]; }
-                float inv = (float)(1.0 / sum);
-                for (int u = 0; u <= t; u++) p[u] *= inv;
-                for (int u = t + 1; u < T; u++) p[u] = 0;
-                float *o = out + ((size_t)b * T + t) * qs + (size_t)h * Dh;
-                for (int d = 0; d < Dh; d++) o[d] = 0;
-                for (int u = 0; u <= t; u++) {
-                    const float *vu = v + ((size_t)b * T + u) * ks + (size_t)kh * Dh;
-                    for (int d = 0; d < Dh; d++) o[d] += p[u] * vu[d];
-                }
-            }
-        }
-}
-
-/* Parallel over (batch, kv head): the query heads sharing a kv head run in
- * one thread, so dk and dv are summed without races in a fixed order. */
-static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *q,
-                              const float *k, const float *v, const float *att,
-                              int B, int T, int H, int Hkv, int Dh) {
-    int rep = H / Hkv;
-    float sc = (float)(1.0 / sqrt((double)Dh));
-    size_t qs = (size_t)H * Dh, ks = (size_t)Hkv * Dh;
-#pragma omp parallel for collapse(2) schedule(static) if ((double)B * H * T * T * Dh > PAR_MIN_FLOPS)
-    for (int b = 0; b < B; b++)
-        for (int kh = 0; kh < Hkv; kh++) {
-            float *dp = malloc((size_t)T * sizeof(float));
-            CHECK_ALLOC(dp);
-            for (int t = 0; t < T; t++) {
-                float *dkt = dk + ((size_t)b * T + t) * ks + (size_t)kh * Dh;
-                float *dvt = dv + ((size_t)b * T + t) * ks + (size_t)kh * Dh;
-                memset(dkt, 0, (size_t)Dh * sizeof(float));
-                memset(dvt, 0, (size_t)Dh * sizeof(float));
-            }
-            for (int h = kh * rep; h < (kh + 1) * rep; h++)
-                for (int t = 0; t < T; t++) {
-                    const float *p = att + (((size_t)b * H + h) * T + t) * T;
-                    const float *go = dout + ((size_t)b * T + t) * qs + (size_t)h * Dh;
-                    const float *qt = q + ((size_t)b * T + t) * qs + (size_t)h * Dh;
-                    float *dqt = dq + ((size_t)b * T + t) * qs + (size_t)h * Dh;
-                    /* dP = dout . v ; dv += P dout */
-                    double dot = 0;
-                    for (int u = 0; u <= t; u++) {
-                        const float *vu = v + ((size_t)b * T + u) * ks + (size_t)kh * Dh;
-                        float *dvu = dv + ((size_t)b * T + u) * ks + (size_t)kh * Dh;
-                        float s = 0;
-#pragma omp simd reduction(+ : s)
-                        for (int d = 0; d < Dh; d++) { s += go[d] * vu[d]; dvu[d] += p[u] * go[d]; }
-                        dp[u] = s;
-                        dot += (double)s * p[u];
-                    }
-                    /* dS = P (dP - sum P dP), then through the scale to q and k */
-                    for (int d = 0; d < Dh; d++) dqt[d] = 0;
-                    for (int u = 0; u <= t; u++) {
-                        float ds = p[u] * (dp[u] - (float)dot) * sc;
-                        const float *ku = k + ((size_t)b * T + u) * ks + (size_t)kh * Dh;
-                        float *dku = dk + ((size_t)b * T + u) * ks + (size_t)kh * Dh;
-                        for (int d = 0; d < Dh; d++) { dqt[d] += ds * ku[d]; dku[d] += ds * qt[d]; }
-                    }
-                }
-            free(dp);
-        }
-}
+/* ---- attention: cpu_attention.c ---- */
 
 /* ---- SwiGLU ---- */
 
-static void cpu_swiglu_fwd(float *h, const float *g, const float *u, size_t n) {
-#pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        float s = 1.f / (1.f + expf(-g[i]));
+/* h = silu(g) * u on elements [0, n) of one chunk */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void swiglu_fwd_chunk(float *h, const float *g, const float *u, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f g8, u8;
+        V8_LD(g8, g + i);
+        V8_LD(u8, u + i);
+        v8f s = -g8;
+        cpu_expf8(&s);
+        s = 1.f / (1.f + s);
+        v8f h8 = g8 * s * u8;
+        V8_ST(h + i, h8);
+    }
+    for (; i < n; i++) {
+        float s = 1.f / (1.f + cpu_expf(-g[i]));
         h[i] = g[i] * s * u[i];
     }
 }
 
-static void cpu_swiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n) {
+static void cpu_swiglu_fwd(float *h, const float *g, const float *u, size_t n) {
+    size_t nch = (n + CPU_CHUNK - 1) / CPU_CHUNK;
 #pragma omp parallel for schedule(static) if (n > PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
-        float s = 1.f / (1.f + expf(-g[i]));
-        float silu = g[i] * s;
-        float gd = dh[i];
-        dg[i] = gd * u[i] * s * (1.f + g[i] * (1.f - s));
-        du[i] = gd * silu;
+    for (size_t c = 0; c < nch; c++) {
+        size_t i0 = c * CPU_CHUNK, m = n - i0 < CPU_CHUNK ? n - i0 : CPU_CHUNK;
+        swiglu_fwd_chunk(h + i0, g + i0, u + i0, m);
+    }
+}
+
+/* dg, du of h = silu(g) * u on one chunk */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void swiglu_bwd_chunk(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f g8, u8, d8;
+        V8_LD(g8, g + i);
+        V8_LD(u8, u + i);
+        V8_LD(d8, dh + i);
+        v8f s = -g8;
+        cpu_expf8(&s);
+        s = 1.f / (1.f + s);
+        v8f dg8 = d8 * u8 * s * (1.f + g8 * (1.f - s)), du8 = d8 * (g8 * s);
+        V8_ST(dg + i, dg8);
+        V8_ST(du + i, du8);
+    }
+    for (; i < n; i++) {
+        float s = 1.f / (1.f + cpu_expf(-g[i]));
+        dg[i] = dh[i] * u[i] * s * (1.f + g[i] * (1.f - s));
+        du[i] = dh[i] * (g[i] * s);
+    }
+}
+
+static void cpu_swiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n) {
+    size_t nch = (n + CPU_CHUNK - 1) / CPU_CHUNK;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+    for (size_t c = 0; c < nch; c++) {
+        size_t i0 = c * CPU_CHUNK, m = n - i0 < CPU_CHUNK ? n - i0 : CPU_CHUNK;
+        swiglu_bwd_chunk(dg + i0, du + i0, dh + i0, g + i0, u + i0, m);
     }
 }
 
@@ -539,7 +393,7 @@ static void cpu_vp_xent_bwd(float *dl, const float *logits, const float *lse, co
 /* fp32 everywhere: act storage is the backend's own float memory */
 static void cpu_to_act(act_t *dst, const float *src, size_t n) { cpu_copy(dst, src, n * sizeof(float)); }
 static void cpu_act_to_host(float *dst, const act_t *src, size_t n) { cpu_copy(dst, src, n * sizeof(float)); }
-static size_t cpu_attention_state_numel(int B, int T, int H) { return (size_t)B * H * T * T; }
+static size_t cpu_attention_state_numel(int B, int T, int H) { return (size_t)B * H * T; }   /* log-sum-exp rows */
 
 static const backend_t cpu_backend = {
     .name = "cpu",
@@ -555,6 +409,7 @@ static const backend_t cpu_backend = {
     .matmul_fwd = cpu_matmul_fwd, .matmul_bwd = cpu_matmul_bwd,
     .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd,
     .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
+    .attn_block_fwd = cpu_attn_block_fwd, .attn_merge = cpu_attn_merge, .attn_block_bwd = cpu_attn_block_bwd,
     .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
     .xent_fwd = cpu_xent_fwd, .xent_bwd = cpu_xent_bwd,
     .adamw = cpu_adamw,
@@ -568,6 +423,8 @@ static const backend_t cpu_backend = {
 };
 
 const backend_t *backend_cpu(int threads) {
+    static bool init;
+    if (!init) { cpu_gemm_init(); init = true; }
     if (threads > 0) omp_set_num_threads(threads);
     return &cpu_backend;
 }

@@ -112,8 +112,8 @@ static void shard_desc(const fsdp_t *f, int sidx, int tidx, model_tensor_t *segs
     for (int i = 0; i < n; i++)
         parts[i] = (ckpt_part_t){ .full = model_find(m, segs[i].name), .local_shape = { segs[i].shape[0], segs[i].shape[1] },
                                   .tp_rank = tidx, .tp_size = f->T, .start = start[i], .end = start[i] + segs[i].numel };
-    /* the writer of (shard sidx, TP rank tidx) in replica 0 is global rank sidx * T + tidx */
-    *sh = (ckpt_shard_t){ .shard = sidx, .tp_rank = tidx, .rank = sidx * f->T + tidx, .parts = parts, .n_parts = n };
+    /* the writer of (shard sidx, TP rank tidx) in replica 0 (CP rank 0) is global rank sidx * C * T + tidx */
+    *sh = (ckpt_shard_t){ .shard = sidx, .tp_rank = tidx, .rank = sidx * f->C * f->T + tidx, .parts = parts, .n_parts = n };
 }
 
 /* This rank's shard file: its parts of every tensor and their moments,

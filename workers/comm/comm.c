@@ -16,7 +16,7 @@
 /* ---- names ---- */
 
 const char *comm_coll_name(comm_coll_t c) {
-    static const char *names[] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier" };
+    static const char *names[] = { "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "ring_shift" };
     return (unsigned)c < 5 ? names[c] : "?";
 }
 
@@ -184,6 +184,15 @@ int comm_all_reduce(comm_t *c, const void *send, void *recv, size_t count, comm_
 int comm_broadcast(comm_t *c, void *buf, size_t count, comm_dtype_t dt, int root,
                    comm_req_t **req, char *err, size_t errlen) {
     return start(c, COLL_BROADCAST, buf, buf, count, dt, COMM_SUM, root, req, err, errlen);
+}
+
+int comm_ring_shift(comm_t *c, const void *send, void *recv, size_t count, comm_dtype_t dt,
+                    comm_req_t **req, char *err, size_t errlen) {
+    if (count > 0 && send == recv) {
+        snprintf(err, errlen, "comm %s: ring_shift: send and recv are the same buffer (give two)", c->name);
+        return -EINVAL;
+    }
+    return start(c, COLL_SHIFT, send, recv, count, dt, COMM_SUM, 0, req, err, errlen);
 }
 
 int comm_barrier(comm_t *c, comm_req_t **req, char *err, size_t errlen) {

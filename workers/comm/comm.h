@@ -106,6 +106,16 @@ int comm_all_reduce(comm_t *c, const void *send, void *recv, size_t count, comm_
 int comm_broadcast(comm_t *c, void *buf, size_t count, comm_dtype_t dt, int root,
                    comm_req_t **req, char *err, size_t errlen);
 
+/* Ring shift (point to point around the group): recv (count) = send of
+ * group index (index - 1 + n) % n, i.e. every rank passes its block to the
+ * next one. send and recv must be distinct buffers. Context parallelism's
+ * ring attention passes K/V blocks with it, the next block's transfer in
+ * flight while the current one is used. shm and NCCL move only the
+ * neighbour's block; Gloo runs it as an all-gather into scratch (n blocks
+ * of traffic). */
+int comm_ring_shift(comm_t *c, const void *send, void *recv, size_t count, comm_dtype_t dt,
+                    comm_req_t **req, char *err, size_t errlen);
+
 /* Returns (through its handle) once every rank of the group has started it. */
 int comm_barrier(comm_t *c, comm_req_t **req, char *err, size_t errlen);
 

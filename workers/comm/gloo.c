@@ -186,6 +186,17 @@ static int run(comm_t *c, comm_req_t *r) {
         return gloo_engine_broadcast(st->eng, r->recv, r->count * es, r->root, tag, err, errlen);
     case COLL_BARRIER:
         return gloo_engine_barrier(st->eng, tag, err, errlen);
+    case COLL_SHIFT: {
+        /* an all-gather into scratch, then the predecessor's block */
+        size_t bytes = r->count * es, words = (n * bytes + sizeof(float) - 1) / sizeof(float);
+        if (scratch(c, words)) {
+            snprintf(err, errlen, "comm %s: out of memory for %zu bytes", c->name, n * bytes);
+            return -ENOMEM;
+        }
+        int rc = gloo_engine_all_gather(st->eng, r->send, st->tmp, bytes, tag, err, errlen);
+        if (!rc) memcpy(r->recv, (const char *)st->tmp + (size_t)((c->index + c->n - 1) % c->n) * bytes, bytes);
+        return rc;
+    }
     }
     snprintf(err, errlen, "comm %s: unknown collective %d", c->name, (int)r->coll);
     return -EINVAL;

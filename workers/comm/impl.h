@@ -15,6 +15,7 @@ typedef enum {
     COLL_ALL_REDUCE,
     COLL_BROADCAST,
     COLL_BARRIER,
+    COLL_SHIFT,               /* ring shift: recv = send of group index (index - 1) mod n */
 } comm_coll_t;
 
 /* ---- the table the backends fill (private to workers/comm/) ---- */

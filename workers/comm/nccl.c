@@ -102,6 +102,11 @@ typedef struct {
     int (*reduce_scatter)(const void *, void *, size_t, int, int, nccl_comm_p, cuda_stream_p);
     int (*all_reduce)(const void *, void *, size_t, int, int, nccl_comm_p, cuda_stream_p);
     int (*broadcast)(const void *, void *, size_t, int, int, nccl_comm_p, cuda_stream_p);
+    /* point to point for the ring shift (optional: NULL in a library without them) */
+    int (*send)(const void *, size_t, int, int, nccl_comm_p, cuda_stream_p);
+    int (*recv)(void *, size_t, int, int, nccl_comm_p, cuda_stream_p);
+    int (*group_start)(void);
+    int (*group_end)(void);
     const char *(*nccl_error)(int);
     int (*set_device)(int);
     int (*stream_create)(cuda_stream_p *, unsigned);
@@ -238,6 +243,10 @@ static int lib_load(void) {
     SYM(nccl, reduce_scatter, "ncclReduceScatter");
     SYM(nccl, all_reduce, "ncclAllReduce");
     SYM(nccl, broadcast, "ncclBroadcast");
+    *(void **)&lib.send = dlsym(lib.nccl, "ncclSend");
+    *(void **)&lib.recv = dlsym(lib.nccl, "ncclRecv");
+    *(void **)&lib.group_start = dlsym(lib.nccl, "ncclGroupStart");
+    *(void **)&lib.group_end = dlsym(lib.nccl, "ncclGroupEnd");
     SYM(nccl, nccl_error, "ncclGetErrorString");
     SYM(cudart, set_device, "cudaSetDevice");
     SYM(cudart, stream_create, "cudaStreamCreateWithFlags");
@@ -449,6 +458,20 @@ static int nccl_start(comm_t *c, comm_req_t *r, char *err, size_t errlen) {
         case COLL_BROADCAST: rc = lib.broadcast(r->recv, r->recv, r->count, dt, r->root, st->comm, st->stream); break;
         case COLL_BARRIER:
             rc = lib.all_reduce(st->scratch, st->scratch, 1, NCCL_FLOAT32, NCCL_SUM, st->comm, st->stream);
+            break;
+        case COLL_SHIFT:
+            if (!lib.send || !lib.recv || !lib.group_start || !lib.group_end) {
+                snprintf(err, errlen, "comm %s: ring_shift: this libnccl lacks ncclSend/ncclRecv/ncclGroupStart: "
+                         "install NCCL >= 2.7", c->name);
+                return -ENOTSUP;
+            }
+            rc = lib.group_start();
+            if (rc == NCCL_OK) rc = lib.send(r->send, r->count, dt, (c->index + 1) % c->n, st->comm, st->stream);
+            if (rc == NCCL_OK) rc = lib.recv(r->recv, r->count, dt, (c->index + c->n - 1) % c->n, st->comm, st->stream);
+            {
+                int erc = lib.group_end();
+                if (rc == NCCL_OK) rc = erc;
+            }
             break;
         }
     }

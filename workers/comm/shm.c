@@ -397,7 +397,7 @@ static int check_descs(comm_t *c, int b, const comm_req_t *r) {
         const seg_desc_t *d = &st->ctrl[j].desc[b];
         if (d->coll != (uint32_t)r->coll || d->dt != (uint32_t)r->dt || d->op != (uint32_t)r->op ||
             d->root != (uint32_t)r->root || d->count != r->count || d->seq != r->seq) {
-            const char *pc = d->coll <= COLL_BARRIER ? comm_coll_name((comm_coll_t)d->coll) : "?";
+            const char *pc = d->coll <= COLL_SHIFT ? comm_coll_name((comm_coll_t)d->coll) : "?";
             return fail(c, -EPROTO, "comm %s: collective #%llu differs between ranks: rank %d runs "
                         "%s(count %llu, %s, root %u) but rank %d runs %s(count %zu, %s, root %d): every "
                         "rank must start the same collectives in the same order",
@@ -457,6 +457,9 @@ static int run(comm_t *c, comm_req_t *r) {
             break;
         case COLL_BARRIER:
             break;
+        case COLL_SHIFT:
+            memcpy(mine, in + off * es, len * es);
+            break;
         }
         post(st, me);
         if ((rc = wait_all(c, what))) break;
@@ -483,6 +486,9 @@ static int run(comm_t *c, comm_req_t *r) {
             if (me != r->root) memcpy(out + off * es, src[r->root], len * es);
             break;
         case COLL_BARRIER:
+            break;
+        case COLL_SHIFT:
+            memcpy(out + off * es, src[(me + n - 1) % n], len * es);
             break;
         }
     }

@@ -59,6 +59,7 @@ static int stage_start(comm_t *c, comm_req_t *r, char *err, size_t errlen) {
     case COLL_ALL_REDUCE: send_b = one; recv_b = one; break;
     case COLL_BROADCAST: recv_b = one; break; /* in place: the buffer is staged as output */
     case COLL_BARRIER: break;
+    case COLL_SHIFT: send_b = one; recv_b = one; break;
     }
     int rc = stage_reserve(c, st, send_b + recv_b, err, errlen);
     if (rc) return rc;
@@ -74,6 +75,7 @@ static int stage_start(comm_t *c, comm_req_t *r, char *err, size_t errlen) {
     case COLL_ALL_REDUCE: rc = comm_all_reduce(st->inner, hs, hr, r->count, r->dt, r->op, &ir, err, errlen); break;
     case COLL_BROADCAST: rc = comm_broadcast(st->inner, hr, r->count, r->dt, r->root, &ir, err, errlen); break;
     case COLL_BARRIER: rc = comm_barrier(st->inner, &ir, err, errlen); break;
+    case COLL_SHIFT: rc = comm_ring_shift(st->inner, hs, hr, r->count, r->dt, &ir, err, errlen); break;
     }
     if (!rc) rc = comm_wait(ir, err, errlen);
     if (rc) return rc;

@@ -138,11 +138,12 @@ void model_tp_unslice(const model_t *m, int tp_rank, const float *local, float *
 
 /* ---- allocation ---- */
 
-typedef struct { const backend_t *be; bool failed; } alloc_ctx_t;
+typedef struct { const backend_t *be; bool failed; size_t bytes; /* allocated so far */ } alloc_ctx_t;
 
 static float *falloc(alloc_ctx_t *ac, size_t n) {
     float *p = ac->be->alloc(n * sizeof(float));
     if (!p) ac->failed = true;
+    ac->bytes += n * sizeof(float);
     return p;
 }
 
@@ -150,6 +151,7 @@ static float *falloc(alloc_ctx_t *ac, size_t n) {
 static act_t *aalloc(alloc_ctx_t *ac, size_t n) {
     act_t *p = ac->be->alloc(n * (size_t)ac->be->act_bytes);
     if (!p) ac->failed = true;
+    ac->bytes += n * (size_t)ac->be->act_bytes;
     return p;
 }
 
@@ -279,13 +281,14 @@ static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, in
     const llama_config_t *c = cfg;
     size_t N = (size_t)B * T, Nl = (size_t)m->tp.N, D = c->dim, F = m->tp.F, V = m->tp.V,
            qd = (size_t)m->tp.H * c->head_dim, kvd = (size_t)m->tp.Hkv * c->head_dim;
-    alloc_ctx_t ac = { be, false };
+    alloc_ctx_t ac = { be, false, 0 };
     if (with_params) {
         m->params = aalloc(&ac, m->n_params);
         /* fp32 master weights apart from the working copy when act storage is narrower */
         m->master = be->act_bytes == (int)sizeof(float) ? m->params : falloc(&ac, m->n_params);
         m->grads = falloc(&ac, m->n_params);
     }
+    size_t param_bytes = ac.bytes;
     m->tokens = be->alloc(N * sizeof(int32_t));
     m->targets = be->alloc(N * sizeof(int32_t));
     if (!m->tokens || !m->targets) ac.failed = true;
@@ -311,6 +314,8 @@ static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, in
     m->dao = aalloc(&ac, N * qd);
     m->dgate = aalloc(&ac, N * F); m->dup = aalloc(&ac, N * F); m->dh = aalloc(&ac, N * F);
     m->loss_host = malloc(N * sizeof(float));
+    m->act_bytes = ac.bytes - param_bytes;
+    m->cp.size = 1;
     if (ac.failed || !m->loss_host) {
         snprintf(err, errlen, "out of memory allocating the model (%zu parameters, micro-batch %d x %d)",
                  m->n_params, B, T);
@@ -327,6 +332,8 @@ void model_destroy(model_t *m) {
     if (m->tp.rows) be->free(m->tp.rows);
     if (m->tp.lse) be->free(m->tp.lse);
     if (m->tp.xbuf) be->free(m->tp.xbuf);
+    void *cps[] = { m->cp.kv[0], m->cp.kv[1], m->cp.dkv[0], m->cp.dkv[1], m->cp.ob, m->cp.lb };
+    for (size_t i = 0; i < sizeof cps / sizeof cps[0]; i++) if (cps[i]) be->free(cps[i]);
     float *ps[] = { m->params, m->grads, m->xf, m->rstdf, m->logits, m->losses, m->dx, m->dtmp, m->ftmp,
                     m->dq, m->dk, m->dv, m->dao, m->dgate, m->dup, m->dh };
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) if (ps[i]) be->free(ps[i]);
@@ -424,6 +431,204 @@ void model_reset_block_inputs(model_t *m) {
     for (int l = 0; l <= m->cfg.n_layers; l++) m->xs[l] = m->xs_own[l];
 }
 
+/* ---- context parallelism: chunked RoPE and ring attention ---- */
+
+int model_set_cp(model_t *m, int cp_size, int cp_rank, comm_t *comm, char *err, size_t errlen) {
+    if (cp_size == 1) return 0;
+    const backend_t *be = m->be;
+    const llama_config_t *c = &m->cfg;
+    if (cp_size < 1 || cp_rank < 0 || cp_rank >= cp_size) {
+        snprintf(err, errlen, "context-parallel rank %d of %d is invalid", cp_rank, cp_size);
+        return -1;
+    }
+    if (!be->attn_block_fwd || !be->attn_merge || !be->attn_block_bwd) {
+        snprintf(err, errlen, "--context-parallel-degree %d: the %s backend has no ring-attention ops; "
+                 "use --backend cpu, or --context-parallel-degree 1", cp_size, be->name);
+        return -1;
+    }
+    if (m->T % 2) {
+        snprintf(err, errlen, "context parallelism cuts each sequence in 2C chunks: a rank's %d tokens per row "
+                 "must be even (seq-len divisible by 2 x --context-parallel-degree)", m->T);
+        return -1;
+    }
+    if ((int64_t)m->T * cp_size > c->max_seq) {
+        snprintf(err, errlen, "seq-len %lld exceeds the model's max_position_embeddings %d",
+                 (long long)m->T * cp_size, c->max_seq);
+        return -1;
+    }
+    if (!comm || comm_size(comm) != cp_size || comm_index(comm) != cp_rank) {
+        snprintf(err, errlen, "context parallelism needs the CP group's communicator (%d ranks)", cp_size);
+        return -1;
+    }
+    model_cp_t *cp = &m->cp;
+    cp->size = cp_size;
+    cp->rank = cp_rank;
+    cp->comm = comm;
+    cp->Tc = m->T / 2;
+    size_t N = (size_t)m->B * m->T, kvn = N * (size_t)m->tp.Hkv * c->head_dim, H = (size_t)m->tp.H;
+    alloc_ctx_t ac = { be, false, 0 };
+    for (int b = 0; b < 2; b++) {
+        cp->kv[b] = aalloc(&ac, 2 * kvn);
+        cp->dkv[b] = aalloc(&ac, 2 * kvn);
+    }
+    cp->ob = aalloc(&ac, (size_t)cp->Tc * H * c->head_dim);
+    cp->lb = falloc(&ac, (size_t)cp->Tc * H);
+    /* the attention state becomes the log-sum-exp rows (N, H) */
+    int nacts = m->act_ckpt ? 1 : c->n_layers;
+    size_t old = be->attention_state_numel(m->B, m->T, m->tp.H) * sizeof(float);
+    for (int l = 0; l < nacts; l++) {
+        be->free(m->acts[l].att);
+        m->acts[l].att = falloc(&ac, N * H);
+    }
+    m->act_bytes += ac.bytes - (size_t)nacts * old;
+    if (ac.failed) {
+        snprintf(err, errlen, "out of memory allocating the ring-attention buffers (micro-batch %d x %d tokens)",
+                 m->B, m->T);
+        return -1;
+    }
+    return 0;
+}
+
+/* RoPE (forward, or its inverse with bwd) of x (B, T, nh, Dh): at
+ * positions 0.. without context parallelism, else each chunk at its
+ * global positions. */
+static void rope_rows(model_t *m, act_t *x, int nh, bool bwd) {
+    const backend_t *be = m->be;
+    const llama_config_t *c = &m->cfg;
+    int Dh = c->head_dim;
+    be_rope_t rope = llama_rope(c);
+    void (*op)(act_t *, int, int, int, int, int, const be_rope_t *) = bwd ? be->rope_bwd : be->rope_fwd;
+    if (m->cp.size == 1) { op(x, m->B, m->T, nh, Dh, 0, &rope); return; }
+    int Tc = m->cp.Tc;
+    for (int b = 0; b < m->B; b++)
+        for (int j = 0; j < 2; j++)
+            op(be_act_at(be, x, ((size_t)b * m->T + (size_t)j * Tc) * (size_t)nh * Dh), 1, Tc, nh, Dh,
+               model_cp_chunk(m->cp.size, m->cp.rank, j) * Tc, &rope);
+}
+
+/* Keep the first failure of a ring collective where fsdp looks (m->tp). */
+static void cp_fail(model_t *m, int rc, const char *e) {
+    if (!m->tp.rc) {
+        m->tp.rc = rc;
+        snprintf(m->tp.err, sizeof m->tp.err, "context-parallel group: %.480s", e);
+    }
+}
+
+static int cp_shift(model_t *m, const act_t *send, act_t *recv, size_t n, comm_req_t **req) {
+    char e[COMM_ERR_LEN];
+    comm_dtype_t dt = m->be->act_bytes == 2 ? COMM_BF16 : COMM_F32;
+    int rc = comm_ring_shift(m->cp.comm, send, recv, n, dt, req, e, sizeof e);
+    if (rc) cp_fail(m, rc, e);
+    return rc;
+}
+
+static void cp_wait(model_t *m, comm_req_t *req) {
+    char e[COMM_ERR_LEN];
+    if (!req) return;
+    int rc = m->be->stream ? comm_stream_wait(req, m->be->stream(), e, sizeof e) : 0;
+    int rc2 = comm_wait(req, e, sizeof e);
+    if (rc || rc2) cp_fail(m, rc ? rc : rc2, e);
+}
+
+/* The chunk pairs of ring step s: for each row b and each local query
+ * chunk j, the key/value chunks jj of the block from CP rank src = (i - s)
+ * mod C that the queries see: an earlier chunk whole, the same chunk
+ * causally, a later one not at all. */
+typedef struct { int b, j, jj; bool causal; } cp_pair_t;
+
+static int cp_pairs(const model_t *m, int s, cp_pair_t *out) {
+    int C = m->cp.size, i = m->cp.rank, src = (i - s + C) % C, n = 0;
+    for (int b = 0; b < m->B; b++)
+        for (int j = 0; j < 2; j++)
+            for (int jj = 0; jj < 2; jj++) {
+                int qg = model_cp_chunk(C, i, j), kg = model_cp_chunk(C, src, jj);
+                if (kg > qg) continue;
+                out[n++] = (cp_pair_t){ b, j, jj, kg == qg };
+            }
+    return n;
+}
+
+/* a->ao and a->att (log-sum-exp rows) of a->q against every rank's a->k,
+ * a->v: C steps, the next block's shift in flight during each. */
+static void ring_attention_fwd(model_t *m, block_acts_t *a) {
+    const backend_t *be = m->be;
+    model_cp_t *cp = &m->cp;
+    int C = cp->size, T = m->T, Tc = cp->Tc, H = m->tp.H, Hkv = m->tp.Hkv, Dh = m->cfg.head_dim;
+    size_t qd = (size_t)H * Dh, kvd = (size_t)Hkv * Dh, kvn = (size_t)m->B * T * kvd, es = (size_t)be->act_bytes;
+    cp_pair_t *pairs = malloc(sizeof *pairs * (size_t)m->B * 4);
+    bool *have = calloc((size_t)m->B * 2, sizeof *have);
+    CHECK_ALLOC(pairs);
+    CHECK_ALLOC(have);
+    act_t *cur = cp->kv[0], *nxt = cp->kv[1];
+    be->copy(cur, a->k, kvn * es);
+    be->copy(be_act_at(be, cur, kvn), a->v, kvn * es);
+    for (int s = 0; s < C && !m->tp.rc; s++) {
+        comm_req_t *req = NULL;
+        if (s < C - 1 && cp_shift(m, cur, nxt, 2 * kvn, &req)) break;
+        int np = cp_pairs(m, s, pairs);
+        for (int p = 0; p < np; p++) {
+            const cp_pair_t *pr = &pairs[p];
+            size_t qrow = (size_t)pr->b * T + (size_t)pr->j * Tc, krow = (size_t)pr->b * T + (size_t)pr->jj * Tc;
+            const act_t *q = be_act_at(be, a->q, qrow * qd), *k = be_act_at(be, cur, krow * kvd),
+                        *v = be_act_at(be, cur, kvn + krow * kvd);
+            act_t *o = be_act_at(be, a->ao, qrow * qd);
+            float *lse = a->att + qrow * (size_t)H;
+            if (!have[pr->b * 2 + pr->j]) {
+                be->attn_block_fwd(o, lse, q, k, v, Tc, Tc, H, Hkv, Dh, pr->causal);
+                have[pr->b * 2 + pr->j] = true;
+            } else {
+                be->attn_block_fwd(cp->ob, cp->lb, q, k, v, Tc, Tc, H, Hkv, Dh, pr->causal);
+                be->attn_merge(o, lse, cp->ob, cp->lb, Tc, H, Dh);
+            }
+        }
+        cp_wait(m, req);
+        act_t *t = cur; cur = nxt; nxt = t;
+    }
+    free(pairs);
+    free(have);
+}
+
+/* m->dq, m->dk, m->dv of the block's attention from m->dao: K/V go round
+ * the ring again (the next block's shift in flight during each step) and
+ * the dK/dV of each block travel with it, each rank adding its queries'
+ * part; after C shifts every rank holds its own block's dK/dV. */
+static void ring_attention_bwd(model_t *m, block_acts_t *a) {
+    const backend_t *be = m->be;
+    model_cp_t *cp = &m->cp;
+    int C = cp->size, T = m->T, Tc = cp->Tc, H = m->tp.H, Hkv = m->tp.Hkv, Dh = m->cfg.head_dim;
+    size_t qd = (size_t)H * Dh, kvd = (size_t)Hkv * Dh, kvn = (size_t)m->B * T * kvd, es = (size_t)be->act_bytes;
+    cp_pair_t *pairs = malloc(sizeof *pairs * (size_t)m->B * 4);
+    CHECK_ALLOC(pairs);
+    act_t *cur = cp->kv[0], *nxt = cp->kv[1], *dcur = cp->dkv[0], *dnxt = cp->dkv[1];
+    be->copy(cur, a->k, kvn * es);
+    be->copy(be_act_at(be, cur, kvn), a->v, kvn * es);
+    be->memset0(dcur, 2 * kvn * es);
+    be->memset0(m->dq, (size_t)m->B * T * qd * es);
+    for (int s = 0; s < C && !m->tp.rc; s++) {
+        comm_req_t *req = NULL, *dreq = NULL;
+        if (s < C - 1 && cp_shift(m, cur, nxt, 2 * kvn, &req)) break;
+        int np = cp_pairs(m, s, pairs);
+        for (int p = 0; p < np; p++) {
+            const cp_pair_t *pr = &pairs[p];
+            size_t qrow = (size_t)pr->b * T + (size_t)pr->j * Tc, krow = (size_t)pr->b * T + (size_t)pr->jj * Tc;
+            be->attn_block_bwd(be_act_at(be, m->dq, qrow * qd), be_act_at(be, dcur, krow * kvd),
+                               be_act_at(be, dcur, kvn + krow * kvd), be_act_at(be, m->dao, qrow * qd),
+                               be_act_at(be, a->ao, qrow * qd), a->att + qrow * (size_t)H,
+                               be_act_at(be, a->q, qrow * qd), be_act_at(be, cur, krow * kvd),
+                               be_act_at(be, cur, kvn + krow * kvd), Tc, Tc, H, Hkv, Dh, pr->causal);
+        }
+        int rc = cp_shift(m, dcur, dnxt, 2 * kvn, &dreq);
+        cp_wait(m, req);
+        if (rc) break;
+        cp_wait(m, dreq);
+        act_t *t = cur; cur = nxt; nxt = t;
+        t = dcur; dcur = dnxt; dnxt = t;
+    }
+    be->copy(m->dk, dcur, kvn * es);
+    be->copy(m->dv, be_act_at(be, dcur, kvn), kvn * es);
+    free(pairs);
+}
+
 /* ---- blocks ---- */
 
 /* Sequence parallelism around a column-parallel matmul: the norm of this
@@ -469,10 +674,10 @@ void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *
     be->matmul_fwd(a->q, a->xn1, wq, N, D, qd);
     be->matmul_fwd(a->k, a->xn1, wk, N, D, kvd);
     be->matmul_fwd(a->v, a->xn1, wv, N, D, kvd);
-    be_rope_t rope = llama_rope(c);
-    be->rope_fwd(a->q, B, T, H, Dh, 0, &rope);
-    be->rope_fwd(a->k, B, T, Hkv, Dh, 0, &rope);
-    be->attention_fwd(a->ao, a->att, a->q, a->k, a->v, B, T, H, Hkv, Dh);
+    rope_rows(m, a->q, H, false);
+    rope_rows(m, a->k, Hkv, false);
+    if (m->cp.size > 1) ring_attention_fwd(m, a);
+    else be->attention_fwd(a->ao, a->att, a->q, a->k, a->v, B, T, H, Hkv, Dh);
     be->matmul_fwd(m->ftmp, a->ao, wo, N, qd, D);
     be->add(a->xmid, x_in, rows_summed(m, m->ftmp), (size_t)Nl * D);
     /* MLP (this rank's rows of gate/up, columns of down) */
@@ -500,10 +705,10 @@ void model_block_backward(model_t *m, const act_t *bp, float *bg, const act_t *x
     be->rmsnorm_bwd(dx, G(BLK_FFN_NORM), rows_summed(m, m->dtmp), a->xmid, P(BLK_FFN_NORM), a->rstd2, Nl, D);
     /* attention: dx is now dL/d xmid */
     be->matmul_bwd(m->dao, G(BLK_WO), rows_gathered(m, dx), a->ao, P(BLK_WO), N, qd, D, false);
-    be->attention_bwd(m->dq, m->dk, m->dv, m->dao, a->ao, a->q, a->k, a->v, a->att, B, T, H, Hkv, Dh);
-    be_rope_t rope = llama_rope(c);
-    be->rope_bwd(m->dq, B, T, H, Dh, 0, &rope);
-    be->rope_bwd(m->dk, B, T, Hkv, Dh, 0, &rope);
+    if (m->cp.size > 1) ring_attention_bwd(m, a);
+    else be->attention_bwd(m->dq, m->dk, m->dv, m->dao, a->ao, a->q, a->k, a->v, a->att, B, T, H, Hkv, Dh);
+    rope_rows(m, m->dq, H, true);
+    rope_rows(m, m->dk, Hkv, true);
     be->matmul_bwd(m->dtmp, G(BLK_WQ), m->dq, a->xn1, P(BLK_WQ), N, D, qd, false);
     be->matmul_bwd(m->dtmp, G(BLK_WK), m->dk, a->xn1, P(BLK_WK), N, D, kvd, true);
     be->matmul_bwd(m->dtmp, G(BLK_WV), m->dv, a->xn1, P(BLK_WV), N, D, kvd, true);

@@ -53,12 +53,33 @@ typedef struct {
     act_t *gate, *up, *h;      /* (N, F) each */
 } block_acts_t;
 
+/* Context parallelism (C > 1): the sequence of every row is cut in 2C
+ * chunks of Tc tokens and rank i of the CP group holds chunks i and
+ * 2C-1-i, in that order, as its T = 2 Tc tokens per row (so every rank
+ * does the same causal attention work). RoPE turns each chunk by its
+ * global positions; attention runs as a ring over the group (K/V blocks
+ * passed on with comm_ring_shift while the block in hand is used, the
+ * partial outputs merged by their log-sum-exp; backward passes dK/dV on
+ * around the ring). Every other op is per token and runs unchanged. */
+typedef struct {
+    int size;                  /* C: ranks of the CP group (1 = no context parallelism) */
+    int rank;                  /* this rank's index in the group, 0..size-1 */
+    comm_t *comm;              /* the CP group's communicator; NULL when size == 1 */
+    int Tc;                    /* tokens per chunk: T / 2 (the whole sequence is 2 C Tc) */
+    act_t *kv[2];              /* 2 x (2, B, T, Hkv*Dh): k | v, the block in hand and the next */
+    act_t *dkv[2];             /* 2 x (2, B, T, Hkv*Dh): dk | dv of the block in hand, travelling with it */
+    act_t *ob;                 /* (Tc, H, Dh) one chunk pair's partial output */
+    float *lb;                 /* (Tc, H) its log-sum-exp rows */
+} model_cp_t;
+
 typedef struct model {
     llama_config_t cfg;
     const backend_t *be;
     int B, T;                  /* micro-batch rows and sequence length */
     bool act_ckpt;             /* keep only block inputs; recompute in backward */
     model_tp_t tp;             /* tensor parallelism; tp.size == 1 without */
+    model_cp_t cp;             /* context parallelism; cp.size == 1 without */
+    size_t act_bytes;          /* backend bytes of activations and scratch (everything but params, master, grads) */
 
     /* layout */
     size_t n_params;           /* floats in params (and grads) */
@@ -123,6 +144,20 @@ int64_t model_tp_full_index(const model_tensor_t *full, const int64_t lshape[2],
  * model_tp_unslice writes the parts of TP rank tp_rank into full. */
 void model_tp_slice(const model_t *m, const float *full, float *local);
 void model_tp_unslice(const model_t *m, int tp_rank, const float *local, float *full);
+
+/* Make m (from model_create_acts, its T the rank's 2 Tc tokens per row)
+ * rank cp_rank of a context-parallel group of cp_size ranks (comm: the
+ * group's communicator): allocates the ring buffers, keeps only
+ * log-sum-exp rows as attention state, and from then on every block runs
+ * ring attention with RoPE at the chunks' global positions. Failures of
+ * the ring's collectives are kept in m->tp.rc / m->tp.err like the TP
+ * group's. -1 with a message: a backend without the ring ops, T odd, the
+ * whole sequence past max_position_embeddings, a communicator that does
+ * not match, out of memory. cp_size 1 does nothing. */
+int model_set_cp(model_t *m, int cp_size, int cp_rank, comm_t *comm, char *err, size_t errlen);
+
+/* The global chunk index of chunk j (0 or 1) of CP rank i of C: i, 2C-1-i. */
+static inline int model_cp_chunk(int C, int i, int j) { return j == 0 ? i : 2 * C - 1 - i; }
 
 /* Bytes model_create would allocate (parameters, gradients, activations
  * and scratch), plus the optimizer's two moment buffers. */

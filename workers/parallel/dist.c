@@ -80,7 +80,7 @@ static int group_backend(dist_t *d, const group_t *g, const dist_opts_t *o, cons
 int dist_init(dist_t *d, const dist_opts_t *o, char *err, size_t errlen) {
     memset(d, 0, sizeof *d);
     char e[COMM_ERR_LEN];
-    if (groups_build(&d->groups, o->world, o->rank, o->S, o->T, o->chooser, o->chooser_user, err, errlen))
+    if (groups_build_cp(&d->groups, o->world, o->rank, o->S, o->T, o->C > 0 ? o->C : 1, o->chooser, o->chooser_user, err, errlen))
         return -EINVAL;
     d->kind = COMM_AUTO;
     if (o->world == 1) return 0; /* every group is this rank alone: nothing to reach */

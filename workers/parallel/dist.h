@@ -27,6 +27,7 @@ typedef struct {
     int world, rank;             /* from common/topology.h */
     int S;                       /* --hybrid-shard-degree (0 = largest that fits) */
     int T;                       /* --tensor-parallel-degree */
+    int C;                       /* --context-parallel-degree; 0 = 1 */
     groups_chooser_fn chooser;   /* for S = 0; NULL = world / T */
     void *chooser_user;
     comm_kind_t comm;            /* --comm */

@@ -221,6 +221,7 @@ int fsdp_create(fsdp_t *f, model_t *m, const float *full, comm_t *shard, comm_t 
     f->direct = f->S == 1;
     f->tp = m->tp.comm;
     f->T = m->tp.size;
+    f->C = 1;
     f->tidx = m->tp.rank;
     int L = m->cfg.n_layers;
     f->n_units = L + 1;

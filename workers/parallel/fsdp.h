@@ -92,6 +92,9 @@ typedef struct {
     int R, ridx;               /* replicas and this rank's index in its replica group */
     bool direct;               /* S == 1: compute on wact and sum into grad in place (no gbuf, bgrad, rs_out) */
     int T, tidx;               /* tensor-parallel degree and this rank's index in its TP group */
+    int C;                     /* context-parallel degree (1 unless the caller sets it): the replica
+                                  group then holds R x C ranks, and the writer of (shard s, TP rank t)
+                                  in the manifest is global rank s * C * T + t */
     int n_units;               /* L + 1 */
     size_t *numel;             /* (n_units) floats of each unit, unpadded */
     size_t *chunk;             /* (n_units) floats of each unit's chunk: ceil(numel / S) */

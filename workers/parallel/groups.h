@@ -1,17 +1,25 @@
-/* groups.h: the process groups of a hybrid-sharded, tensor-parallel job.
+/* groups.h: the process groups of a hybrid-sharded, tensor-parallel,
+ * context-parallel job.
  *
  * world = R (replicas) x S (hybrid shard degree) x T (tensor-parallel
- * degree). Ranks are laid out TP innermost (NVLink neighbours), then shard,
- * then replica:
+ * degree) x C (context-parallel degree). Ranks are laid out TP innermost
+ * (NVLink neighbours: its collectives sit on every matmul), then context
+ * parallel (the ring passes a block of K/V per step, next in volume), then
+ * shard, then replica:
  *
- *     rank = (replica * S + shard) * T + tp
+ *     rank = ((replica * S + shard) * C + cp) * T + tp
  *
  * Every rank belongs to exactly one group of each kind:
- *   TP group       the T ranks with the same (replica, shard)
- *   shard group    the S ranks with the same (replica, tp): FSDP gathers and
- *                  reduce-scatters run here
- *   replica group  the R ranks with the same (shard, tp): the gradient
- *                  all-reduce across replicas runs here
+ *   TP group       the T ranks with the same (replica, shard, cp)
+ *   CP group       the C ranks with the same (replica, shard, tp): ring
+ *                  attention passes K/V blocks around it
+ *   shard group    the S ranks with the same (replica, cp, tp): FSDP gathers
+ *                  and reduce-scatters run here
+ *   replica group  the R x C ranks with the same (shard, tp), in (replica,
+ *                  cp) order: they hold the same parameter chunks, so the
+ *                  gradient all-reduce across replicas runs here and also
+ *                  adds the context-parallel ranks' parts (each saw its
+ *                  own tokens of the same sequences)
  *
  * S = 0 means "the largest S that fits": a caller-supplied chooser (usually
  * groups_plan_chooser over workers/plan/plan.h) picks it; with no chooser, or
@@ -27,7 +35,7 @@
 
 #define GROUPS_ERR_LEN 256
 
-typedef enum { GROUP_TP = 0, GROUP_SHARD, GROUP_REPLICA, GROUP_NKINDS } group_kind_t;
+typedef enum { GROUP_TP = 0, GROUP_SHARD, GROUP_REPLICA, GROUP_CP, GROUP_NKINDS } group_kind_t;
 
 typedef struct {
     group_kind_t kind;
@@ -41,9 +49,11 @@ typedef struct {
     int world;       /* processes in the job */
     int rank;        /* this process, 0..world-1 */
     int R, S, T;     /* replicas, hybrid shard degree, tensor-parallel degree */
+    int C;           /* context-parallel degree */
     int replica;     /* this rank's coordinates: 0..R-1 */
     int shard;       /* 0..S-1 */
     int tp;          /* 0..T-1 */
+    int cp;          /* 0..C-1 */
     group_t group[GROUP_NKINDS]; /* indexed by group_kind_t */
 } groups_t;
 
@@ -65,10 +75,19 @@ int groups_build(groups_t *g, int world, int rank, int S, int T, groups_chooser_
                  void *user, char *err, size_t errlen);
 void groups_free(groups_t *g);
 
-/* The global rank at coordinates (replica, shard, tp) of a layout. */
-int groups_rank_of(int S, int T, int replica, int shard, int tp);
+/* groups_resolve and groups_build with a context-parallel degree C >= 1:
+ * world / (T x C) takes the place of world / T (the plain calls are C = 1). */
+int groups_resolve_cp(int world, int S, int T, int C, groups_chooser_fn chooser, void *user,
+                      char *err, size_t errlen);
+int groups_build_cp(groups_t *g, int world, int rank, int S, int T, int C, groups_chooser_fn chooser,
+                    void *user, char *err, size_t errlen);
 
-/* "tp", "shard", "replica". */
+/* The global rank at coordinates (replica, shard, tp) of a layout (C = 1),
+ * and at (replica, shard, cp, tp) of one with C. */
+int groups_rank_of(int S, int T, int replica, int shard, int tp);
+int groups_rank_of_cp(int S, int T, int C, int replica, int shard, int cp, int tp);
+
+/* "tp", "shard", "replica", "cp". */
 const char *group_kind_name(group_kind_t k);
 
 /* A stable name for one group, unique within the job, e.g. "shard.3": used

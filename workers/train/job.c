@@ -95,7 +95,7 @@ int train_job_join(train_job_t *j, const train_opts_t *o, char *err, size_t errl
     if (j->world > 1 && !cd) return -1;
     snprintf(addr, sizeof addr, "%s:%d", j->topo.master_addr, j->topo.master_port);
     dist_opts_t dopt = {
-        .world = j->world, .rank = j->rank, .S = (int)o->shard_degree, .T = (int)o->tp_degree,
+        .world = j->world, .rank = j->rank, .S = (int)o->shard_degree, .T = (int)o->tp_degree, .C = (int)o->cp_degree,
         .comm = j->comm, .on_gpu = o->backend == 1, .device = j->device, .compute_stream = be_stream(j->be),
         .rdzv_addr = addr, .rdzv_serve = true, .job_id = "ballast-train", .rdzv_timeout_s = o->rdzv_timeout,
         .comm_dir = cd,

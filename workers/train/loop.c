@@ -55,8 +55,10 @@ typedef struct {
     const char *who;           /* "rank N: " in a job of several processes, "" for one */
     llama_config_t cfg;
     optim_config_t ocfg;
-    int dp, dp_rank;           /* data-parallel ranks (world / T) and this rank's index */
+    int dp, dp_rank;           /* data-parallel ranks (world / (T x C)) and this rank's index */
     int A, B, T;               /* micro-steps per step, rows per micro-step, tokens per row */
+    int C, cp_rank;            /* context-parallel degree and this rank's index in its CP group */
+    int32_t *cp_in, *cp_tg;    /* (B*T/C) this rank's two chunks of each row (C > 1), else NULL */
     int64_t start;             /* the step the run continues after (0: fresh) */
     data_t *data;
     data_t *val;               /* --val-data, or NULL */
@@ -193,12 +195,29 @@ static int build(run_t *r) {
     const train_opts_t *o = r->o;
     const groups_t *g = &r->job.d.groups;
     /* no full parameters on the device: they live in fsdp's chunks */
-    if (model_create_acts(&r->model, &r->cfg, r->job.be, r->B, r->T, o->act_ckpt, g->T, g->tp,
+    if (model_create_acts(&r->model, &r->cfg, r->job.be, r->B, r->T / r->C, o->act_ckpt, g->T, g->tp,
                           r->job.d.comm[GROUP_TP], r->err, sizeof r->err)) {
         log_error("%s", r->err);
         return -1;
     }
     r->have_model = true;
+    if (model_set_cp(&r->model, r->C, r->cp_rank, r->job.d.comm[GROUP_CP], r->err, sizeof r->err)) {
+        log_error("%s%s", r->who, r->err);
+        return -1;
+    }
+    if (o->max_act_bytes && r->model.act_bytes > o->max_act_bytes) {
+        char need[32], lim[32];
+        format_size(r->model.act_bytes, need, sizeof need);
+        format_size(o->max_act_bytes, lim, sizeof lim);
+        /* the activations scale with a rank's tokens: the smallest C that fits */
+        uint64_t c = ((uint64_t)r->model.act_bytes * (uint64_t)r->C + o->max_act_bytes - 1) / o->max_act_bytes;
+        log_error("%sseq-len %d with micro-batch %d needs %s (%zu bytes) of activations per rank at "
+                  "--context-parallel-degree %d, over --max-activation-bytes %s: split each sequence over more "
+                  "ranks (--context-parallel-degree %llu or more, with as many times the processes), or lower "
+                  "--micro-batch or --seq-len", r->who, r->T, r->B, need, r->model.act_bytes, r->C, lim,
+                  (unsigned long long)(c > (uint64_t)r->C ? c : (uint64_t)r->C + 1));
+        return -1;
+    }
     float *full = malloc(r->model.n_params * sizeof(float));
     CHECK_ALLOC(full);
     int rc = 0;
@@ -224,6 +243,7 @@ static int build(run_t *r) {
     free(full);
     if (rc) { log_error("%s%s", r->who, r->err); return -1; }
     r->have_fs = true;
+    r->fs.C = r->C;
     if (o->grad_reduce_dtype == 1 && fsdp_set_grad_reduce(&r->fs, COMM_BF16, r->err, sizeof r->err)) {
         log_error("%s%s", r->who, r->err);
         return -1;
@@ -326,8 +346,13 @@ static void announce(run_t *r) {
     fprintf(con, "model: %s, %lld parameters (dim %d, %d layers, %d heads / %d kv, ffn %d, vocab %d%s)\n", c->name,
             (long long)llama_total_params(c), c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab,
             c->tie_embeddings ? ", tied" : "");
-    fprintf(con, "layout: world %d = %d replicas x hybrid shard degree %d x tensor-parallel degree %d; comm %s\n",
-            r->job.world, g->R, g->S, g->T, r->job.world > 1 ? dist_comm_name(&r->job.d) : "none");
+    if (g->C > 1)
+        fprintf(con, "layout: world %d = %d replicas x hybrid shard degree %d x tensor-parallel degree %d x "
+                     "context-parallel degree %d; comm %s\n", r->job.world, g->R, g->S, g->T, g->C,
+                dist_comm_name(&r->job.d));
+    else
+        fprintf(con, "layout: world %d = %d replicas x hybrid shard degree %d x tensor-parallel degree %d; comm %s\n",
+                r->job.world, g->R, g->S, g->T, r->job.world > 1 ? dist_comm_name(&r->job.d) : "none");
     if (r->dp == 1)
         fprintf(con, "batch: %d micro-steps x %d rows x %d tokens = %lld tokens per step; data %lld tokens\n", r->A,
                 r->B, r->T, (long long)r->A * r->B * r->T, (long long)data_num_tokens(r->data));
@@ -359,6 +384,10 @@ static void announce(run_t *r) {
     if (r->orun.oo) fprintf(con, ", less what ballastd holds, plus %zu bytes of optimizer staging", staging);
     if (r->job.world == 1) fprintf(con, ", the rest activations%s", o->act_ckpt ? " (checkpointed)" : "");
     fprintf(con, "\n");
+    char ab[32];
+    format_size(r->model.act_bytes, ab, sizeof ab);
+    fprintf(con, "activations: %s (%zu bytes) per rank for %d rows x %d tokens%s%s\n", ab, r->model.act_bytes, r->B,
+            r->T / r->C, r->C > 1 ? " (two chunks of each sequence)" : "", o->act_ckpt ? ", checkpointed" : "");
     offload_run_describe(&r->orun, &r->fs, con);
     fflush(con);
 }
@@ -414,16 +443,33 @@ static int open_reports(run_t *r) {
     /* after the settings record of a fresh log: the layout and the per-rank state (tests read it) */
     if (r->jlog && r->start == 0) {
         fprintf(r->jlog, "{\"kind\": \"layout\", \"world\": %d, \"replicas\": %d, \"shard_degree\": %d, "
-                         "\"tensor_parallel_degree\": %d, \"state_bytes_per_rank\": %zu, \"model_state_bytes\": %llu, "
-                         "\"offload_staging_bytes\": %zu}\n",
-                r->job.world, g->R, g->S, g->T, fsdp_state_bytes(&r->fs), (unsigned long long)r->model.n_params * 16,
-                offload_run_staging_bytes(&r->orun));
+                         "\"tensor_parallel_degree\": %d, \"context_parallel_degree\": %d, \"state_bytes_per_rank\": %zu, "
+                         "\"model_state_bytes\": %llu, \"offload_staging_bytes\": %zu, \"activation_bytes_per_rank\": %zu}\n",
+                r->job.world, g->R, g->S, g->T, g->C, fsdp_state_bytes(&r->fs), (unsigned long long)r->model.n_params * 16,
+                offload_run_staging_bytes(&r->orun), r->model.act_bytes);
         fflush(r->jlog);
     }
     return 0;
 }
 
 /* ---- steps ---- */
+
+/* The model's micro-batch from the host one (B rows of T tokens): the
+ * rows themselves, or with context parallelism this rank's chunks i and
+ * 2C-1-i of each row (T / 2C tokens each), in that order. */
+static void local_batch(run_t *r, const int32_t **in, const int32_t **tg) {
+    *in = r->inputs, *tg = r->targets;
+    if (r->C == 1) return;
+    int Tc = r->T / (2 * r->C), Tl = 2 * Tc;
+    for (int b = 0; b < r->B; b++)
+        for (int j = 0; j < 2; j++) {
+            size_t from = (size_t)b * r->T + (size_t)model_cp_chunk(r->C, r->cp_rank, j) * Tc,
+                   to = (size_t)b * Tl + (size_t)j * Tc;
+            memcpy(r->cp_in + to, r->inputs + from, (size_t)Tc * sizeof(int32_t));
+            memcpy(r->cp_tg + to, r->targets + from, (size_t)Tc * sizeof(int32_t));
+        }
+    *in = r->cp_in, *tg = r->cp_tg;
+}
 
 /* --dump-grads after step 1's backward: the first micro-batch's logits,
  * the step's loss and the full gradient before clipping. */
@@ -486,7 +532,9 @@ static int evaluate(run_t *r, double *val_loss) {
             return -1;
         }
         double ls;
-        if (fsdp_forward_loss(fs, r->inputs, r->targets, &ls, r->err, sizeof r->err)) goto fail;
+        const int32_t *in, *tg;
+        local_batch(r, &in, &tg);
+        if (fsdp_forward_loss(fs, in, tg, &ls, r->err, sizeof r->err)) goto fail;
         sum += ls;
     }
     if (fsdp_sum_all(fs, sum, &total, r->err, sizeof r->err)) goto fail;
@@ -530,7 +578,9 @@ static int step(run_t *r, int64_t s, double *stop) {
         }
         if (r->logits_host && first && a == 0) fs->logits_host = r->logits_host;
         double ls;
-        if (fsdp_micro_step(fs, r->inputs, r->targets, scale, &ls, r->err, sizeof r->err)) {
+        const int32_t *in, *tg;
+        local_batch(r, &in, &tg);
+        if (fsdp_micro_step(fs, in, tg, scale, &ls, r->err, sizeof r->err)) {
             log_error("%s%s", who, r->err);
             return -1;
         }
@@ -622,6 +672,18 @@ static int setup(run_t *r) {
                   (long long)o->tp_degree, (long long)o->tp_degree);
         return -1;
     }
+    if (o->cp_degree > 1 && r->job.world == 1) {
+        log_error("--context-parallel-degree %lld needs %lld or more processes (e.g. ballast train --nproc %lld); "
+                  "one process trains with --context-parallel-degree 1", (long long)o->cp_degree,
+                  (long long)o->cp_degree, (long long)o->cp_degree);
+        return -1;
+    }
+    if (o->cp_degree > 1 && o->seq_len % (2 * o->cp_degree)) {
+        log_error("--context-parallel-degree %lld cuts each sequence in %lld chunks: --seq-len %lld is not divisible "
+                  "by %lld; choose a seq-len that is", (long long)o->cp_degree, (long long)(2 * o->cp_degree),
+                  (long long)o->seq_len, (long long)(2 * o->cp_degree));
+        return -1;
+    }
     if (check_flags(r)) return -1;
     if (r->job.world > 1) log_set_rank(r->job.rank);
     if (train_resolve_config(o, &r->cfg, r->err, sizeof r->err)) { log_error("%s", r->err); return -1; }
@@ -632,7 +694,9 @@ static int setup(run_t *r) {
     /* join the job: groups, and with several processes rendezvous and communicators */
     if (train_job_join(&r->job, o, r->err, sizeof r->err)) { log_error("%s%s", r->who, r->err); return -1; }
     const groups_t *g = &r->job.d.groups;
-    r->dp = r->job.world / g->T;
+    r->C = g->C;
+    r->cp_rank = g->cp;
+    r->dp = r->job.world / (g->T * g->C);
     r->dp_rank = g->replica * g->S + g->shard;
     r->B = (int)o->micro_batch;
     r->T = (int)o->seq_len;
@@ -650,7 +714,11 @@ static int setup(run_t *r) {
         log_info("resumed from ballastd (job %s) after step %lld", o->offload_job, (long long)r->start);
     r->con = o->log_json && !strcmp(o->log_json, "-") ? stderr : stdout;
     if (r->job.rank == 0) announce(r);
-    if (r->job.world > 1)
+    if (r->job.world > 1 && g->C > 1)
+        log_info("rank %d: replica %d, shard %d of %d, context-parallel rank %d of %d (chunks %d and %d of %d); "
+                 "data-parallel rank %d of %d", r->job.rank, g->replica, g->shard, g->S, g->cp, g->C,
+                 model_cp_chunk(g->C, g->cp, 0), model_cp_chunk(g->C, g->cp, 1), 2 * g->C, r->dp_rank, r->dp);
+    else if (r->job.world > 1)
         log_info("rank %d: replica %d, shard %d of %d; data-parallel rank %d of %d", r->job.rank, g->replica, g->shard,
                  g->S, r->dp_rank, r->dp);
     if (open_reports(r)) return -1;
@@ -659,6 +727,12 @@ static int setup(run_t *r) {
     r->targets = malloc(N * sizeof(int32_t));
     CHECK_ALLOC(r->inputs);
     CHECK_ALLOC(r->targets);
+    if (r->C > 1) {
+        r->cp_in = malloc(N / (size_t)r->C * sizeof(int32_t));
+        r->cp_tg = malloc(N / (size_t)r->C * sizeof(int32_t));
+        CHECK_ALLOC(r->cp_in);
+        CHECK_ALLOC(r->cp_tg);
+    }
     if (o->dump_grads) {
         r->logits_host = malloc(N * (size_t)r->cfg.vocab * sizeof(float));
         CHECK_ALLOC(r->logits_host);
@@ -718,6 +792,8 @@ done:
     tb_close(r->tb);
     free(r->inputs);
     free(r->targets);
+    free(r->cp_in);
+    free(r->cp_tg);
     free(r->logits_host);
     if (r->have_model) model_destroy(&r->model);
     if (r->data) data_close(r->data);

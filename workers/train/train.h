@@ -72,6 +72,8 @@ typedef struct {
     /* the job (one process: world 1) */
     int64_t shard_degree;     /* --hybrid-shard-degree S; 0 = largest that fits */
     int64_t tp_degree;        /* --tensor-parallel-degree T */
+    int64_t cp_degree;        /* --context-parallel-degree C */
+    uint64_t max_act_bytes;   /* --max-activation-bytes: per-rank activation limit; 0 = none */
     int comm;                 /* comm_kind_t: auto|shm|nccl */
     double rdzv_timeout;      /* seconds every rank has to join */
     const char *comm_dir;     /* --comm-dir; NULL = the directory of offload_socket */

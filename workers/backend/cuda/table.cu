@@ -186,6 +186,7 @@ static char g_device_name[256]; /* cudaDeviceProp.name of g_device */
 extern "C" const char *cuda_device_name(void) { return g_device >= 0 ? g_device_name : NULL; }
 
 void cuda_parallel_fill(backend_t *t); /* parallel.cu: the sharded / tensor-parallel ops */
+void cuda_ring_fill(backend_t *t);     /* ring.cu: ring attention (context parallelism) */
 
 /* ---- start-up ---- */
 
@@ -243,6 +244,7 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     t.xent_fwd = cu_xent_fwd; t.xent_bwd = cu_xent_bwd;
     t.adamw = cu_adamw;
     cuda_parallel_fill(&t);
+    cuda_ring_fill(&t);
     t.xfer_to_host = cuda_xfer_to_host; t.xfer_from_host = cuda_xfer_from_host;
     t.xfer_order = cuda_xfer_order; t.xfer_wait = cuda_xfer_wait; t.xfer_done = cuda_xfer_done;
     t.stream = cuda_compute_stream_ptr;
