@@ -191,12 +191,13 @@ static int spill_mode(oc_client_t *c) {
         oc_buf_t b;
         double t1 = clock_now_s();
         CHECK_OC(oc_get(c, &k, &b));
+        uint64_t got = b.len; /* get_done clears b */
         memcpy(dst, b.ptr, n);
         CHECK_OC(oc_get_done(c, &k, &b));
         tr += clock_now_s() - t1;
         CHECK_OC(oc_free(c, &k));
         memcpy(src, &k.index, 8);
-        if (b.len != n || memcmp(dst, src, n) != 0) bad++;
+        if (got != n || memcmp(dst, src, n) != 0) bad++;
     }
     if (bad) die("spill: %llu of %llu blobs came back different", (unsigned long long)bad, (unsigned long long)nt);
     double mb = (double)(nt * n) / 1e6;

@@ -14,19 +14,19 @@
 # figure is the median of the per-round ratios with the lowest and highest.
 # Blob sizes 1 MiB and 16 MiB; target >= 0.9 for the writes (the read-back
 # is reported: gets of spilled blobs are read one at a time).
-# Settings: BALLAST_BENCH_DIR (/tmp), BALLAST_BENCH_E2E_BYTES (256M),
+# Settings: BALLAST_BENCH_DIR (/tmp), BALLAST_BENCH_E2E_BYTES (192M),
 # BALLAST_BENCH_E2E_POOL (128M), BALLAST_BENCH_DEPTH (32),
-# BALLAST_BENCH_E2E_ROUNDS (4, even), BALLAST_BENCH_E2E_WATERMARK (25).
+# BALLAST_BENCH_E2E_ROUNDS (2, even), BALLAST_BENCH_E2E_WATERMARK (25).
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 BALLASTD=$BUILD/bin/ballastd
 BO=$BUILD/tests/bench/bench_offload
 DIR=${BALLAST_BENCH_DIR:-/tmp}
-SIZE=${BALLAST_BENCH_E2E_BYTES:-256M}
+SIZE=${BALLAST_BENCH_E2E_BYTES:-192M}
 POOL=${BALLAST_BENCH_E2E_POOL:-128M}
 DEPTH=${BALLAST_BENCH_DEPTH:-32}
-ROUNDS=${BALLAST_BENCH_E2E_ROUNDS:-4}
+ROUNDS=${BALLAST_BENCH_E2E_ROUNDS:-2}
 WM=${BALLAST_BENCH_E2E_WATERMARK:-25}
 for b in "$BALLASTD" "$BO"; do [ -x "$b" ] || { echo "offload_spill bench: $b not built (run make)"; exit 1; }; done
 command -v fio >/dev/null || { echo "offload_spill bench: fio missing (make deps installs it): nothing to compare, skipped"; exit 0; }
