@@ -322,7 +322,16 @@ Test(store, background_eviction_keeps_the_watermark_and_every_blob_exact, .timeo
     cr_assert_gt(st.evictions, 0, "96 MiB through an 8 MiB pool without evicting");
     cr_assert_gt(st.spill_reads, 0, "no blob was ever read back");
     cr_assert_eq(st.crc_errors, 0);
-    /* Nothing waits for space now: only the background evictor can make it. */
+    /* Fill the pool's worth once more, then stop: nothing waits for space
+     * afterwards, so only the background evictor can bring the free bytes
+     * back to the watermark. */
+    enum { NB = 32, BL = 256u << 10 };
+    uint64_t seed0 = w[0].seed * 31 + 7;
+    for (int i = 0; i < NB; i++) {
+        store_key_t k = key_of(job, 9, 1000000 + (uint64_t)i);
+        cr_assert_eq(put_gen(s, w[0].sid, &k, seed0 + (uint64_t)i, BL, 0), STATUS_OK);
+    }
+    store_stats(s, &st);
     uint64_t mark = st.pool.total_bytes / 100 * 25;
     for (int i = 0; i < 500 && st.pool.free_bytes < mark; i++) {
         usleep(10000);
@@ -334,6 +343,10 @@ Test(store, background_eviction_keeps_the_watermark_and_every_blob_exact, .timeo
                 (unsigned long long)st.evictions, (unsigned long long)st.spill_writes,
                 (unsigned long long)(st.spill_write_bytes >> 20), (unsigned long long)st.spill_reads,
                 (unsigned long long)st.pool.free_bytes, (unsigned long long)st.pool.total_bytes);
+    for (int i = 0; i < NB; i++) {
+        store_key_t k = key_of(job, 9, 1000000 + (uint64_t)i);
+        cr_assert_eq(get_check(s, w[0].sid, &k, seed0 + (uint64_t)i, BL, false), STATUS_OK);
+    }
     for (int i = 0; i < T; i++) cr_assert_geq(store_drop_session(s, w[i].sid), 0);
     store_close(s);
     remove_dir();
