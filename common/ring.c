@@ -40,6 +40,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
 _Static_assert(sizeof(ring_hdr_t) == RING_HDR_BYTES, "ring header must be 4 cache lines");
 _Static_assert(offsetof(ring_hdr_t, head) == 1 * RING_LINE, "head on line 1");
 _Static_assert(offsetof(ring_hdr_t, tail) == 2 * RING_LINE, "tail on line 2");
@@ -48,6 +57,18 @@ _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "ring needs lock-free 32-bit atomics i
 
 
 static bool is_pow2(uint32_t x) { return x && !(x & (x - 1)); }
+
+/* Whether waits may spin: not on a machine with one online CPU, where the
+ * peer cannot run while we spin. Computed once. */
+static bool spin_allowed(void) {
+    static _Atomic int allowed = -1;
+    int a = atomic_load_explicit(&allowed, memory_order_relaxed);
+    if (a < 0) {
+        a = sysconf(_SC_NPROCESSORS_ONLN) > 1;
+        atomic_store_explicit(&allowed, a, memory_order_relaxed);
+    }
+    return a;
+}
 
 /* ---- layout ---- */
 
@@ -156,6 +177,7 @@ int ring_attach(ring_t *r, void *mem, size_t bytes, uint32_t expect_entry_size,
     r->tail = tail;
     r->seen_head = head;
     r->seen_tail = tail;
+    r->spin_ns = spin_allowed() ? RING_SPIN_MAX_NS / 4 : 0;
     return 0;
 }
 
@@ -211,6 +233,35 @@ int ring_doorbell_wait(int fd, int timeout_ms) {
 }
 
 /* ---- producer ---- */
+
+static int64_t cons_ready(ring_t *r, uint32_t want);
+static int64_t prod_space(ring_t *r, uint32_t want);
+
+/* Poll the ring for up to r->spin_ns (see ring.h) until an entry is ready
+ * (consumer) or a slot is free (producer). 1: it is, 0: the spin ran out
+ * (or is off; sleep now), -EBADMSG. Adapts r->spin_ns to what it found. */
+static int spin_wait(ring_t *r, bool consumer) {
+    uint32_t budget = r->spin_ns;
+    if (budget == 0) {
+        if (!spin_allowed() || ++r->spin_misses < RING_SPIN_PROBE) return 0;
+        r->spin_misses = 0;
+        budget = 2 * RING_SPIN_MIN_NS; /* probe: has the peer got fast again? */
+    }
+    int64_t t0 = clock_now_ns();
+    for (uint32_t i = 1;; i++) {
+        int64_t v = consumer ? cons_ready(r, 1) : prod_space(r, 1);
+        if (v != 0) {
+            uint32_t grown = budget * 2;
+            r->spin_ns = grown > RING_SPIN_MAX_NS ? RING_SPIN_MAX_NS : grown;
+            r->spin_misses = 0;
+            return v < 0 ? (int)v : 1;
+        }
+        cpu_relax();
+        if (i % 16 == 0 && clock_now_ns() - t0 >= (int64_t)budget) break;
+    }
+    r->spin_ns = budget / 2 < RING_SPIN_MIN_NS ? 0 : budget / 2;
+    return 0;
+}
 
 static int corrupt(ring_t *r, const char *who, uint32_t tail, uint32_t head) {
     snprintf(r->err, sizeof r->err, "%s: tail %u - head %u = %u exceeds capacity %u: corrupt "
@@ -280,6 +331,10 @@ void ring_disarm_space(ring_t *r) {
 
 int ring_wait_space(ring_t *r, int timeout_ms) {
     if (r->space_fd < 0) return -EINVAL;
+    if (timeout_ms != 0) {
+        int sp = spin_wait(r, false);
+        if (sp != 0) return sp < 0 ? sp : 0;
+    }
     int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {
         int rc = ring_arm_space(r);
@@ -378,6 +433,10 @@ void ring_disarm_data(ring_t *r) {
 
 int ring_wait_data(ring_t *r, int timeout_ms) {
     if (r->data_fd < 0) return -EINVAL;
+    if (timeout_ms != 0) {
+        int sp = spin_wait(r, true);
+        if (sp != 0) return sp < 0 ? sp : 0;
+    }
     int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {
         int rc = ring_arm_data(r);

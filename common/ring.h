@@ -19,6 +19,15 @@
  * Entries are copied out of shared memory before the caller sees them, so
  * a validated entry cannot change under the caller.
  *
+ * Spinning: ring_wait_data/ring_wait_space (and the *_wait calls built on
+ * them) first poll the ring for a short, adaptive time (at most
+ * RING_SPIN_MAX_NS) before sleeping, so that a peer on another CPU that
+ * answers within microseconds does not cost a cross-core wakeup. The budget
+ * doubles when a spin finds the entry and halves when it does not, down to
+ * none; with no budget, one wait in RING_SPIN_PROBE spins briefly again to
+ * notice that the peer got fast. No spinning at all when the machine has
+ * one online CPU (the peer could not run while we spin).
+ *
  * Doorbells: a consumer that finds the ring empty sets cons_waiting,
  * re-checks the ring and only then sleeps on the data eventfd; a producer
  * rings that eventfd after a push only when cons_waiting is set. The same
@@ -42,6 +51,9 @@
 #define RING_MAX_CAPACITY (1u << 24)            /* entries */
 #define RING_MAX_ENTRY    (64u << 10)           /* bytes */
 #define RING_ERR_LEN      160
+#define RING_SPIN_MAX_NS  100000u               /* longest spin before a wait sleeps */
+#define RING_SPIN_MIN_NS  2000u                 /* budget under this: stop spinning */
+#define RING_SPIN_PROBE   64u                   /* with no budget, spin again once per this many waits */
 
 /* The shared header. Each line is written by one side only. */
 typedef struct {
@@ -73,6 +85,8 @@ typedef struct {
     uint32_t seen_tail;    /* consumer: last tail read from shared memory */
     int data_fd;           /* eventfd producer -> consumer ("entries ready"); -1 none */
     int space_fd;          /* eventfd consumer -> producer ("slots free"); -1 none */
+    uint32_t spin_ns;      /* adaptive spin budget before sleeping, ns (0: sleep at once) */
+    uint32_t spin_misses;  /* waits in a row whose spin found nothing (with spin_ns 0: since the last probe) */
     char err[RING_ERR_LEN];/* what was wrong when a call returned -EBADMSG */
 } ring_t;
 

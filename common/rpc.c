@@ -1038,10 +1038,27 @@ uint64_t rpc_server_calls(const rpc_server_t *s) {
 
 /* ---- client ---- */
 
+#define CLIENT_SPARE_CQS 8        /* idle completion queues kept for reuse */
+#define CLIENT_METHODS   64       /* registered method paths kept per client */
+
+typedef struct {
+    char *path;                  /* "/pkg.Service/Method" */
+    void *handle;                /* grpc_channel_register_call's, owned by the channel */
+} client_method_t;
+
+/* Calls reuse what outlives one call: completion queues (a stack of idle
+ * ones, one taken per call in flight, so concurrent callers never share a
+ * queue) and the registered handle of each method path (so a call does not
+ * intern its path again). A grpc_call itself serves one RPC only. */
 struct rpc_client {
     char *addr;                  /* as given */
     grpc_channel *ch;
     bool private_;               /* TLS or a Unix socket */
+    pthread_mutex_t mu;          /* guards spare and methods */
+    grpc_completion_queue *spare[CLIENT_SPARE_CQS];
+    int nspare;
+    client_method_t methods[CLIENT_METHODS];
+    int nmethods;
 };
 
 bool rpc_client_private(const rpc_client_t *c) { return c && c->private_; }
@@ -1065,6 +1082,7 @@ rpc_client_t *rpc_client_open(const char *addr, const rpc_client_opts_t *opts, c
         errbuf_set(err, errlen, "rpc client: out of memory");
         return NULL;
     }
+    pthread_mutex_init(&c->mu, NULL);
     grpc_init();
     /* Node-local services restart quickly: keep reconnect backoff short so a
      * wait-for-ready call notices a restarted server within about a second. */
@@ -1120,13 +1138,62 @@ rpc_client_t *rpc_client_open(const char *addr, const rpc_client_opts_t *opts, c
 
 void rpc_client_close(rpc_client_t *c) {
     if (!c) return;
+    for (int i = 0; i < c->nspare; i++) {
+        grpc_completion_queue_shutdown(c->spare[i]);
+        grpc_completion_queue_destroy(c->spare[i]);
+    }
+    for (int i = 0; i < c->nmethods; i++) free(c->methods[i].path);
     grpc_channel_destroy(c->ch);
+    pthread_mutex_destroy(&c->mu);
     free(c->addr);
     free(c);
     grpc_shutdown();
 }
 
 const char *rpc_client_addr(const rpc_client_t *c) { return c->addr; }
+
+/* An idle completion queue for one call (a spare one, or a new one). */
+static grpc_completion_queue *cq_take(rpc_client_t *c) {
+    grpc_completion_queue *cq = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->nspare) cq = c->spare[--c->nspare];
+    pthread_mutex_unlock(&c->mu);
+    return cq ? cq : grpc_completion_queue_create_for_pluck(NULL);
+}
+
+/* Hand back a queue whose call has completed and been unreffed (nothing is
+ * pending on it); beyond CLIENT_SPARE_CQS it is destroyed. */
+static void cq_give(rpc_client_t *c, grpc_completion_queue *cq) {
+    pthread_mutex_lock(&c->mu);
+    if (c->nspare < CLIENT_SPARE_CQS) {
+        c->spare[c->nspare++] = cq;
+        cq = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (cq) {
+        grpc_completion_queue_shutdown(cq);
+        grpc_completion_queue_destroy(cq);
+    }
+}
+
+/* The channel's registered handle for method, registering it on first use;
+ * NULL when the table is full or out of memory (the call then names its
+ * path itself). */
+static void *method_handle(rpc_client_t *c, const char *method) {
+    void *h = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->nmethods && !h; i++)
+        if (strcmp(c->methods[i].path, method) == 0) h = c->methods[i].handle;
+    if (!h && c->nmethods < CLIENT_METHODS) {
+        char *p = strdup(method);
+        if (p && (h = grpc_channel_register_call(c->ch, p, NULL, NULL)))
+            c->methods[c->nmethods++] = (client_method_t){ p, h };
+        else
+            free(p);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return h;
+}
 
 /* The one call path: send req_bb, receive the status and, on OK, the
  * response bytes in *out (caller unrefs; empty slice when none). */
@@ -1143,11 +1210,16 @@ static grpc_status_code call_bb(rpc_client_t *c, const char *method, grpc_byte_b
                           ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                          gpr_time_from_millis(deadline_ms, GPR_TIMESPAN))
                           : gpr_inf_future(GPR_CLOCK_MONOTONIC);
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    grpc_slice mslice = grpc_slice_from_copied_string(method);
-    grpc_call *call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, mslice,
-                                               NULL, dl, NULL);
-    grpc_slice_unref(mslice);
+    grpc_completion_queue *cq = cq_take(c);
+    void *mh = method_handle(c, method);
+    grpc_call *call;
+    if (mh) {
+        call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, mh, dl, NULL);
+    } else {
+        grpc_slice mslice = grpc_slice_from_copied_string(method);
+        call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, mslice, NULL, dl, NULL);
+        grpc_slice_unref(mslice);
+    }
 
     grpc_metadata_array init_md, trail_md;
     grpc_metadata_array_init(&init_md);
@@ -1208,8 +1280,7 @@ static grpc_status_code call_bb(rpc_client_t *c, const char *method, grpc_byte_b
     grpc_metadata_array_destroy(&init_md);
     grpc_metadata_array_destroy(&trail_md);
     grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    grpc_completion_queue_destroy(cq);
+    cq_give(c, cq);
     return status;
 }
 

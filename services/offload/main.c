@@ -36,6 +36,7 @@ static void on_signal(int sig) { g_stop = sig; }
 
 static const char *o_socket, *o_fd_socket, *o_listen, *o_health_bind, *o_spill_dir,
                   *o_token_file, *o_port_file, *o_log_level;
+static int64_t o_evict_watermark;
 static int64_t o_health_port, o_threads, o_max_sessions, o_ring_entries, o_queue_depth,
                o_io_threads, o_ring_spin_us;
 static uint64_t o_pool_bytes, o_segment_bytes, o_spill_bytes, o_spill_file_bytes,
@@ -88,6 +89,9 @@ static const opt_t opts[] = {
     { "direct-io", OPT_BOOL, "true", 0, 0, NULL, "open spill files with O_DIRECT (falls back when refused)", &o_direct_io },
     { "evict-wait", OPT_DURATION, "5s", 0.001, 3600, NULL,
       "how long a put waits for pool space before RESOURCE_EXHAUSTED", &o_evict_wait },
+    { "evict-watermark", OPT_INT, "10", 0, 90, NULL,
+      "percent of the pool kept free by spilling in the background (0: spill only when a put waits)",
+      &o_evict_watermark },
     { "session-quota", OPT_SIZE, "0", 0, 1ull << 60, NULL,
       "most bytes one session may hold (0 = no limit); requests above it are refused", &o_session_quota },
     { "job-quota", OPT_SIZE, "0", 0, 1ull << 60, NULL,
@@ -268,6 +272,7 @@ int main(int argc, char **argv) {
     sc.queue_depth = (uint32_t)o_queue_depth;
     sc.io_threads = (uint32_t)o_io_threads;
     sc.evict_wait_ms = (uint32_t)(o_evict_wait * 1000);
+    sc.evict_watermark_pct = (uint32_t)o_evict_watermark;
     sc.direct_io = o_direct_io;
     store_t *store = NULL;
     char sterr[STORE_ERR_LEN];

@@ -124,6 +124,16 @@ struct store {
     size_t njobs;
 
     uint64_t busy_ops;        /* commits, spills and loads in progress */
+
+    /* background evictor (evict_main) */
+    pthread_t ev_thread;
+    bool ev_started, ev_stop;
+    pthread_cond_t ev_cv;     /* wakes the evictor: a put, a waiter, a completion */
+    uint64_t ev_mark;         /* bytes kept free (or being freed): the watermark */
+    uint64_t ev_waiting;      /* bytes asked for by allocations waiting for space */
+    uint32_t ev_inflight;     /* eviction writes in flight */
+    uint64_t ev_bytes;        /* their bytes */
+    uint32_t ev_failures;     /* eviction writes failed in a row */
     bool draining;
 
     /* prefetch worker */
@@ -498,134 +508,170 @@ static bool reclaim_nvme_copies(store_t *s, uint64_t need, uint64_t *off) {
     return false;
 }
 
-#define EVICT_BATCH 64  /* most blobs spilled by one eviction round */
+/* ---- background eviction ----
+ *
+ * One thread (evict_main) keeps free + being-freed pool bytes at or above
+ * the watermark (cfg.evict_watermark_pct of the pool), and above it while an
+ * allocation waits for space: it takes least recently used blobs off the LRU
+ * and writes them to the NVMe tier with up to cfg.queue_depth writes in
+ * flight, overlapped with clients' copies. Each completion (evict_done, on
+ * the tier's completion thread) releases the blob's pool region and wakes
+ * the waiters. A blob with a current NVMe copy just loses its region. The
+ * bytes of a blob are immutable once READY and a victim is SPILLING and
+ * referenced, so its crc and write run with mu dropped. */
 
 typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int pending;          /* writes not completed yet */
-} batch_t;
+    store_t *s;
+    blob_t *b;
+    uint64_t off;         /* NVMe extent */
+    uint32_t crc;         /* computed before the write when need_crc */
+    bool need_crc;        /* the blob had no crc yet (committed without one) */
+} evict_io_t;
 
-typedef struct {
-    batch_t *bt;
-    int64_t res;          /* bytes written or -errno */
-} victim_io_t;
-
-static void victim_done(void *arg, int64_t res) {
-    victim_io_t *v = arg;
-    v->res = res;
-    pthread_mutex_lock(&v->bt->mu);
-    if (--v->bt->pending == 0) pthread_cond_signal(&v->bt->cv);
-    pthread_mutex_unlock(&v->bt->mu);
+/* Bytes the evictor should still free now (0: none). With mu held. */
+static uint64_t evict_deficit(store_t *s) {
+    if (s->ev_stop) return 0;
+    pool_stats_t ps;
+    pool_stats(s->pool, &ps);
+    uint64_t have = ps.free_bytes + s->ev_bytes;
+    uint64_t want = s->ev_mark + s->ev_waiting; /* what waiting allocations ask for, on top */
+    uint64_t d = have >= want ? 0 : want - have;
+    /* A waiting allocation may fail with enough free bytes, in pieces too
+     * small: free its size again (LRU order) unless that much is on its way. */
+    if (s->ev_waiting > s->ev_bytes && s->ev_waiting - s->ev_bytes > d) d = s->ev_waiting - s->ev_bytes;
+    return d;
 }
 
-/* Evict least recently used blobs until about need bytes of pool are freed
- * (at most EVICT_BATCH blobs): those with a current NVMe copy just lose
- * their pool region; the others are written to NVMe together (as many
- * requests in flight as victims), then lose it. With mu held; drops it
- * during the writes. Returns 1 when some pool space was freed or may have
- * been (retry the allocation), 0 when nothing is evictable, -1 when every
- * write failed. */
-static int evict_some(store_t *s, uint64_t need) {
-    if (!s->tier || !s->lru_head) return 0;
-    blob_t *v[EVICT_BATCH];
-    uint64_t off[EVICT_BATCH];
-    bool vneed[EVICT_BATCH];   /* crc not known yet: compute it before the write */
-    int nv = 0, dropped = 0;
+/* Finish one eviction write: on success the blob is on NVMe and, unless
+ * pinned again meanwhile, leaves the pool. Called by the tier with res =
+ * bytes written or -errno. Takes mu. */
+static void evict_done(void *arg, int64_t res) {
+    evict_io_t *io = arg;
+    store_t *s = io->s;
+    blob_t *b = io->b;
+    pthread_mutex_lock(&s->mu);
+    s->busy_ops--;
+    s->ev_inflight--;
+    s->ev_bytes -= b->alen;
+    b->refs--;
+    b->state = STORE_READY;
+    if (io->need_crc) { b->crc = io->crc; b->crc_valid = true; }
+    if (res != (int64_t)b->alen) {
+        log_error("store: spilling a blob of %llu bytes to %s failed: %s", (unsigned long long)b->alen,
+                  s->spill_dir, res < 0 ? strerror((int)-res) : "short write");
+        tier_free(s->tier, io->off);
+        s->ev_failures++;
+    } else {
+        s->ev_failures = 0;
+        s->spill_writes++;
+        s->spill_wbytes += b->alen;
+        b->on_nvme = true;
+        b->nvme_off = io->off;
+        if (b->linked && !b->pins) {
+            pool_free(s->pool, &b->region);
+            b->in_pool = false;
+            s->evictions++;
+        }
+    }
+    if (b->linked) lru_update(s, b);
+    else blob_maybe_destroy(s, b);
+    pthread_cond_broadcast(&s->cv);
+    pthread_cond_signal(&s->ev_cv);
+    pthread_mutex_unlock(&s->mu);
+    free(io);
+}
+
+/* Take victims off the LRU head until about need bytes are on their way
+ * out or depth writes are in flight. Blobs already on NVMe lose their
+ * region at once (*dropped counts them); the others are marked SPILLING
+ * and returned in v (at most max). With mu held. */
+static int evict_pick(store_t *s, uint64_t need, evict_io_t **v, int max, int *dropped) {
+    int nv = 0;
     uint64_t got = 0;
-    for (blob_t *b = s->lru_head, *next; b && nv < EVICT_BATCH && got < need; b = next) {
+    for (blob_t *b = s->lru_head, *next; b && nv < max && got < need; b = next) {
         next = b->lnext;
         if (b->on_nvme) {
             lru_del(s, b);
             pool_free(s->pool, &b->region);
             b->in_pool = false;
             s->evictions++;
-            dropped++;
+            (*dropped)++;
         } else {
             uint64_t o;
             if (tier_alloc(s->tier, b->alen, &o) != 0 && !reclaim_nvme_copies(s, b->alen, &o)) break;
+            evict_io_t *io = malloc(sizeof *io);
+            if (!io) { tier_free(s->tier, o); break; }
             next = b->lnext; /* reclaiming does not reorder the LRU, but re-read to be safe */
             lru_del(s, b);
             b->state = STORE_SPILLING;
             b->refs++;
-            v[nv] = b;
-            off[nv] = o;
-            vneed[nv] = !b->crc_valid;
-            nv++;
+            *io = (evict_io_t){ .s = s, .b = b, .off = o, .need_crc = !b->crc_valid };
+            v[nv++] = io;
+            s->busy_ops++;
+            s->ev_inflight++;
+            s->ev_bytes += b->alen;
         }
         got += b->alen;
     }
-    if (nv == 0) {
-        if (dropped) pthread_cond_broadcast(&s->cv);
-        return dropped ? 1 : 0;
-    }
-    s->busy_ops++;
-    pthread_mutex_unlock(&s->mu);
-
-    /* Blobs are committed without a crc (store_put_commit); the first write
-     * to NVMe computes it, before the write is submitted, so that what
-     * comes back can be checked. The bytes are immutable once READY and the
-     * blob is SPILLING and referenced, so reading them with mu dropped is
-     * safe. */
-    batch_t bt = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .pending = nv };
-    victim_io_t io[EVICT_BATCH];
-    uint32_t vcrc[EVICT_BATCH];
-    for (int i = 0; i < nv; i++) {
-        if (vneed[i]) vcrc[i] = crc32c(0, pool_ptr(s->pool, &v[i]->region), v[i]->length);
-        io[i] = (victim_io_t){ .bt = &bt, .res = 0 };
-        int rc = tier_submit(s->tier, IO_WRITE, pool_ptr(s->pool, &v[i]->region), v[i]->alen, off[i],
-                             victim_done, &io[i]);
-        if (rc) victim_done(&io[i], rc);
-    }
-    pthread_mutex_lock(&bt.mu);
-    while (bt.pending) pthread_cond_wait(&bt.cv, &bt.mu);
-    pthread_mutex_unlock(&bt.mu);
-    pthread_mutex_destroy(&bt.mu);
-    pthread_cond_destroy(&bt.cv);
-
-    pthread_mutex_lock(&s->mu);
-    s->busy_ops--;
-    int ok = 0;
-    for (int i = 0; i < nv; i++) {
-        blob_t *b = v[i];
-        b->refs--;
-        b->state = STORE_READY;
-        if (vneed[i]) { b->crc = vcrc[i]; b->crc_valid = true; }
-        if (io[i].res != (int64_t)b->alen) {
-            log_error("store: spilling a blob of %llu bytes to %s failed: %s", (unsigned long long)b->alen,
-                      s->spill_dir, io[i].res < 0 ? strerror((int)-io[i].res) : "short write");
-            tier_free(s->tier, off[i]);
-        } else {
-            ok++;
-            s->spill_writes++;
-            s->spill_wbytes += b->alen;
-            b->on_nvme = true;
-            b->nvme_off = off[i];
-            if (b->linked && !b->pins) {
-                pool_free(s->pool, &b->region);
-                b->in_pool = false;
-                s->evictions++;
-            }
-        }
-        if (b->linked) lru_update(s, b);
-        else blob_maybe_destroy(s, b);
-    }
-    pthread_cond_broadcast(&s->cv);
-    return ok || dropped ? 1 : -1;
+    return nv;
 }
 
-/* Allocate alen bytes of pool, evicting as needed and waiting (bounded) for
- * evictions by others or pins to drop. With mu held (dropped while waiting
- * or writing). allow_evict false: no eviction, no wait. */
+static void *evict_main(void *arg) {
+    store_t *s = arg;
+    uint32_t depth = s->cfg.queue_depth ? s->cfg.queue_depth : 64;
+    evict_io_t **v = calloc(depth, sizeof *v);
+    pthread_mutex_lock(&s->mu);
+    while (!s->ev_stop) {
+        uint64_t need = v && !s->draining && s->ev_failures < 8 ? evict_deficit(s) : 0;
+        int dropped = 0, nv = 0;
+        if (need && s->ev_inflight < depth && s->lru_head)
+            nv = evict_pick(s, need, v, (int)(depth - s->ev_inflight), &dropped);
+        if (dropped) pthread_cond_broadcast(&s->cv);
+        if (nv == 0) {
+            if (!dropped) {
+                /* Nothing to do, the queue is full, or nothing is evictable:
+                 * wait for a completion, a put or a waiter (or retry in a
+                 * while: pins drop without telling the evictor). */
+                struct timespec ts = clock_after(s->ev_failures ? 0.2 : 0.05);
+                pthread_cond_timedwait(&s->ev_cv, &s->mu, &ts);
+                if (s->ev_failures >= 8 && s->ev_waiting) s->ev_failures = 7; /* a waiter: try again */
+            }
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < nv; i++) {
+            blob_t *b = v[i]->b;
+            void *p = pool_ptr(s->pool, &b->region);
+            if (v[i]->need_crc) v[i]->crc = crc32c(0, p, b->length);
+            int rc = tier_submit(s->tier, IO_WRITE, p, b->alen, v[i]->off, evict_done, v[i]);
+            if (rc) evict_done(v[i], rc);
+        }
+        pthread_mutex_lock(&s->mu);
+    }
+    while (s->ev_inflight) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    free(v);
+    return NULL;
+}
+
+/* Tell the evictor that the pool got fuller. With mu held. */
+static void evict_kick(store_t *s) {
+    if (s->ev_started && !s->ev_inflight) pthread_cond_signal(&s->ev_cv);
+}
+
+/* Allocate alen bytes of pool, waiting (bounded by evict_wait_ms) while
+ * the evictor makes room or pins drop. With mu held (dropped while
+ * waiting). allow_evict false: no wait. */
 static status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, bool allow_evict,
                             char *err, size_t errlen) {
     uint64_t deadline = clock_now_ms() + s->cfg.evict_wait_ms;
     for (;;) {
-        if (pool_alloc(s->pool, alen, r) == 0) return STATUS_OK;
+        if (pool_alloc(s->pool, alen, r) == 0) {
+            evict_kick(s);
+            return STATUS_OK;
+        }
         if (!allow_evict) return STATUS_NO_SPACE;
-        int e = evict_some(s, alen);
-        if (e > 0) continue;
-        if (e < 0) {
+        if (s->ev_started && s->ev_failures >= 8 && !s->ev_inflight) {
             errbuf_set(err, errlen, "pool full and spilling to %s failed (I/O error; see the log)", s->spill_dir);
             return STATUS_IO_ERROR;
         }
@@ -633,8 +679,11 @@ static status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, bool al
         if (now >= deadline) break;
         uint64_t wait = deadline - now;
         if (wait > 50) wait = 50;
+        s->ev_waiting += alen;
+        if (s->ev_started) pthread_cond_signal(&s->ev_cv);
         struct timespec ts = clock_after((double)wait * 1e-3);
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        s->ev_waiting -= alen;
     }
     pool_stats_t ps;
     pool_stats(s->pool, &ps);
@@ -733,6 +782,7 @@ void store_config_default(store_config_t *cfg) {
     cfg->queue_depth = 64;
     cfg->io_threads = 4;
     cfg->evict_wait_ms = 5000;
+    cfg->evict_watermark_pct = 10;
     cfg->direct_io = true;
 }
 
@@ -943,11 +993,18 @@ int store_open(store_t **out, const store_config_t *cfg, char *err, size_t errle
     pthread_mutex_init(&s->mmu, NULL);
     pthread_cond_init(&s->mcv, NULL);
     pthread_cond_init(&s->pf_cv, NULL);
+    clock_cond_init(&s->ev_cv);
     s->nhash = 1024;
     s->hash = calloc(s->nhash, sizeof *s->hash);
     s->jobs = calloc(MAX_JOBS, sizeof *s->jobs);
     if (!s->hash || !s->jobs) { store_close(s); errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
 
+    if (cfg->evict_watermark_pct > 90) {
+        store_close(s);
+        errbuf_set(err, errlen, "--evict-watermark %u%%: give 0..90 (percent of the pool kept free)",
+                   cfg->evict_watermark_pct);
+        return -EINVAL;
+    }
     int rc = pool_open(&s->pool, &cfg->pool, err, errlen);
     if (rc) { store_close(s); return rc; }
     if (cfg->spill_dir && *cfg->spill_dir) {
@@ -968,6 +1025,12 @@ int store_open(store_t **out, const store_config_t *cfg, char *err, size_t errle
         rc = pthread_create(&s->pf_thread, NULL, prefetch_main, s);
         if (rc) { store_close(s); errbuf_set(err, errlen, "starting the prefetch thread: %s", strerror(rc)); return -rc; }
         s->pf_started = true;
+        pool_stats_t ps;
+        pool_stats(s->pool, &ps);
+        s->ev_mark = ps.total_bytes / 100 * s->cfg.evict_watermark_pct;
+        rc = pthread_create(&s->ev_thread, NULL, evict_main, s);
+        if (rc) { store_close(s); errbuf_set(err, errlen, "starting the eviction thread: %s", strerror(rc)); return -rc; }
+        s->ev_started = true;
     }
     *out = s;
     return 0;
@@ -975,6 +1038,13 @@ int store_open(store_t **out, const store_config_t *cfg, char *err, size_t errle
 
 void store_close(store_t *s) {
     if (!s) return;
+    if (s->ev_started) { /* it finishes the writes in flight first */
+        pthread_mutex_lock(&s->mu);
+        s->ev_stop = true;
+        pthread_cond_signal(&s->ev_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->ev_thread, NULL);
+    }
     if (s->pf_started) {
         pthread_mutex_lock(&s->mu);
         s->pf_stop = true;
@@ -1008,6 +1078,7 @@ void store_close(store_t *s) {
     pthread_mutex_destroy(&s->mmu);
     pthread_cond_destroy(&s->mcv);
     pthread_cond_destroy(&s->pf_cv);
+    pthread_cond_destroy(&s->ev_cv);
     free(s);
 }
 

@@ -137,12 +137,15 @@ typedef struct {
     uint32_t io_threads;         /* threads of the fallback backend; 0 = 4 */
     uint32_t evict_wait_ms;      /* how long put_alloc waits for space (evictions by
                                     others, pins dropping); 0 = 5000 */
+    uint32_t evict_watermark_pct;/* percent of the pool the background evictor keeps free
+                                    (0..90; 0 = evict only for waiting allocations) */
     bool direct_io;              /* try O_DIRECT (default true via store_config_default) */
     uint64_t job_quota;          /* bytes all blobs of one job may hold together; 0 = no limit */
 } store_config_t;
 
 /* Defaults: 256 MiB pool in one segment, huge pages off, mlock on, no spill
- * dir, 1 GiB spill files, io auto, depth 64, 4 threads, 5 s wait, O_DIRECT. */
+ * dir, 1 GiB spill files, io auto, depth 64, 4 threads, 5 s wait, watermark
+ * 10%, O_DIRECT. */
 void store_config_default(store_config_t *cfg);
 
 typedef struct store store_t;

@@ -1,18 +1,34 @@
 /* bench_offload.c: put+get through ballastd's shared pool against plain
- * memcpy of the same bytes, plus ring and control-RPC latency.
+ * memcpy of the same bytes, ring and control-RPC latency, and spilling end
+ * to end through ballastd.
  *
- * Against a running ballastd (tests/bench/offload.sh starts one):
+ * --mode pool, against a running ballastd (tests/bench/offload.sh starts
+ * one, pinned with taskset):
  *   memcpy    src -> tmp, tmp -> dst                 (the bytes a put and a get move)
  *   pool      put_alloc, memcpy src -> region, put_commit,
  *             get, memcpy region -> dst, get_done, free
- * both on the same buffers, alternated, best of --iters each. Every pool
- * round trip is checked (dst == src) outside the timed part.
+ * on the same buffers, in --rounds rounds whose order alternates (memcpy
+ * first in even rounds, the pool first in odd ones); a round times enough
+ * blobs for about 8 MiB each way. Each round gives one ratio; the figures
+ * are the median and the lowest and highest over the rounds. Every pool
+ * round trip is checked (dst == src) outside the timed part. --cpu pins
+ * this process (the pool's pages are touched where it runs).
  * Latency: NOP ring round trips and Heartbeat RPCs over the Unix socket,
- * p50 and p99 of --lat-iters each.
- * Prints a table and machine-readable lines:
- *   RESULT bench_offload blob=B memcpy_gbps=M pool_gbps=P ratio=R
- *   RESULT bench_offload_lat ring_p50_us=.. ring_p99_us=.. rpc_p50_us=.. rpc_p99_us=.. */
+ * p50 and p99 of --lat-iters each (0: none).
+ *   RESULT bench_offload blob=B memcpy_gbps=M pool_gbps=P ratio=R lo=L hi=H rounds=N
+ *   RESULT bench_offload_lat ring_p50_us=.. ring_p99_us=.. rpc_p50_us=.. rpc_p99_us=..
+ *
+ * --mode spill, against a ballastd with a --spill-dir and a pool smaller
+ * than --bytes (tests/bench/offload_spill.sh): first --fill bytes of blobs
+ * are put untimed (the pool is then full and eviction runs), then --bytes
+ * more are put and timed (put_alloc, memcpy, put_commit: every byte of them
+ * has to make its way through eviction to the disk for the puts to go on),
+ * then they are read back in order and timed (get, memcpy, get_done: most
+ * come from the disk) and checked.
+ *   RESULT bench_offload_spill blob=B write_mbps=W read_mbps=R (10^6 bytes/s) */
 #include <inttypes.h>
+#include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,14 +40,21 @@
 #include "workers/offload/client.h"
 
 static const char *o_addr;
-static uint64_t o_blob;
-static int64_t o_iters, o_lat_iters;
+static uint64_t o_blob, o_bytes, o_fill;
+static int64_t o_rounds, o_lat_iters, o_cpu;
+static int o_mode;
+
+enum { MODE_POOL, MODE_SPILL };
 
 static const opt_t opts[] = {
     { "addr", OPT_STRING, "unix:/run/ballast/ballastd.sock", 0, 0, NULL, "ballastd address (unix:/path)", &o_addr },
+    { "mode", OPT_ENUM, "pool", 0, 0, "pool|spill", "put+get vs memcpy, or spilling end to end", &o_mode },
     { "blob", OPT_SIZE, "64M", 4096, 1ull << 40, NULL, "bytes per blob", &o_blob },
-    { "iters", OPT_INT, "15", 1, 100000, NULL, "timed repetitions of each path (best is kept)", &o_iters },
-    { "lat-iters", OPT_INT, "5000", 10, 10000000, NULL, "latency samples", &o_lat_iters },
+    { "rounds", OPT_INT, "15", 1, 100000, NULL, "pool: alternated rounds (median, lowest, highest)", &o_rounds },
+    { "lat-iters", OPT_INT, "5000", 0, 10000000, NULL, "pool: latency samples (0: none)", &o_lat_iters },
+    { "cpu", OPT_INT, "-1", -1, 4095, NULL, "pin this process to this CPU (-1: not pinned)", &o_cpu },
+    { "bytes", OPT_SIZE, "512M", 1 << 20, 1ull << 44, NULL, "spill: bytes put (and read back) timed", &o_bytes },
+    { "fill", OPT_SIZE, "256M", 0, 1ull << 44, NULL, "spill: bytes put untimed first (the pool size)", &o_fill },
 };
 
 static int cmp_d(const void *a, const void *b) {
@@ -41,6 +64,151 @@ static int cmp_d(const void *a, const void *b) {
 
 #define CHECK_OC(call) do { status_t st_ = (call); if (st_) die("%s: %s", #call, oc_last_error()); } while (0)
 
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void fill_random(uint8_t *p, size_t n, uint64_t seed) {
+    uint64_t s = seed | 1;
+    for (size_t i = 0; i + 8 <= n; i += 8) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; memcpy(p + i, &s, 8); }
+}
+
+/* Put+get vs memcpy in alternated rounds; latency afterwards. */
+static int pool_mode(oc_client_t *c) {
+    size_t n = o_blob;
+    int reps = n >= (8u << 20) ? 1 : (int)((8u << 20) / n);
+    uint8_t *src = malloc(n), *tmp = malloc(n), *dst = malloc(n);
+    CHECK_ALLOC(src); CHECK_ALLOC(tmp); CHECK_ALLOC(dst);
+    fill_random(src, n, 0x9e3779b97f4a7c15ull);
+    memset(tmp, 1, n);
+    memset(dst, 2, n);
+    int R = (int)o_rounds;
+    double *tm = calloc((size_t)R, sizeof *tm), *tp = calloc((size_t)R, sizeof *tp), *q = calloc((size_t)R, sizeof *q);
+    CHECK_ALLOC(tm); CHECK_ALLOC(tp); CHECK_ALLOC(q);
+    oc_key_t k = { 0, OC_KIND_ACTIVATION, 0, 0 };
+    uint64_t idx = 0;
+    for (int r = -2; r < R; r++) { /* two warm-up rounds fault the pages in */
+        double t_mem = 0, t_pool = 0;
+        for (int side = 0; side < 2; side++) {
+            bool do_pool = (side == 0) == (r % 2 != 0); /* odd rounds: the pool first */
+            if (!do_pool) {
+                double t0 = clock_now_s();
+                for (int j = 0; j < reps; j++) {
+                    memcpy(tmp, src, n);
+                    memcpy(dst, tmp, n);
+                }
+                t_mem = clock_now_s() - t0;
+                memset(dst, 3, 4096);
+                continue;
+            }
+            double t_sum = 0;
+            for (int j = 0; j < reps; j++) {
+                k.index = idx++;
+                oc_buf_t b;
+                double t0 = clock_now_s();
+                CHECK_OC(oc_put_alloc(c, &k, n, false, &b));
+                memcpy(b.ptr, src, n);
+                CHECK_OC(oc_put_commit(c, &k, &b));
+                CHECK_OC(oc_get(c, &k, &b));
+                memcpy(dst, b.ptr, n);
+                CHECK_OC(oc_get_done(c, &k, &b));
+                t_sum += clock_now_s() - t0;
+                CHECK_OC(oc_free(c, &k));
+                if (memcmp(dst, src, n) != 0) die("pool round trip corrupted the data (blob %zu bytes)", n);
+                memset(dst, 3, 4096);
+            }
+            t_pool = t_sum;
+        }
+        if (r < 0) continue;
+        tm[r] = t_mem;
+        tp[r] = t_pool;
+        q[r] = t_mem / t_pool;
+    }
+    double bytes = 2.0 * (double)n * reps;
+    double mt = median(tm, R), pt = median(tp, R);
+    double qlo = 1e30, qhi = 0;
+    for (int r = 0; r < R; r++) { if (q[r] < qlo) qlo = q[r]; if (q[r] > qhi) qhi = q[r]; }
+    double qm = median(q, R);
+    printf("put+get %zu-byte blob, %d alternated rounds of %d blobs: memcpy %.2f GB/s, pool %.2f GB/s (medians), "
+           "ratio %.3f [%.3f, %.3f]\n", n, R, reps, bytes / mt / 1e9, bytes / pt / 1e9, qm, qlo, qhi);
+    printf("RESULT bench_offload blob=%zu memcpy_gbps=%.3f pool_gbps=%.3f ratio=%.3f lo=%.3f hi=%.3f rounds=%d\n", n,
+           bytes / mt / 1e9, bytes / pt / 1e9, qm, qlo, qhi, R);
+    free(tm); free(tp); free(q);
+
+    int64_t L = o_lat_iters;
+    if (L > 0) {
+        double *t = malloc((size_t)L * sizeof *t);
+        CHECK_ALLOC(t);
+        double p[4];
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < 200; i++) CHECK_OC(pass ? oc_heartbeat(c) : oc_nop(c));
+            for (int64_t i = 0; i < L; i++) {
+                double t0 = clock_now_s();
+                CHECK_OC(pass ? oc_heartbeat(c) : oc_nop(c));
+                t[i] = (clock_now_s() - t0) * 1e6;
+            }
+            qsort(t, (size_t)L, sizeof *t, cmp_d);
+            p[2 * pass] = t[L / 2];
+            p[2 * pass + 1] = t[(int64_t)(L * 0.99)];
+        }
+        printf("ring round trip (NOP): p50 %.1f us, p99 %.1f us\n", p[0], p[1]);
+        printf("control RPC (Heartbeat, unix socket): p50 %.1f us, p99 %.1f us\n", p[2], p[3]);
+        printf("RESULT bench_offload_lat ring_p50_us=%.2f ring_p99_us=%.2f rpc_p50_us=%.2f rpc_p99_us=%.2f\n",
+               p[0], p[1], p[2], p[3]);
+        free(t);
+    }
+    free(src); free(tmp); free(dst);
+    return 0;
+}
+
+/* Put fill then bytes of blobs (the latter timed), read the latter back
+ * (timed) and check them. */
+static int spill_mode(oc_client_t *c) {
+    size_t n = o_blob;
+    uint64_t nfill = o_fill / n, nt = o_bytes / n;
+    if (nt == 0) die("--bytes %llu holds no --blob of %zu bytes", (unsigned long long)o_bytes, n);
+    uint8_t *src = malloc(n), *dst = malloc(n);
+    CHECK_ALLOC(src); CHECK_ALLOC(dst);
+    fill_random(src, n, 0x2545f4914f6cdd1dull);
+    memset(dst, 7, n);
+    oc_key_t k = { 0, OC_KIND_ACTIVATION, 0, 0 };
+    double t0 = 0;
+    for (uint64_t i = 0; i < nfill + nt; i++) {
+        if (i == nfill) t0 = clock_now_s();
+        k.index = i;
+        memcpy(src, &k.index, 8); /* each blob differs */
+        oc_buf_t b;
+        CHECK_OC(oc_put_alloc(c, &k, n, false, &b));
+        memcpy(b.ptr, src, n);
+        CHECK_OC(oc_put_commit(c, &k, &b));
+    }
+    double tw = clock_now_s() - t0;
+    uint64_t bad = 0;
+    double tr = 0;
+    for (uint64_t i = nfill; i < nfill + nt; i++) {
+        k.index = i;
+        oc_buf_t b;
+        double t1 = clock_now_s();
+        CHECK_OC(oc_get(c, &k, &b));
+        uint64_t got = b.len; /* get_done clears b */
+        memcpy(dst, b.ptr, n);
+        CHECK_OC(oc_get_done(c, &k, &b));
+        tr += clock_now_s() - t1;
+        CHECK_OC(oc_free(c, &k));
+        memcpy(src, &k.index, 8);
+        if (got != n || memcmp(dst, src, n) != 0) bad++;
+    }
+    if (bad) die("spill: %llu of %llu blobs came back different", (unsigned long long)bad, (unsigned long long)nt);
+    double mb = (double)(nt * n) / 1e6;
+    printf("spill through ballastd, %zu-byte blobs, %.0f MB after %.0f MB of fill: write %.1f MB/s, read-back "
+           "%.1f MB/s (all %llu blobs checked)\n", n, mb, (double)(nfill * n) / 1e6, mb / tw, mb / tr,
+           (unsigned long long)nt);
+    printf("RESULT bench_offload_spill blob=%zu write_mbps=%.1f read_mbps=%.1f\n", n, mb / tw, mb / tr);
+    free(src); free(dst);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     log_init("bench_offload", -1);
     char err[OPT_ERR_LEN];
@@ -49,6 +217,14 @@ int main(int argc, char **argv) {
                        "usage: bench_offload --addr unix:/path [--blob 64M]", err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) die("%s", err);
+    /* before oc_open: its threads inherit the CPU */
+    if (o_cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET((int)o_cpu, &set);
+        if (sched_setaffinity(0, sizeof set, &set) != 0)
+            die("--cpu %lld: %s (see nproc for the CPUs there are)", (long long)o_cpu, strerror(errno));
+    }
     oc_options_t o = { 0 };
     o.addr = o_addr;
     o.job = "bench";
@@ -56,76 +232,7 @@ int main(int argc, char **argv) {
     oc_client_t *c = NULL;
     if (oc_open(&o, &c)) die("%s", oc_last_error());
     if (!oc_is_shared(c)) die("bench_offload needs shared-memory mode (a unix: address)");
-    size_t n = o_blob;
-    uint8_t *src = malloc(n), *tmp = malloc(n), *dst = malloc(n);
-    CHECK_ALLOC(src); CHECK_ALLOC(tmp); CHECK_ALLOC(dst);
-    uint64_t s = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i + 8 <= n; i += 8) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; memcpy(src + i, &s, 8); }
-    memset(tmp, 1, n);
-    memset(dst, 2, n);
-
-    double best_mem = 1e30, best_pool = 1e30, best_parts[6] = { 0 };
-    oc_key_t k = { 0, OC_KIND_ACTIVATION, 0, 0 };
-    for (int64_t it = -2; it < o_iters; it++) { /* two warm-up rounds fault the pages in */
-        double t0 = clock_now_s();
-        memcpy(tmp, src, n);
-        memcpy(dst, tmp, n);
-        double t1 = clock_now_s();
-        if (it >= 0 && t1 - t0 < best_mem) best_mem = t1 - t0;
-        memset(dst, 3, 4096);
-
-        k.index = (uint64_t)(it + 2);
-        oc_buf_t b;
-        double ts[7];
-        ts[0] = t0 = clock_now_s();
-        CHECK_OC(oc_put_alloc(c, &k, n, false, &b));
-        ts[1] = clock_now_s();
-        memcpy(b.ptr, src, n);
-        ts[2] = clock_now_s();
-        CHECK_OC(oc_put_commit(c, &k, &b));
-        ts[3] = clock_now_s();
-        CHECK_OC(oc_get(c, &k, &b));
-        ts[4] = clock_now_s();
-        memcpy(dst, b.ptr, n);
-        ts[5] = clock_now_s();
-        CHECK_OC(oc_get_done(c, &k, &b));
-        ts[6] = t1 = clock_now_s();
-        if (it >= 0 && t1 - t0 < best_pool)
-            for (int j = 0; j < 6; j++) best_parts[j] = (ts[j + 1] - ts[j]) * 1e6;
-        CHECK_OC(oc_free(c, &k));
-        if (memcmp(dst, src, n) != 0) die("pool round trip corrupted the data (blob %zu bytes)", n);
-        if (it >= 0 && t1 - t0 < best_pool) best_pool = t1 - t0;
-    }
-    double mem_gbps = 2.0 * n / best_mem / 1e9, pool_gbps = 2.0 * n / best_pool / 1e9;
-    printf("put+get %zu-byte blob: memcpy %.2f GB/s, pool %.2f GB/s, ratio %.3f\n", n, mem_gbps, pool_gbps,
-           best_mem / best_pool);
-    printf("  pool path, best round (us): put_alloc %.0f, memcpy in %.0f, put_commit %.0f, get %.0f, "
-           "memcpy out %.0f, get_done %.0f; memcpy path %.0f\n", best_parts[0], best_parts[1], best_parts[2],
-           best_parts[3], best_parts[4], best_parts[5], best_mem * 1e6);
-    printf("RESULT bench_offload blob=%zu memcpy_gbps=%.3f pool_gbps=%.3f ratio=%.3f\n", n, mem_gbps, pool_gbps,
-           best_mem / best_pool);
-
-    int64_t L = o_lat_iters;
-    double *t = malloc((size_t)L * sizeof *t);
-    CHECK_ALLOC(t);
-    double p[4];
-    for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; i < 100; i++) CHECK_OC(pass ? oc_heartbeat(c) : oc_nop(c));
-        for (int64_t i = 0; i < L; i++) {
-            double t0 = clock_now_s();
-            CHECK_OC(pass ? oc_heartbeat(c) : oc_nop(c));
-            t[i] = (clock_now_s() - t0) * 1e6;
-        }
-        qsort(t, (size_t)L, sizeof *t, cmp_d);
-        p[2 * pass] = t[L / 2];
-        p[2 * pass + 1] = t[(int64_t)(L * 0.99)];
-    }
-    printf("ring round trip (NOP): p50 %.1f us, p99 %.1f us\n", p[0], p[1]);
-    printf("control RPC (Heartbeat, unix socket): p50 %.1f us, p99 %.1f us\n", p[2], p[3]);
-    printf("RESULT bench_offload_lat ring_p50_us=%.1f ring_p99_us=%.1f rpc_p50_us=%.1f rpc_p99_us=%.1f\n",
-           p[0], p[1], p[2], p[3]);
-    free(t);
-    free(src); free(tmp); free(dst);
+    int rc2 = o_mode == MODE_SPILL ? spill_mode(c) : pool_mode(c);
     oc_close(c, false);
-    return 0;
+    return rc2;
 }

@@ -293,6 +293,77 @@ Test(store, concurrent_random_traffic_through_a_small_pool, .timeout = 60) {
     remove_dir();
 }
 
+/* The background evictor: clients putting and getting through a pool a
+ * twelfth the size of their data never see a wrong byte, and once they
+ * stop, the evictor alone brings the pool back to its watermark. */
+Test(store, background_eviction_keeps_the_watermark_and_every_blob_exact, .timeout = 60) {
+    make_dir();
+    store_config_t c = small_cfg(8u << 20, true);
+    c.evict_wait_ms = 5000;
+    c.evict_watermark_pct = 25;
+    c.queue_depth = 32;
+    store_t *s = open_store(&c);
+    uint64_t job;
+    char err[STORE_ERR_LEN];
+    cr_assert_eq(store_job_id(s, "background-evict", &job, err, sizeof err), STATUS_OK, "%s", err);
+    enum { T = 3 };
+    worker_t w[T];
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) {
+        w[i] = (worker_t){ .s = s, .sid = 200 + (uint64_t)i, .job = job, .rank = (uint32_t)i,
+                           .seed = th_seed((uint64_t)time(NULL)) ^ (0x5bd1e995ull * (uint64_t)(i + 1)), .budget = 32u << 20 };
+        cr_assert_eq(store_session_open(s, w[i].sid, 0), STATUS_OK);
+    }
+    for (int i = 0; i < T; i++) pthread_create(&th[i], NULL, worker_main, &w[i]);
+    for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < T; i++) cr_assert_eq(w[i].failures, 0, "worker %d (seed %llu): %s", i,
+                                             (unsigned long long)w[i].seed, w[i].msg);
+    store_stats_t st;
+    store_stats(s, &st);
+    cr_assert_gt(st.evictions, 0, "96 MiB through an 8 MiB pool without evicting");
+    cr_assert_gt(st.spill_reads, 0, "no blob was ever read back");
+    cr_assert_eq(st.crc_errors, 0);
+    /* Fill the pool's worth once more, then stop: nothing waits for space
+     * afterwards, so only the background evictor can bring the free bytes
+     * back to the watermark. */
+    enum { NB = 32, BL = 256u << 10 };
+    uint64_t seed0 = w[0].seed * 31 + 7;
+    for (int i = 0; i < NB; i++) {
+        store_key_t k = key_of(job, 9, 1000000 + (uint64_t)i);
+        cr_assert_eq(put_gen(s, w[0].sid, &k, seed0 + (uint64_t)i, BL, 0), STATUS_OK);
+    }
+    store_stats(s, &st);
+    uint64_t mark = st.pool.total_bytes / 100 * 25;
+    for (int i = 0; i < 500 && st.pool.free_bytes < mark; i++) {
+        usleep(10000);
+        store_stats(s, &st);
+    }
+    cr_assert_geq(st.pool.free_bytes, mark, "pool free %llu bytes, below the watermark of %llu 5 s after the last put",
+                  (unsigned long long)st.pool.free_bytes, (unsigned long long)mark);
+    cr_log_info("evictions %llu, spill writes %llu (%llu MiB), reads %llu; pool free %llu of %llu bytes",
+                (unsigned long long)st.evictions, (unsigned long long)st.spill_writes,
+                (unsigned long long)(st.spill_write_bytes >> 20), (unsigned long long)st.spill_reads,
+                (unsigned long long)st.pool.free_bytes, (unsigned long long)st.pool.total_bytes);
+    for (int i = 0; i < NB; i++) {
+        store_key_t k = key_of(job, 9, 1000000 + (uint64_t)i);
+        cr_assert_eq(get_check(s, w[0].sid, &k, seed0 + (uint64_t)i, BL, false), STATUS_OK);
+    }
+    for (int i = 0; i < T; i++) cr_assert_geq(store_drop_session(s, w[i].sid), 0);
+    store_close(s);
+    remove_dir();
+}
+
+Test(store, a_watermark_over_90_percent_is_refused) {
+    make_dir();
+    store_config_t c = small_cfg(8u << 20, true);
+    c.evict_watermark_pct = 95;
+    store_t *s = NULL;
+    char err[STORE_ERR_LEN];
+    cr_assert_eq(store_open(&s, &c, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "--evict-watermark 95%") && strstr(err, "0..90"), "message: %s", err);
+    remove_dir();
+}
+
 /* ---- quotas ---- */
 
 Test(store, quota_is_per_session) {

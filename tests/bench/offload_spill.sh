@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# tests/bench/offload_spill.sh: spilling end to end THROUGH ballastd against
+# fio on the same directory, in the same run.
+#
+# Ours: a fresh ballastd with a small pool and a spill tier in the
+# directory; bench_offload --mode spill puts a pool's worth of blobs untimed
+# (the pool is full from then on and background eviction runs), then puts
+# $SIZE more, timed: the puts go on only as fast as eviction gets bytes to
+# the disk. Then it reads those blobs back in order (get, most from the
+# disk), timed, and checks every byte.
+# fio: the same bytes in blocks of the blob size, io_uring, O_DIRECT, depth
+# $DEPTH, write then read, in the same directory.
+# Each round measures both, the side that goes first alternating; the
+# figure is the median of the per-round ratios with the lowest and highest.
+# Blob sizes 1 MiB and 16 MiB; target >= 0.9 for the writes (the read-back
+# is reported: gets of spilled blobs are read one at a time).
+# Settings: BALLAST_BENCH_DIR (/tmp), BALLAST_BENCH_E2E_BYTES (192M),
+# BALLAST_BENCH_E2E_POOL (128M), BALLAST_BENCH_DEPTH (32),
+# BALLAST_BENCH_E2E_ROUNDS (2, even), BALLAST_BENCH_E2E_WATERMARK (25).
+set -u
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+BALLASTD=$BUILD/bin/ballastd
+BO=$BUILD/tests/bench/bench_offload
+DIR=${BALLAST_BENCH_DIR:-/tmp}
+SIZE=${BALLAST_BENCH_E2E_BYTES:-192M}
+POOL=${BALLAST_BENCH_E2E_POOL:-128M}
+DEPTH=${BALLAST_BENCH_DEPTH:-32}
+ROUNDS=${BALLAST_BENCH_E2E_ROUNDS:-2}
+WM=${BALLAST_BENCH_E2E_WATERMARK:-25}
+for b in "$BALLASTD" "$BO"; do [ -x "$b" ] || { echo "offload_spill bench: $b not built (run make)"; exit 1; }; done
+command -v fio >/dev/null || { echo "offload_spill bench: fio missing (make deps installs it): nothing to compare, skipped"; exit 0; }
+W=$(mktemp -d "$DIR/ballast-bench-e2e.XXXXXX")
+PID=
+cleanup() { [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$W"; }
+trap cleanup EXIT
+kv() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+stats() { /usr/bin/python3 -c "
+import statistics, sys
+v = [float(x) for x in sys.argv[1:] if x != 'n/a']
+f = '%.1f' if max(v or [0]) > 10 else '%.3f'
+print(' '.join(f % x for x in (statistics.median(v), min(v), max(v))) if v else 'n/a n/a n/a')" "$@"; }
+ratio() { /usr/bin/python3 -c "a,b='$1','$2'; print('n/a' if 'n/a' in (a,b) or float(b) <= 0 else '%.3f' % (float(a)/float(b)))"; }
+
+# ours blob round: sets OW OR (MB/s)
+ours() {
+    local d="$W/spill-$1-$2" o
+    rm -f "$W/ports"
+    "$BALLASTD" --socket "$W/b.sock" --pool-bytes "$POOL" --spill-dir "$d" --spill-bytes 2G --queue-depth "$DEPTH" \
+        --evict-watermark "$WM" --port-file "$W/ports" --log-level warn > "$W/ballastd.log" 2>&1 &
+    PID=$!
+    for i in $(seq 1 100); do [ -s "$W/ports" ] && break; sleep 0.05; done
+    [ -s "$W/ports" ] || { echo "ballastd did not start:"; cat "$W/ballastd.log"; exit 1; }
+    o=$("$BO" --addr "unix:$W/b.sock" --mode spill --blob "$1" --bytes "$SIZE" --fill "$POOL" 2>&1) ||
+        { echo "bench_offload --mode spill failed: $o"; tail -5 "$W/ballastd.log"; exit 1; }
+    kill -TERM $PID; wait $PID; PID=
+    rm -rf "$d"; sync -f "$W"
+    o=$(echo "$o" | grep '^RESULT bench_offload_spill')
+    OW=$(kv "$o" write_mbps); OR=$(kv "$o" read_mbps)
+}
+# fio_rw blob rw: sets X (MB/s)
+fio_rw() {
+    X=$(fio --name=e2e --filename="$W/fio.dat" --ioengine=io_uring --direct=1 --rw="$2" --bs="$1" \
+        --iodepth="$DEPTH" --size="$SIZE" --fallocate=native --end_fsync=0 --output-format=json 2> "$W/fio.err" |
+        /usr/bin/python3 -c "
+import json, sys
+print('%.1f' % (json.load(sys.stdin)['jobs'][0]['$2']['bw_bytes'] / 1e6))" 2>/dev/null) || { X=n/a; tail -3 "$W/fio.err"; }
+    [ "$2" = write ] && sync "$W/fio.dat"
+}
+fio_both() { fio_rw "$1" write; FW=$X; fio_rw "$1" read; FR=$X; rm -f "$W/fio.dat"; sync -f "$W"; }
+
+echo "spill end to end through ballastd vs fio: $SIZE per side per round after a $POOL fill, pool $POOL," \
+     "watermark $WM%, depth $DEPTH, $ROUNDS rounds, dir $DIR"
+for blob in 1M 16M; do
+    qw=(); qr=(); ows=(); fws=(); ors=(); frs=()
+    for round in $(seq 1 "$ROUNDS"); do
+        if [ $((round % 2)) = 1 ]; then ours "$blob" "$round"; fio_both "$blob"; first=ours
+        else fio_both "$blob"; ours "$blob" "$round"; first=fio; fi
+        qw+=("$(ratio "$OW" "$FW")"); qr+=("$(ratio "$OR" "$FR")")
+        ows+=("$OW"); fws+=("$FW"); ors+=("$OR"); frs+=("$FR")
+        echo "  $blob round $round ($first first): write ours $OW fio $FW MB/s (${qw[-1]}); read-back ours $OR fio $FR MB/s (${qr[-1]})"
+    done
+    read -r w w_lo w_hi <<< "$(stats "${qw[@]}")"; read -r r r_lo r_hi <<< "$(stats "${qr[@]}")"
+    read -r mow _ _ <<< "$(stats "${ows[@]}")"; read -r mfw _ _ <<< "$(stats "${fws[@]}")"
+    read -r mor _ _ <<< "$(stats "${ors[@]}")"; read -r mfr _ _ <<< "$(stats "${frs[@]}")"
+    echo "RATIO spill write through ballastd/fio, $blob blobs $w median of $ROUNDS alternated rounds, spread $w_lo..$w_hi (target 0.9; medians $mow vs $mfw MB/s)"
+    echo "RATIO spill read-back through ballastd/fio, $blob blobs $r median, spread $r_lo..$r_hi (no target; medians $mor vs $mfr MB/s)"
+done
