@@ -35,9 +35,9 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 DEPS_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
              liburing-dev libjemalloc-dev libjansson-dev libmicrohttpd-dev libcriterion-dev \
              python3-torch python3-numpy libopenblas-dev libopenblas0-pthread fio valgrind docker-compose python3-yaml \
-             libboost-context-dev clang-14 libclang-rt-14-dev libpcre2-dev libgloo-dev iperf3 \
+             libboost-context-dev clang-14 libclang-rt-14-dev libpcre2-dev libicu-dev libgloo-dev iperf3 \
              chromium protobuf-compiler python3-protobuf
-PKGS      := grpc libprotobuf-c liburing jansson libmicrohttpd libpcre2-8
+PKGS      := grpc libprotobuf-c liburing jansson libmicrohttpd libpcre2-8 icu-uc
 
 # jemalloc is the process allocator of ballastd and ballast-worker (and of
 # the test programs, which run their code). Debian's libjemalloc2 exports an

@@ -55,11 +55,11 @@ $(BUILD)/bin/ballast-worker: MALLOC_LIBS = $(JEMALLOC_LIBS)
 $(BUILD)/bin/ballast-worker: $(BUILD)/obj/workers/worker_main.o $(WORKER_BIN_LIBS)
 	$(LINK)
 
-# ballast: the subcommands and the layers they use (no compute backend:
-# ballast train starts ballast-worker processes), on glibc's malloc (why:
-# Makefile, JEMALLOC_LIBS).
+# ballast: the subcommands and the layers they use (ballast train starts
+# ballast-worker processes; eval and generate compute in process, generate
+# also on the CUDA backend), on glibc's malloc (why: Makefile, JEMALLOC_LIBS).
 BALLAST_BIN_LIBS := $(WLIB_cli) $(WLIB_offload) $(WLIB_ckpt) $(WLIB_parallel) $(WLIB_plan) $(WLIB_model) \
-                    $(WLIB_comm) $(WLIB_data) $(WLIB_backend) $(RDZV_LIB) $(COMMON_LIB)
-$(BUILD)/bin/ballast: LINK_LIBS = $(BALLAST_BIN_LIBS)
+                    $(WLIB_comm) $(WLIB_data) $(WLIB_backend) $(CUDA_LIB) $(RDZV_LIB) $(COMMON_LIB)
+$(BUILD)/bin/ballast: LINK_LIBS = $(BALLAST_BIN_LIBS) $(GPU_LIBS)
 $(BUILD)/bin/ballast: $(BUILD)/obj/workers/ballast_main.o $(BALLAST_BIN_LIBS)
 	$(LINK)

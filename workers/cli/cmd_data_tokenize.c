@@ -222,7 +222,7 @@ static void progress(bool tty, size_t done, size_t total, int64_t tokens, double
     if (!last && t - last_t < (tty ? 0.1 : 5.0)) return;
     last_t = t;
     double frac = total ? (double)done / (double)total : 1.0, mbs = el > 0 ? done / el / 1e6 : 0, tps = el > 0 ? tokens / el : 0;
-    double eta = frac > 0 ? el * (1 - frac) / frac : 0;
+    double eta = frac > 0 && frac < 1 && !last ? el * (1 - frac) / frac : 0;  /* never "-0s" at the end */
     if (tty) {
         char bar[31];
         int k = (int)(frac * 30);

@@ -1,7 +1,8 @@
 /* cmd_generate.c: `ballast generate --from CKPT_OR_HF_DIR --prompt TEXT`:
  * continue a prompt with KV-cached decoding (workers/model/generate.h) on
- * the fp32 CPU backend, greedy or sampled (temperature, top-k, top-p, a
- * seed), printing each token as it comes: the growing list of new ids is
+ * the fp32 CPU backend or, with --backend cuda, the bf16 CUDA backend,
+ * greedy or sampled (temperature, top-k, top-p, a seed), printing each
+ * token as it comes: the growing list of new ids is
  * decoded and the bytes past what is already printed go out, up to the
  * last complete UTF-8 character. --prompt-ids takes token ids instead of
  * text (no tokenizer needed); without a tokenizer the output is ids. */
@@ -22,7 +23,8 @@
 
 static const char USAGE[] =
     "usage: ballast generate --from CKPT_OR_HF_DIR (--prompt TEXT [--tokenizer PATH] | --prompt-ids ID,ID,...)\n"
-    "       [--max-new-tokens N] [--temperature X] [--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--ids]";
+    "       [--max-new-tokens N] [--temperature X] [--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--ids]\n"
+    "       [--backend cpu|cuda] [--device N] [--threads N]";
 
 /* "1,2, 3" or "1 2 3" into ids; 0 or -1 with a message. */
 static int parse_ids(const char *s, int V, int32_t **ids, size_t *n, char *err, size_t errlen) {
@@ -77,7 +79,8 @@ static const char *pick_tokenizer(const char *flag, const cli_weights_t *w, char
 
 int cmd_generate(int argc, char **argv) {
     const char *from = NULL, *tok_path = NULL, *prompt = NULL, *prompt_ids = NULL;
-    int64_t max_new = 0, top_k = 0, seed = 0, threads = 0;
+    int64_t max_new = 0, top_k = 0, seed = 0, threads = 0, device = 0;
+    int backend = 0;
     double temperature = 0, top_p = 1;
     bool ignore_eos = false, print_ids = false;
     const opt_t opts[] = {
@@ -92,7 +95,9 @@ int cmd_generate(int argc, char **argv) {
         { "seed", OPT_INT, "1", 0, 9.2e18, NULL, "seed of the sampler (the same seed gives the same text)", &seed },
         { "ignore-eos", OPT_BOOL, "false", 0, 0, NULL, "go on past the end-of-sequence token", &ignore_eos },
         { "ids", OPT_BOOL, "false", 0, 0, NULL, "print the new token ids (space-separated) instead of text", &print_ids },
-        { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads (0: all cores)", &threads },
+        { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads of the CPU backend (0: all cores)", &threads },
+        { "backend", OPT_ENUM, "cpu", 0, 0, "cpu|cuda", "compute backend: cpu (fp32) or cuda (bf16 on GPU --device)", &backend },
+        { "device", OPT_INT, "0", 0, 1024, NULL, "GPU index for --backend cuda", &device },
     };
     char err[4096];
     const char *pos[1];
@@ -166,7 +171,10 @@ int cmd_generate(int argc, char **argv) {
     }
     int64_t cap = (int64_t)n + max_new;
     if (cap > c->max_seq) cap = c->max_seq;
-    const backend_t *be = backend_cpu((int)threads);
+    backend_spec_t spec = { .kind = backend == 1 ? BACKEND_CUDA : BACKEND_CPU, .threads = (int)threads,
+                            .device = (int)device };
+    const backend_t *be = backend_open(&spec, err, sizeof err);
+    if (!be) { fprintf(stderr, "ballast generate: %s\n", err); goto out; }
     if (model_create(&m, c, be, 1, 1, false, err, sizeof err)) { fprintf(stderr, "ballast generate: %s\n", err); goto out; }
     have_model = true;
     model_set_params(&m, w.host);

@@ -2,7 +2,8 @@
  * tokenizer.c - Hugging Face tokenizer.json (+ tokenizer_config.json)
  * loaded into a tokenizer_t (tokenizer.h): added tokens, normalizers,
  * pre-tokenizers (split regexes through PCRE2 with UTF, UCP and JIT), the
- * BPE model (tokenizer_bpe.c) and the decoders. JSON through jansson.
+ * BPE model (tokenizer_bpe.c) and the decoders. JSON through jansson, the
+ * Unicode normalization forms (NFC of Qwen2, NFD, NFKC, NFKD) through ICU.
  *
  * Encoding follows the Hugging Face pipeline: the input is cut at added
  * tokens (leftmost, longest first; lstrip/rstrip eat neighbouring
@@ -11,7 +12,9 @@
  * never rejected (PCRE2_MATCH_INVALID_UTF lets the regexes skip it; a
  * byte-level tokenizer encodes every byte, a SentencePiece one falls back
  * to <0xNN> tokens), and decoding returns bytes, so byte fallback of
- * invalid UTF-8 round-trips (Hugging Face would substitute U+FFFD).
+ * invalid UTF-8 round-trips (Hugging Face would substitute U+FFFD); a
+ * Unicode normalizer normalizes each run of valid UTF-8 and passes invalid
+ * bytes through unchanged.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <errno.h>
@@ -24,6 +27,8 @@
 #include <sys/stat.h>
 #include <jansson.h>
 #include <pcre2.h>
+#include <unicode/unorm2.h>
+#include <unicode/ustring.h>
 
 #include "workers/data/tokenizer.h"
 #include "workers/data/tokenizer_bpe.h"
@@ -38,11 +43,12 @@ static const char GPT2_REGEX[] =
 
 /* ---- types ---- */
 
-typedef enum { NORM_PREPEND, NORM_REPLACE } norm_kind_t;
+typedef enum { NORM_PREPEND, NORM_REPLACE, NORM_UNICODE } norm_kind_t;
 typedef struct {
     norm_kind_t kind;
     char *a; size_t alen;  /* Prepend: the prefix; Replace: the pattern */
     char *b; size_t blen;  /* Replace: the content */
+    const UNormalizer2 *un;  /* Unicode: ICU's NFC, NFD, NFKC or NFKD instance (owned by ICU) */
 } norm_t;
 
 typedef enum { PRE_SPLIT, PRE_BYTELEVEL, PRE_METASPACE, PRE_DIGITS } pre_kind_t;
@@ -84,6 +90,7 @@ typedef struct tok_tls {
     bpe_cache_t cache;
     uint32_t *syms; size_t syms_cap;
     char *norm; size_t norm_cap;            /* normalized section */
+    UChar *u16[2]; size_t u16_cap[2];       /* a Unicode normalizer's UTF-16 input and output (code units) */
     char *pre[TOK_MAX_STEPS]; size_t pre_cap[TOK_MAX_STEPS];  /* rewritten words per step */
     char *mapped; size_t mapped_cap;        /* byte-level spelling of a word */
     struct tok_tls *next_tls, *prev_tls;    /* tokenizer's list of all thread states */
@@ -232,6 +239,7 @@ static void tls_free(tok_tls_t *s) {
     bpe_scratch_free(&s->bpe);
     bpe_cache_free(&s->cache);
     free(s->syms); free(s->norm); free(s->mapped);
+    free(s->u16[0]); free(s->u16[1]);
     for (int i = 0; i < TOK_MAX_STEPS; i++) free(s->pre[i]);
     free(s);
 }
@@ -502,6 +510,69 @@ static int pre_apply(const tokenizer_t *t, tok_tls_t *s, int d, const char *w, s
 
 /* ---- normalizers ---- */
 
+static int reserve_u16(tok_tls_t *s, int i, size_t need) {
+    if (need <= s->u16_cap[i]) return 0;
+    size_t nc = s->u16_cap[i] ? s->u16_cap[i] : 256;
+    while (nc < need) nc *= 2;
+    UChar *p = realloc(s->u16[i], nc * sizeof *p);
+    if (!p) return -1;
+    s->u16[i] = p; s->u16_cap[i] = nc;
+    return 0;
+}
+
+/* Appends the normal form (un) of the valid UTF-8 run w[0..wl) to
+ * (*buf)[*m..], through UTF-16 (ICU's C API normalizes UTF-16). */
+static int unicode_run(const UNormalizer2 *un, tok_tls_t *s, const char *w, size_t wl, char **buf, size_t *cap,
+                       size_t *m) {
+    UErrorCode e = U_ZERO_ERROR;
+    int32_t n16 = 0;
+    if (wl > INT32_MAX / 4 || reserve_u16(s, 0, wl + 1) != 0) return -1;
+    u_strFromUTF8(s->u16[0], (int32_t)s->u16_cap[0], &n16, w, (int32_t)wl, &e);
+    if (U_FAILURE(e)) return -1;
+    /* NFKC/NFKD can grow a character up to 18 times; retry on overflow */
+    int32_t need = unorm2_normalize(un, s->u16[0], n16, s->u16[1], (int32_t)s->u16_cap[1], &e);
+    if (e == U_BUFFER_OVERFLOW_ERROR) {
+        e = U_ZERO_ERROR;
+        if (reserve_u16(s, 1, (size_t)need + 1) != 0) return -1;
+        need = unorm2_normalize(un, s->u16[0], n16, s->u16[1], (int32_t)s->u16_cap[1], &e);
+    }
+    if (U_FAILURE(e)) return -1;
+    if (reserve(buf, cap, *m + 3 * (size_t)need + 1) != 0) return -1;
+    int32_t n8 = 0;
+    u_strToUTF8(*buf + *m, (int32_t)(*cap - *m), &n8, s->u16[1], need, &e);
+    if (U_FAILURE(e)) return -1;
+    *m += (size_t)n8;
+    return 0;
+}
+
+/* The normal form un of w[0..wl) into *buf: each maximal run of valid
+ * UTF-8 normalized, invalid bytes copied as they are. Returns the length
+ * + 1, 0 when w is already in that form (nothing written), -1 when out of
+ * memory. ASCII is in every form, so a leading run of it is copied, not
+ * converted. */
+static ssize_t unicode_normalize(const UNormalizer2 *un, tok_tls_t *s, const char *w, size_t wl, char **buf,
+                                 size_t *cap) {
+    const unsigned char *u = (const unsigned char *)w;
+    size_t i = 0;
+    while (i < wl && u[i] < 0x80) i++;
+    if (i == wl) return 0;
+    if (i) i--;  /* the last ASCII character may compose with the marks after it */
+    size_t m = 0;
+    if (reserve(buf, cap, wl + 1) != 0) return -1;
+    memcpy(*buf, w, i);
+    m = i;
+    while (i < wl) {
+        size_t a = i, l;
+        while (i < wl && (l = utf8_len(u + i, wl - i))) i += l;
+        if (i > a && unicode_run(un, s, w + a, i - a, buf, cap, &m) != 0) return -1;
+        while (i < wl && !utf8_len(u + i, wl - i)) {
+            if (reserve(buf, cap, m + 2) != 0) return -1;
+            (*buf)[m++] = w[i++];
+        }
+    }
+    return (ssize_t)m + 1;
+}
+
 /* Normalizes one section into s->norm (or returns the input untouched). */
 static int normalize(const tokenizer_t *t, tok_tls_t *s, const char **text, size_t *len) {
     const char *w = *text;
@@ -513,6 +584,13 @@ static int normalize(const tokenizer_t *t, tok_tls_t *s, const char **text, size
         /* s->norm and s->mapped alternate as destination */
         char **buf = (w == s->norm) ? &s->mapped : &s->norm;
         size_t *cap = (w == s->norm) ? &s->mapped_cap : &s->norm_cap;
+        if (nm->kind == NORM_UNICODE) {
+            ssize_t r = unicode_normalize(nm->un, s, w, wl, buf, cap);
+            if (r < 0) return -1;
+            if (r == 0) continue;  /* all ASCII: already in that form */
+            w = *buf; wl = (size_t)r - 1;
+            continue;
+        }
         if (nm->kind == NORM_PREPEND) {
             if (wl == 0) continue;
             if (reserve(buf, cap, wl + nm->alen) != 0) return -1;
@@ -865,9 +943,18 @@ static int parse_normalizer(loader_t *L, const json_t *n) {
         nm->kind = NORM_REPLACE;
         nm->alen = strlen(p); nm->a = dupn(p, nm->alen);
         nm->blen = strlen(c); nm->b = dupn(c, nm->blen);
+    } else if (!strcmp(type, "NFC") || !strcmp(type, "NFD") || !strcmp(type, "NFKC") || !strcmp(type, "NFKD")) {
+        UErrorCode e = U_ZERO_ERROR;
+        nm->kind = NORM_UNICODE;
+        nm->un = !strcmp(type, "NFC") ? unorm2_getNFCInstance(&e) : !strcmp(type, "NFD") ? unorm2_getNFDInstance(&e)
+                 : !strcmp(type, "NFKC") ? unorm2_getNFKCInstance(&e) : unorm2_getNFKDInstance(&e);
+        if (U_FAILURE(e) || !nm->un)
+            return lerr(L, "normalizer %s: ICU has no %s data (%s); reinstall libicu72", type, type, u_errorName(e));
+        t->n_norm++;
+        return 0;
     } else {
         return lerr(L, "normalizer type \"%s\" is not supported (supported: Sequence, Prepend, Replace with a String "
-                    "pattern); use a tokenizer without it", type);
+                    "pattern, NFC, NFD, NFKC, NFKD); use a tokenizer without it", type);
     }
     t->n_norm++;
     return nm->a ? 0 : lerr(L, "out of memory");

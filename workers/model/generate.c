@@ -1,6 +1,6 @@
-/* generate.c: KV-cached decoding and sampling; see generate.h. Relies on
- * the backend's ops for everything but the attention over the cache, which
- * it computes on the backend's host-visible memory. */
+/* generate.c: KV-cached decoding and sampling; see generate.h. Every step
+ * is a backend op (attention over the cache: attention_decode), so it runs
+ * on any backend: the CPU's fp32 or the CUDA backend's bf16. */
 #include "workers/model/generate.h"
 
 #include <math.h>
@@ -16,9 +16,9 @@ int gen_create(gen_t *g, model_t *m, int cap, int rows, char *err, size_t errlen
     memset(g, 0, sizeof *g);
     const backend_t *be = m->be;
     const llama_config_t *c = &m->cfg;
-    if (!be->host_memory || be->act_bytes != 4)
-        return errbuf_set(err, errlen, "generation runs on the fp32 CPU backend (backend %s keeps its memory on the "
-                          "device)", be->name);
+    if (!be->attention_decode)
+        return errbuf_set(err, errlen, "backend %s has no attention over a KV cache (attention_decode); generate on "
+                          "the CPU backend", be->name);
     if (m->tp.size != 1 || !m->params) return errbuf_set(err, errlen, "generation needs the whole model in one process");
     if (cap < 1 || cap > c->max_seq)
         return errbuf_set(err, errlen, "%d positions asked for; the model has max_position_embeddings %d", cap,
@@ -29,7 +29,7 @@ int gen_create(gen_t *g, model_t *m, int cap, int rows, char *err, size_t errlen
     g->cap = cap;
     g->rows = rows;
     size_t D = (size_t)c->dim, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim,
-           F = (size_t)c->ffn_dim, R = (size_t)rows, L = (size_t)c->n_layers, f = sizeof(float);
+           F = (size_t)c->ffn_dim, R = (size_t)rows, L = (size_t)c->n_layers, f = (size_t)be->act_bytes;
     g->kc = be->alloc(L * (size_t)cap * kvd * f);
     g->vc = be->alloc(L * (size_t)cap * kvd * f);
     g->x = be->alloc(R * D * f);
@@ -43,11 +43,10 @@ int gen_create(gen_t *g, model_t *m, int cap, int rows, char *err, size_t errlen
     g->up = be->alloc(R * F * f);
     g->h = be->alloc(R * F * f);
     g->logits = be->alloc((size_t)c->vocab * f);
-    g->rstd = be->alloc(R * f);
+    g->rstd = be->alloc(R * sizeof(float));
     g->tok = be->alloc(R * sizeof(int32_t));
-    g->scores = malloc((size_t)cap * sizeof(float));
     if (!g->kc || !g->vc || !g->x || !g->xn || !g->q || !g->k || !g->v || !g->ao || !g->tmp || !g->gate || !g->up ||
-        !g->h || !g->logits || !g->rstd || !g->tok || !g->scores) {
+        !g->h || !g->logits || !g->rstd || !g->tok) {
         gen_destroy(g);
         return errbuf_set(err, errlen, "out of memory for a KV cache of %d positions", cap);
     }
@@ -55,49 +54,14 @@ int gen_create(gen_t *g, model_t *m, int cap, int rows, char *err, size_t errlen
 }
 
 void gen_destroy(gen_t *g) {
-    if (!g->m) { free(g->scores); return; }
+    if (!g->m) return;
     const backend_t *be = g->m->be;
     act_t *bufs[] = { g->kc, g->vc, g->x, g->xn, g->q, g->k, g->v, g->ao, g->tmp, g->gate, g->up, g->h, g->logits };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
     if (g->rstd) be->free(g->rstd);
     if (g->tok) be->free(g->tok);
-    free(g->scores);
     memset(g, 0, sizeof *g);
-}
-
-/* out (n, H*Dh): row i's query heads over cache positions 0..p0+i of
- * layer kc/vc (P, Hkv*Dh), causal softmax with scale 1/sqrt(Dh), in double. */
-static void attend(gen_t *g, const float *kc, const float *vc, int n, int p0) {
-    const llama_config_t *c = &g->m->cfg;
-    int H = c->n_heads, Hkv = c->n_kv_heads, Dh = c->head_dim, kvd = Hkv * Dh, grp = H / Hkv;
-    double scale = 1.0 / sqrt((double)Dh);
-    const float *q = g->q;
-    float *out = g->ao, *sc = g->scores;
-    for (int i = 0; i < n; i++) {
-        int len = p0 + i + 1;
-        for (int h = 0; h < H; h++) {
-            const float *qh = q + ((size_t)i * H + h) * Dh;
-            int kh = h / grp;
-            double mx = -INFINITY;
-            for (int t = 0; t < len; t++) {
-                const float *kt = kc + (size_t)t * kvd + (size_t)kh * Dh;
-                double s = 0;
-                for (int d = 0; d < Dh; d++) s += (double)qh[d] * kt[d];
-                sc[t] = (float)(s * scale);
-                if (sc[t] > mx) mx = sc[t];
-            }
-            double z = 0;
-            for (int t = 0; t < len; t++) z += exp((double)sc[t] - mx);
-            float *oh = out + ((size_t)i * H + h) * Dh;
-            for (int d = 0; d < Dh; d++) {
-                double a = 0;
-                for (int t = 0; t < len; t++)
-                    a += exp((double)sc[t] - mx) / z * vc[(size_t)t * kvd + (size_t)kh * Dh + d];
-                oh[d] = (float)a;
-            }
-        }
-    }
 }
 
 int gen_feed(gen_t *g, const int32_t *tokens, int n, float *logits_host, char *err, size_t errlen) {
@@ -119,16 +83,16 @@ int gen_feed(gen_t *g, const int32_t *tokens, int n, float *logits_host, char *e
     for (int l = 0; l < L; l++) {
         const act_t *bp = model_block_params(m, l);
 #define P(i) be_act_at(be, bp, m->blk_off[i])
-        float *kc = g->kc + ((size_t)l * g->cap) * kvd, *vc = g->vc + ((size_t)l * g->cap) * kvd;
+        act_t *kc = be_act_at(be, g->kc, (size_t)l * g->cap * kvd), *vc = be_act_at(be, g->vc, (size_t)l * g->cap * kvd);
         be->rmsnorm_fwd(g->xn, g->rstd, g->x, P(BLK_ATTN_NORM), n, D, c->rms_eps);
         be->matmul_fwd(g->q, g->xn, P(BLK_WQ), n, D, qd);
         be->matmul_fwd(g->k, g->xn, P(BLK_WK), n, D, kvd);
         be->matmul_fwd(g->v, g->xn, P(BLK_WV), n, D, kvd);
         be->rope_fwd(g->q, 1, n, H, Dh, p0, &rope);
         be->rope_fwd(g->k, 1, n, Hkv, Dh, p0, &rope);
-        be->copy(kc + (size_t)p0 * kvd, g->k, (size_t)n * kvd * sizeof(float));
-        be->copy(vc + (size_t)p0 * kvd, g->v, (size_t)n * kvd * sizeof(float));
-        attend(g, kc, vc, n, p0);
+        be->copy(be_act_at(be, kc, (size_t)p0 * kvd), g->k, (size_t)n * kvd * be->act_bytes);
+        be->copy(be_act_at(be, vc, (size_t)p0 * kvd), g->v, (size_t)n * kvd * be->act_bytes);
+        be->attention_decode(g->ao, g->q, kc, vc, n, p0, H, Hkv, Dh);
         be->matmul_fwd(g->tmp, g->ao, P(BLK_WO), n, qd, D);
         be->add(g->x, g->x, g->tmp, (size_t)n * D);
         be->rmsnorm_fwd(g->xn, g->rstd, g->x, P(BLK_FFN_NORM), n, D, c->rms_eps);

@@ -4,10 +4,10 @@
  * tokens seen so far, so each new token costs one row through the model:
  * its query attends to the cache. Feeding n tokens at once (the prompt) runs
  * them as n rows, row i attending to cache positions 0..pos+i. The ops are
- * the backend's (matmul, RMSNorm, RoPE at a start position, SwiGLU); the
- * attention over the cache reads backend memory directly, so the backend
- * must have host_memory (the CPU backend). The numbers are those of
- * model_forward on the same tokens up to float rounding. */
+ * the backend's (matmul, RMSNorm, RoPE at a start position, SwiGLU, and
+ * attention_decode over the cache), so any backend runs it: the CPU's fp32
+ * gives model_forward's numbers up to float rounding, the CUDA backend's
+ * bf16 its own (cache and activations in bf16, fp32 accumulation). */
 #ifndef BALLAST_GENERATE_H
 #define BALLAST_GENERATE_H
 
@@ -22,18 +22,17 @@ typedef struct {
     int cap;           /* P: positions the cache holds */
     int pos;           /* tokens in the cache */
     int rows;          /* largest n one gen_feed takes */
-    act_t *kc, *vc;    /* (L, P, Hkv*Dh) each */
+    act_t *kc, *vc;    /* (L, P, Hkv*Dh) each, backend memory */
     act_t *x, *xn, *q, *k, *v, *ao, *tmp, *gate, *up, *h; /* (rows, D|H*Dh|Hkv*Dh|F) scratch */
     act_t *logits;     /* (V) the last row's */
     float *rstd;       /* (rows) */
     int32_t *tok;      /* (rows) backend copy of the tokens */
-    float *scores;     /* host (P) */
 } gen_t;
 
 /* A decoder over model m (whose parameters are set) for up to cap
  * positions and up to rows tokens per gen_feed. 0, or -1 with a message
- * (a backend without host memory, cap over max_position_embeddings, out of
- * memory). */
+ * (a backend without attention_decode, cap over max_position_embeddings,
+ * out of memory). */
 int gen_create(gen_t *g, model_t *m, int cap, int rows, char *err, size_t errlen);
 void gen_destroy(gen_t *g);
 

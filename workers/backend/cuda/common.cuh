@@ -147,6 +147,8 @@ void launch_attention_fwd_tc(bf16 *out, float *lse, const bf16 *q, const bf16 *k
 void launch_attention_bwd_tc(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                              const bf16 *v, const float *lse, const float *dvec, int B, int T, int H, int Hkv, int Dh,
                              float scale);
+void launch_attention_decode(bf16 *out, const bf16 *q, const bf16 *kc, const bf16 *vc, int n, int p0, int H, int Hkv,
+                             int Dh);                                                  /* decode.cu */
 void lt_init(void);                                                                    /* cublaslt.cu */
 void gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O);
 void gemm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, int N, int I, int O, bool dx_acc);

@@ -15,12 +15,12 @@
 
 enum {
     P_EMB_F, P_EMB_B, P_RMS_F, P_RMS_B, P_MM_F, P_MM_B, P_ROPE_F, P_ROPE_B, P_ATT_F, P_ATT_B, P_SWI_F, P_SWI_B,
-    P_XENT_F, P_XENT_B, P_ADAMW, P_ADD, P_SUMSQ, P_COPY, P_NOPS
+    P_XENT_F, P_XENT_B, P_ADAMW, P_ADD, P_SUMSQ, P_COPY, P_ATT_DEC, P_NOPS
 };
 static const char *const g_op_names[P_NOPS] = {
     "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "matmul_fwd", "matmul_bwd", "rope_fwd",
     "rope_bwd", "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "xent_fwd", "xent_bwd", "adamw",
-    "add", "sumsq", "copy/convert",
+    "add", "sumsq", "copy/convert", "attention_decode",
 };
 
 typedef struct { int op; cudaEvent_t a, b; } prof_rec_t;
@@ -156,6 +156,10 @@ static void cu_attention_fwd(act_t *out, float *att, const act_t *q, const act_t
     TIMED(P_ATT_F, launch_attention_fwd(BF(out), att, CBF(q), CBF(k), CBF(v), B, T, H, Hkv, Dh));
 }
 static size_t cu_attention_state_numel(int B, int T, int H) { return (size_t)B * H * T; }
+static void cu_attention_decode(act_t *out, const act_t *q, const act_t *kc, const act_t *vc, int n, int p0, int H,
+                                int Hkv, int Dh) {
+    TIMED(P_ATT_DEC, launch_attention_decode(BF(out), CBF(q), CBF(kc), CBF(vc), n, p0, H, Hkv, Dh));
+}
 static void cu_attention_bwd(act_t *dq, act_t *dk, act_t *dv, const act_t *dout, const act_t *out, const act_t *q,
                              const act_t *k, const act_t *v, const float *att, int B, int T, int H, int Hkv, int Dh) {
     TIMED(P_ATT_B, launch_attention_bwd(BF(dq), BF(dk), BF(dv), CBF(dout), CBF(out), CBF(q), CBF(k), CBF(v), att, B, T,
@@ -240,6 +244,7 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     t.rope_fwd = cu_rope_fwd; t.rope_bwd = cu_rope_bwd;
     t.attention_fwd = cu_attention_fwd; t.attention_state_numel = cu_attention_state_numel;
     t.attention_bwd = cu_attention_bwd;
+    t.attention_decode = cu_attention_decode;
     t.swiglu_fwd = cu_swiglu_fwd; t.swiglu_bwd = cu_swiglu_bwd;
     t.xent_fwd = cu_xent_fwd; t.xent_bwd = cu_xent_bwd;
     t.adamw = cu_adamw;
