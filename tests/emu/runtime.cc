@@ -117,6 +117,7 @@ struct CUstream_st {
     std::deque<emu::op> q;
     bool blocking;
     int id;
+    int priority = 0;
 };
 struct CUevent_st {
     std::shared_ptr<emu::record> last;
@@ -621,14 +622,21 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority) {
     LOCK;
-    (void)priority; /* the emulator's order is random whatever the priority */
+    /* the emulator's order is random whatever the priority; it is kept for
+     * cudaStreamGetPriority */
     CUstream_st *x = new CUstream_st{ {}, !(flags & cudaStreamNonBlocking), g_next_stream++ };
+    x->priority = priority < -5 ? -5 : priority > 0 ? 0 : priority; /* clamped to the range, as CUDA does */
     g_streams.push_back(x);
     *s = x;
     return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) { return cudaStreamCreateWithPriority(s, flags, 0); }
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithPriority(s, cudaStreamDefault, 0); }
+cudaError_t cudaStreamGetPriority(cudaStream_t s, int *priority) {
+    LOCK;
+    *priority = s ? s->priority : 0;
+    return cudaSuccess;
+}
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     LOCK;

@@ -1,6 +1,9 @@
 /* check_embedding.c: embedding forward (row gather, bf16) and backward
- * (fp32 scatter-add with repeated tokens) against the CPU oracle. */
+ * (fp32 scatter-add with repeated tokens) against the CPU oracle; neither
+ * may make the host wait for the device. */
 #include "tests/gpu/gpucheck.h"
+
+long cuda_host_waits(void); /* runtime.cu: host waits for a stream so far */
 
 static void run(int N, int D, int V) {
     if (!gc_case("N%d_D%d_V%d", N, D, V)) return;
@@ -18,8 +21,14 @@ static void run(int N, int D, int V) {
     act_t *gw = gc_dev_act(wte, nw), *gd = gc_dev_act(dout, no), *go = gc_dev_act(out, no);
     float *gdw = gc_dev_f32(dw0, nw);
     gc_poison_act(go, no);
+    long w0 = cuda_host_waits();
     GC.gpu->embedding_fwd(go, gt, gw, N, D);
     GC.gpu->embedding_bwd(gdw, gd, gt, N, D);
+    long waits = cuda_host_waits() - w0;
+    GC.cases++;
+    printf("%s - embedding/%s forward and backward queue without a host wait (%ld)\n", waits ? "not ok" : "ok", GC.name,
+           waits);
+    if (waits) GC.failed++;
     float *ho = gc_get_act(go, no), *hdw = gc_get_f32(gdw, nw);
     gc_compare("fwd", ho, out, no, GC_BF16_TOL);
     gc_compare("bwd dwte (fp32, accumulated)", hdw, dw, nw, GC_F32_TOL);

@@ -87,6 +87,17 @@ static void run_xfer(size_t n) {
     printf("%s - streams/%s the table's stream is the compute stream; copies in and out on their own streams\n",
            st ? "ok" : "not ok", GC.name);
     if (!st) GC.failed++;
+    /* collectives and copies ahead of compute: the greatest priority on comm
+     * and both copy streams, the least on compute */
+    int least = 0, greatest = 0, pr[CUDA_NSTREAMS];
+    for (int i = 0; i < CUDA_NSTREAMS; i++) pr[i] = cuda_stream_priority((cuda_stream_id_t)i, &least, &greatest);
+    GC.cases++;
+    bool prio = least != greatest && pr[CUDA_STREAM_COMPUTE] == least && pr[CUDA_STREAM_COMM] == greatest &&
+                pr[CUDA_STREAM_COPY] == greatest && pr[CUDA_STREAM_COPY_IN] == greatest;
+    printf("%s - streams/%s comm and copy streams at priority %d (greatest), compute at %d (least): got %d %d %d, "
+           "compute %d\n", prio ? "ok" : "not ok", GC.name, greatest, least, pr[CUDA_STREAM_COMM], pr[CUDA_STREAM_COPY],
+           pr[CUDA_STREAM_COPY_IN], pr[CUDA_STREAM_COMPUTE]);
+    if (!prio) GC.failed++;
     cuda_sync();
     be->host_free(pin); be->host_free(pout); be->host_free(pc); be->host_free(pc_back);
     be->free(ga); be->free(gin); be->free(gsum); be->free(gc2);

@@ -317,7 +317,11 @@ static int run_bench(const llama_config_t *cfg) {
         make_batch(tok, tgt, B, T, cfg->vocab, (uint64_t)g.seed, 999);
         train_step(&m, &o, tok, tgt, g.lr, &norm);
         cuda_prof_enable(false);
-        printf("bench: time per op in one step (GPU time between events on the compute stream)\n");
+        const char *dev = cuda_device_name();
+        bool emu = dev && strstr(dev, "gpu-emu");
+        printf("bench: per op in one step: ms between events on the compute stream%s; calls; kernel launches; "
+               "cuBLASLt matmuls; host waits; MB of operands read once and results written once\n",
+               emu ? " (emulation, no GPU: the CPU's time, not a GPU's)" : "");
         cuda_prof_report(stdout);
     }
     if (g.json) {

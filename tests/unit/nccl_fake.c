@@ -93,6 +93,8 @@ int cudaSetDevice(int d) { (void)d; return 0; }
 int cudaGetDeviceCount(int *n) { *n = 1; return 0; }
 const char *cudaGetErrorString(int rc) { return rc == 600 ? "device not ready (fake)" : "some CUDA error (fake)"; }
 int cudaStreamCreateWithFlags(void **s, unsigned f) { (void)f; *s = malloc(1); return *s ? 0 : 2; }
+int cudaStreamCreateWithPriority(void **s, unsigned f, int prio) { (void)prio; return cudaStreamCreateWithFlags(s, f); }
+int cudaDeviceGetStreamPriorityRange(int *least, int *greatest) { *least = 0, *greatest = -5; return 0; }
 int cudaStreamDestroy(void *s) { free(s); return 0; }
 int cudaStreamWaitEvent(void *s, void *e, unsigned f) { (void)s, (void)e, (void)f; return 0; }
 int cudaMalloc(void **p, size_t n) { *p = malloc(n ? n : 1); return *p ? 0 : 2; }

@@ -37,6 +37,12 @@
  * says which buffers follow act_bytes; it is never dereferenced by callers. */
 typedef float act_t;
 
+/* One tensor of the flat buffers (backend_t.adamw_spans). */
+typedef struct be_span {
+    size_t offset, n;
+    bool decay;
+} be_span_t;
+
 /* A range of host memory (backend_t.host_register). */
 typedef struct {
     void *base;
@@ -292,7 +298,42 @@ typedef struct backend {
      * delayed scaling) key it by (scope, weight address), so blocks
      * gathered into the same reused buffer keep their own. May be NULL. */
     void (*op_scope)(int s);
+
+    /* ---- fused paths (may be NULL: the model then runs the ops above) ----
+     * Each is exactly what the ops it replaces compute, in fewer launches
+     * and passes over memory; a backend that fills one is checked against
+     * the CPU oracle's separate ops (tests/gpu/check_fused.c).
+     *
+     * The packed projections: a block's q, k, v weights lie one after the
+     * other in the parameter layout, so they are one (qd + 2 kvd, D) matrix
+     * and x @ it^T is one GEMM writing qkv (N, qd + 2 kvd), each row q | k | v
+     * (qd = H Dh, kvd = Hkv Dh); gate and up likewise one (2F, D) matrix
+     * and gu (N, 2F) rows gate | up.
+     *   qkv_split_rope   q (B, T, H, Dh), k, v (B, T, Hkv, Dh) from qkv, with
+     *                    rope_fwd applied to q and k
+     *   qkv_pack_rope    dqkv (N, qd + 2 kvd) from dq, dk, dv, with rope_bwd
+     *                    applied to dq and dk (inputs unchanged)
+     *   swiglu_gu_fwd    h (N, F) = silu(gate) * up, gate and up from gu
+     *   swiglu_gu_bwd    dgu (N, 2F): swiglu_bwd's dgate | dup per row
+     *   matmul_fwd_res   out (N, O) = res (N, O) + x @ w^T: the residual add
+     *                    inside the GEMM (out may be res)
+     *   adamw_spans      adamw over n spans of the flat buffers p, g, m, v,
+     *                    p_act (p_act may be NULL), span i at offset
+     *                    spans[i].offset of spans[i].n elements, weight decay
+     *                    wd where spans[i].decay and 0 elsewhere; the spans
+     *                    are host memory */
+    void (*qkv_split_rope)(act_t *q, act_t *k, act_t *v, const act_t *qkv, int B, int T, int H, int Hkv, int Dh,
+                           int pos0, const be_rope_t *r);
+    void (*qkv_pack_rope)(act_t *dqkv, const act_t *dq, const act_t *dk, const act_t *dv, int B, int T, int H,
+                          int Hkv, int Dh, int pos0, const be_rope_t *r);
+    void (*swiglu_gu_fwd)(act_t *h, const act_t *gu, int N, int F);
+    void (*swiglu_gu_bwd)(act_t *dgu, const act_t *dh, const act_t *gu, int N, int F);
+    void (*matmul_fwd_res)(act_t *out, const act_t *res, const act_t *x, const act_t *w, int N, int I, int O);
+    void (*adamw_spans)(float *p, const float *g, float *m, float *v, act_t *p_act, const be_span_t *spans, int n,
+                        float lr, float beta1, float beta2, float eps, float wd, float step_size, float bc2_sqrt,
+                        float grad_scale);
 } backend_t;
+
 
 typedef struct be_xfer be_xfer_t;   /* an asynchronous copy in flight (NULL: complete) */
 

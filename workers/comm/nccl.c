@@ -109,7 +109,8 @@ typedef struct {
     int (*group_end)(void);
     const char *(*nccl_error)(int);
     int (*set_device)(int);
-    int (*stream_create)(cuda_stream_p *, unsigned);
+    int (*stream_create)(cuda_stream_p *, unsigned, int);
+    int (*priority_range)(int *, int *);
     int (*stream_destroy)(cuda_stream_p);
     int (*event_create)(cuda_event_p *, unsigned);
     int (*event_record)(cuda_event_p, cuda_stream_p);
@@ -249,7 +250,8 @@ static int lib_load(void) {
     *(void **)&lib.group_end = dlsym(lib.nccl, "ncclGroupEnd");
     SYM(nccl, nccl_error, "ncclGetErrorString");
     SYM(cudart, set_device, "cudaSetDevice");
-    SYM(cudart, stream_create, "cudaStreamCreateWithFlags");
+    SYM(cudart, stream_create, "cudaStreamCreateWithPriority");
+    SYM(cudart, priority_range, "cudaDeviceGetStreamPriorityRange");
     SYM(cudart, stream_destroy, "cudaStreamDestroy");
     SYM(cudart, event_create, "cudaEventCreateWithFlags");
     SYM(cudart, event_record, "cudaEventRecord");
@@ -414,7 +416,12 @@ static int nccl_init(comm_t *c, const comm_config_t *cfg, char *err, size_t errl
                  lib.nccl_error(rc));
         goto fail;
     }
-    if ((rc = lib.stream_create(&st->stream, CUDA_STREAM_NON_BLOCKING)) != CUDA_OK ||
+    /* collectives at the device's greatest priority: their blocks start
+     * ahead of queued compute, so a gather or reduce-scatter that overlaps
+     * a block is not left waiting for SMs until the compute drains */
+    int least = 0, greatest = 0;
+    if ((rc = lib.priority_range(&least, &greatest)) != CUDA_OK ||
+        (rc = lib.stream_create(&st->stream, CUDA_STREAM_NON_BLOCKING, greatest)) != CUDA_OK ||
         (rc = lib.cuda_malloc((void **)&st->scratch, sizeof(float))) != CUDA_OK) {
         snprintf(err, errlen, "comm %s: CUDA stream/scratch: %s", c->name, lib.cuda_error(rc));
         goto fail;

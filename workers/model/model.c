@@ -168,12 +168,13 @@ static void acts_alloc(alloc_ctx_t *ac, block_acts_t *a, const model_t *m) {
     a->ao = aalloc(ac, N * qd);
     a->xmid = aalloc(ac, Nl * D);
     a->xn2 = aalloc(ac, N * D); a->rstd2 = falloc(ac, Nl);
-    a->gate = aalloc(ac, N * F); a->up = aalloc(ac, N * F); a->h = aalloc(ac, N * F);
+    a->gate = aalloc(ac, 2 * N * F); a->h = aalloc(ac, N * F);
+    a->up = a->gate ? be_act_at(ac->be, a->gate, N * F) : NULL;
 }
 
 static void acts_free(const backend_t *be, block_acts_t *a) {
     float *ps[] = { a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->ao, a->xmid, a->xn2, a->rstd2,
-                    a->gate, a->up, a->h };
+                    a->gate, a->h }; /* up lies in gate's buffer */
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) if (ps[i]) be->free(ps[i]);
 }
 
@@ -186,7 +187,7 @@ uint64_t model_memory_bytes(const llama_config_t *c, int B, int T, bool act_ckpt
                       + (L + 1) * N * D                     /* block inputs */
                       + (act_ckpt ? 1 : L) * acts
                       + N * (D + 1 + V + 1)                 /* final norm, logits, losses */
-                      + N * (3 * D + 2 * qd + 2 * kvd + 3 * F); /* backward scratch */
+                      + N * (3 * D + 3 * qd + 4 * kvd + 3 * F); /* backward scratch, the packed qkv */
     return floats * 4;
 }
 
@@ -312,7 +313,9 @@ static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, in
     }
     m->dq = aalloc(&ac, N * qd); m->dk = aalloc(&ac, N * kvd); m->dv = aalloc(&ac, N * kvd);
     m->dao = aalloc(&ac, N * qd);
-    m->dgate = aalloc(&ac, N * F); m->dup = aalloc(&ac, N * F); m->dh = aalloc(&ac, N * F);
+    m->dgate = aalloc(&ac, 2 * N * F); m->dh = aalloc(&ac, N * F);
+    m->dup = m->dgate ? be_act_at(be, m->dgate, N * F) : NULL;
+    if (be->qkv_split_rope && be->qkv_pack_rope) m->qkv = aalloc(&ac, N * (qd + 2 * kvd));
     m->loss_host = malloc(N * sizeof(float));
     m->act_bytes = ac.bytes - param_bytes;
     m->cp.size = 1;
@@ -335,7 +338,7 @@ void model_destroy(model_t *m) {
     void *cps[] = { m->cp.kv[0], m->cp.kv[1], m->cp.dkv[0], m->cp.dkv[1], m->cp.ob, m->cp.lb };
     for (size_t i = 0; i < sizeof cps / sizeof cps[0]; i++) if (cps[i]) be->free(cps[i]);
     float *ps[] = { m->params, m->grads, m->xf, m->rstdf, m->logits, m->losses, m->dx, m->dtmp, m->ftmp,
-                    m->dq, m->dk, m->dv, m->dao, m->dgate, m->dup, m->dh };
+                    m->dq, m->dk, m->dv, m->dao, m->dgate, m->dh, m->qkv }; /* dup lies in dgate's buffer */
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) if (ps[i]) be->free(ps[i]);
     if (m->master && m->master != m->params) be->free(m->master);
     if (m->tokens) be->free(m->tokens);
@@ -671,22 +674,45 @@ void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *
 #undef P
     /* attention (this rank's heads over all N rows) */
     norm_gathered(m, a->xn1, a->rstd1, x_in, n1);
-    be->matmul_fwd(a->q, a->xn1, wq, N, D, qd);
-    be->matmul_fwd(a->k, a->xn1, wk, N, D, kvd);
-    be->matmul_fwd(a->v, a->xn1, wv, N, D, kvd);
-    rope_rows(m, a->q, H, false);
-    rope_rows(m, a->k, Hkv, false);
+    be_rope_t rope = llama_rope(c);
+    if (m->qkv && m->cp.size == 1) {
+        /* wq | wk | wv are one matrix in the layout: one GEMM, then the split with RoPE */
+        be->matmul_fwd(m->qkv, a->xn1, wq, N, D, qd + 2 * kvd);
+        be->qkv_split_rope(a->q, a->k, a->v, m->qkv, B, T, H, Hkv, Dh, 0, &rope);
+    } else {
+        /* separate GEMMs; RoPE at each row's global position (context parallel chunks) */
+        be->matmul_fwd(a->q, a->xn1, wq, N, D, qd);
+        be->matmul_fwd(a->k, a->xn1, wk, N, D, kvd);
+        be->matmul_fwd(a->v, a->xn1, wv, N, D, kvd);
+        rope_rows(m, a->q, H, false);
+        rope_rows(m, a->k, Hkv, false);
+    }
     if (m->cp.size > 1) ring_attention_fwd(m, a);
     else be->attention_fwd(a->ao, a->att, a->q, a->k, a->v, B, T, H, Hkv, Dh);
-    be->matmul_fwd(m->ftmp, a->ao, wo, N, qd, D);
-    be->add(a->xmid, x_in, rows_summed(m, m->ftmp), (size_t)Nl * D);
+    /* the residual add inside the GEMM where the backend can (no TP: the sum is local) */
+    bool res = tp->size == 1 && be->matmul_fwd_res;
+    if (res) {
+        be->matmul_fwd_res(a->xmid, x_in, a->ao, wo, N, qd, D);
+    } else {
+        be->matmul_fwd(m->ftmp, a->ao, wo, N, qd, D);
+        be->add(a->xmid, x_in, rows_summed(m, m->ftmp), (size_t)Nl * D);
+    }
     /* MLP (this rank's rows of gate/up, columns of down) */
     norm_gathered(m, a->xn2, a->rstd2, a->xmid, n2);
-    be->matmul_fwd(a->gate, a->xn2, wg, N, D, F);
-    be->matmul_fwd(a->up, a->xn2, wu, N, D, F);
-    be->swiglu_fwd(a->h, a->gate, a->up, (size_t)N * F);
-    be->matmul_fwd(m->ftmp, a->h, wd, N, F, D);
-    be->add(x_out, a->xmid, rows_summed(m, m->ftmp), (size_t)Nl * D);
+    if (be->swiglu_gu_fwd) {
+        be->matmul_fwd(a->gate, a->xn2, wg, N, D, 2 * F); /* w_gate | w_up: rows gate | up */
+        be->swiglu_gu_fwd(a->h, a->gate, N, F);
+    } else {
+        be->matmul_fwd(a->gate, a->xn2, wg, N, D, F);
+        be->matmul_fwd(a->up, a->xn2, wu, N, D, F);
+        be->swiglu_fwd(a->h, a->gate, a->up, (size_t)N * F);
+    }
+    if (res) {
+        be->matmul_fwd_res(x_out, a->xmid, a->h, wd, N, F, D);
+    } else {
+        be->matmul_fwd(m->ftmp, a->h, wd, N, F, D);
+        be->add(x_out, a->xmid, rows_summed(m, m->ftmp), (size_t)Nl * D);
+    }
 }
 
 void model_block_backward(model_t *m, const act_t *bp, float *bg, const act_t *x_in, block_acts_t *a, act_t *dx) {
@@ -699,19 +725,30 @@ void model_block_backward(model_t *m, const act_t *bp, float *bg, const act_t *x
 #define G(i) (bg + tp->blk_off[i])
     /* MLP: dx is dL/d x_out and also, through the residual, part of dL/d xmid */
     be->matmul_bwd(m->dh, G(BLK_WDOWN), rows_gathered(m, dx), a->h, P(BLK_WDOWN), N, F, D, false);
-    be->swiglu_bwd(m->dgate, m->dup, m->dh, a->gate, a->up, (size_t)N * F);
-    be->matmul_bwd(m->dtmp, G(BLK_WGATE), m->dgate, a->xn2, P(BLK_WGATE), N, D, F, false);
-    be->matmul_bwd(m->dtmp, G(BLK_WUP), m->dup, a->xn2, P(BLK_WUP), N, D, F, true);
+    if (be->swiglu_gu_bwd) {
+        be->swiglu_gu_bwd(m->dgate, m->dh, a->gate, N, F);
+        be->matmul_bwd(m->dtmp, G(BLK_WGATE), m->dgate, a->xn2, P(BLK_WGATE), N, D, 2 * F, false);
+    } else {
+        be->swiglu_bwd(m->dgate, m->dup, m->dh, a->gate, a->up, (size_t)N * F);
+        be->matmul_bwd(m->dtmp, G(BLK_WGATE), m->dgate, a->xn2, P(BLK_WGATE), N, D, F, false);
+        be->matmul_bwd(m->dtmp, G(BLK_WUP), m->dup, a->xn2, P(BLK_WUP), N, D, F, true);
+    }
     be->rmsnorm_bwd(dx, G(BLK_FFN_NORM), rows_summed(m, m->dtmp), a->xmid, P(BLK_FFN_NORM), a->rstd2, Nl, D);
     /* attention: dx is now dL/d xmid */
     be->matmul_bwd(m->dao, G(BLK_WO), rows_gathered(m, dx), a->ao, P(BLK_WO), N, qd, D, false);
     if (m->cp.size > 1) ring_attention_bwd(m, a);
     else be->attention_bwd(m->dq, m->dk, m->dv, m->dao, a->ao, a->q, a->k, a->v, a->att, B, T, H, Hkv, Dh);
-    rope_rows(m, m->dq, H, true);
-    rope_rows(m, m->dk, Hkv, true);
-    be->matmul_bwd(m->dtmp, G(BLK_WQ), m->dq, a->xn1, P(BLK_WQ), N, D, qd, false);
-    be->matmul_bwd(m->dtmp, G(BLK_WK), m->dk, a->xn1, P(BLK_WK), N, D, kvd, true);
-    be->matmul_bwd(m->dtmp, G(BLK_WV), m->dv, a->xn1, P(BLK_WV), N, D, kvd, true);
+    if (m->qkv && m->cp.size == 1) {
+        be_rope_t rope = llama_rope(c);
+        be->qkv_pack_rope(m->qkv, m->dq, m->dk, m->dv, B, T, H, Hkv, Dh, 0, &rope);
+        be->matmul_bwd(m->dtmp, G(BLK_WQ), m->qkv, a->xn1, P(BLK_WQ), N, D, qd + 2 * kvd, false);
+    } else {
+        rope_rows(m, m->dq, H, true);
+        rope_rows(m, m->dk, Hkv, true);
+        be->matmul_bwd(m->dtmp, G(BLK_WQ), m->dq, a->xn1, P(BLK_WQ), N, D, qd, false);
+        be->matmul_bwd(m->dtmp, G(BLK_WK), m->dk, a->xn1, P(BLK_WK), N, D, kvd, true);
+        be->matmul_bwd(m->dtmp, G(BLK_WV), m->dv, a->xn1, P(BLK_WV), N, D, kvd, true);
+    }
     be->rmsnorm_bwd(dx, G(BLK_ATTN_NORM), rows_summed(m, m->dtmp), x_in, P(BLK_ATTN_NORM), a->rstd1, Nl, D);
 #undef P
 #undef G

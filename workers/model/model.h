@@ -8,6 +8,10 @@
  *   block  = [ wq (H*Dh, D) | wk (Hkv*Dh, D) | wv (Hkv*Dh, D) | wo (D, H*Dh) |
  *              w_gate (F, D) | w_up (F, D) | w_down (D, F) | attn_norm (D) | ffn_norm (D) ]
  *
+ * wq, wk, wv are thus one (H*Dh + 2*Hkv*Dh, D) matrix and w_gate, w_up one
+ * (2F, D): a backend with the fused paths (backend.h) runs each as one
+ * GEMM; checkpoints keep the separate tensors.
+ *
  * lm_head is absent when the config ties it to embed. Weights are stored
  * (out, in) as in PyTorch. Gradients (and the optimizer's moments) use the
  * same layout. Every tensor has its Hugging Face name in the tensor table.
@@ -50,7 +54,8 @@ typedef struct {
     act_t *ao;                 /* (N, H*Dh) attention output before wo */
     act_t *xmid;               /* (N/tp, D) residual after attention */
     act_t *xn2; float *rstd2;  /* (N, D) gathered, (N/tp): MLP RMSNorm */
-    act_t *gate, *up, *h;      /* (N, F) each */
+    act_t *gate, *up, *h;      /* (N, F) each; gate and up are one (2, N, F) buffer, or one (N, 2F)
+                                  gate | up per row when the backend has swiglu_gu_fwd (then up is unused) */
 } block_acts_t;
 
 /* Context parallelism (C > 1): the sequence of every row is cut in 2C
@@ -105,7 +110,9 @@ typedef struct model {
     /* backward scratch */
     act_t *dx, *dtmp;          /* (N/tp, D) this rank's rows; (N, D) */
     act_t *dq, *dk, *dv, *dao; /* (N, H*Dh), (N, Hkv*Dh) x2, (N, H*Dh) */
-    act_t *dgate, *dup, *dh;   /* (N, F) */
+    act_t *dgate, *dup, *dh;   /* (N, F); dgate and dup one buffer as gate and up are */
+    act_t *qkv;                /* (N, H*Dh + 2*Hkv*Dh): the packed q | k | v projection's output, and its
+                                  gradient in backward (backends with qkv_split_rope) */
     act_t *ftmp;               /* (N, D) forward scratch */
     float *loss_host;          /* host (N) */
 } model_t;

@@ -3,7 +3,10 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "log.h"
 
 int optim_create(optim_t *o, const optim_config_t *cfg, const backend_t *be, size_t n, char *err, size_t errlen) {
     memset(o, 0, sizeof *o);
@@ -79,6 +82,16 @@ void optim_step(optim_t *o, float *params, act_t *params_act, const float *grads
     double bc1 = 1.0 - pow(c->beta1, (double)o->step);
     double bc2 = 1.0 - pow(c->beta2, (double)o->step);
     float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+    if (o->be->adamw_spans && nt > 0) {
+        /* every tensor in a few launches (multi-tensor) */
+        be_span_t *sp = malloc((size_t)nt * sizeof *sp);
+        CHECK_ALLOC(sp);
+        for (int i = 0; i < nt; i++) sp[i] = (be_span_t){ t[i].offset, t[i].numel, t[i].decay };
+        o->be->adamw_spans(params, grads, o->m, o->v, params_act, sp, nt, (float)lr, (float)c->beta1, (float)c->beta2,
+                           (float)c->eps, (float)c->weight_decay, step_size, bc2_sqrt, grad_scale);
+        free(sp);
+        return;
+    }
     for (int i = 0; i < nt; i++) {
         size_t off = t[i].offset;
         o->be->adamw(params + off, grads + off, o->m + off, o->v + off, t[i].numel, (float)lr, (float)c->beta1,

@@ -64,6 +64,11 @@ typedef enum {
 /* The native cudaStream_t of a stream, as void * for C callers (NCCL takes it). */
 void *cuda_stream(cuda_stream_id_t s);
 
+/* The priority stream s was created with, and the device's range (CUDA:
+ * numerically lower is greater; least is 0). Comm and the copy streams
+ * have the greatest, compute the least. */
+int cuda_stream_priority(cuda_stream_id_t s, int *least, int *greatest);
+
 /* Record an event on stream `s` and return its handle (from a recycled pool);
  * cuda_stream_wait_event makes stream `waiter` wait for it without blocking
  * the host. Events return to the pool with cuda_event_release. */

@@ -48,6 +48,14 @@ static inline void cuda_check_at(cudaError_t e, const char *call, const char *fi
 void cuda_launch_check_at(const char *kernel, const char *file, int line);
 #define CUDA_LAUNCH_CHECK(kernel) cuda_launch_check_at(kernel, __FILE__, __LINE__)
 
+/* What the per-op table counts (runtime.cu): kernel launches (every
+ * CUDA_LAUNCH_CHECK), cuBLASLt matmuls (lt_matmul) and host waits for a
+ * stream (cuda_host_wait) since the process started. */
+typedef struct { long launches, gemms, host_waits; } cuda_counts_t;
+cuda_counts_t *cuda_counts(void);
+/* cudaStreamSynchronize(s), counted */
+void cuda_host_wait(cudaStream_t s);
+
 #ifdef BALLAST_CUDA_WITH_CUBLAS
 #include <cublasLt.h>
 /* Only cuBLASLt is linked, so the status names are ours. */
@@ -97,6 +105,8 @@ typedef struct lt_plan lt_plan_t;
 const lt_plan_t *lt_plan(const lt_shape_t *s, cublasStatus_t *why, bool *first);
 /* D = op(A) . op(B) + beta D on the compute stream. */
 void lt_matmul(const lt_plan_t *p, const void *A, const void *B, void *D, float beta);
+/* D = op(A) . op(B) + C (beta = 1), C of D's type and layout; C may be D. */
+void lt_matmul_c(const lt_plan_t *p, const void *A, const void *B, const void *C, void *D);
 /* FP8: the dequantization factors cuBLASLt reads through pointers (device). */
 void lt_set_scales(const lt_plan_t *p, const float *a_inv, const float *b_inv);
 #endif
@@ -119,7 +129,7 @@ void cuda_op_scope(int s);   /* gemm_fp8.cu: the scope FP8 states are keyed by *
 /* Device scratch that grows on demand, one buffer per slot (runtime.cu).
  * Contents are undefined; a slot is owned by one op for the op's duration.
  * Growing frees the old buffer (cudaFree synchronizes the device). */
-enum { SCRATCH_RMSNORM, SCRATCH_ATTN, SCRATCH_NORM, SCRATCH_EMBED, SCRATCH_ROPE, SCRATCH_NSLOTS };
+enum { SCRATCH_RMSNORM, SCRATCH_ATTN, SCRATCH_NORM, SCRATCH_EMBED, SCRATCH_ROPE, SCRATCH_MMRES, SCRATCH_NSLOTS };
 void *cuda_scratch(int slot, size_t bytes);
 
 /* ---- op launchers, one family per file; pointers are device memory ---- */
@@ -134,6 +144,12 @@ void launch_rmsnorm_fwd(bf16 *out, float *rstd, const bf16 *x, const bf16 *w, in
 void launch_rmsnorm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, const float *rstd,
                         int N, int D);
 void launch_rope(bf16 *x, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r, bool inverse); /* rope.cu */
+void launch_qkv_split_rope(bf16 *q, bf16 *k, bf16 *v, const bf16 *qkv, int B, int T, int H, int Hkv, int Dh, int pos0,
+                           const be_rope_t *r);                                          /* rope.cu */
+void launch_qkv_pack_rope(bf16 *dqkv, const bf16 *dq, const bf16 *dk, const bf16 *dv, int B, int T, int H, int Hkv,
+                          int Dh, int pos0, const be_rope_t *r);
+void launch_swiglu_gu_fwd(bf16 *h, const bf16 *gu, int N, int F);                       /* swiglu.cu */
+void launch_swiglu_gu_bwd(bf16 *dgu, const bf16 *dh, const bf16 *gu, int N, int F);
 void launch_swiglu_fwd(bf16 *h, const bf16 *g, const bf16 *u, size_t n);              /* swiglu.cu */
 void launch_swiglu_bwd(bf16 *dg, bf16 *du, const bf16 *dh, const bf16 *g, const bf16 *u, size_t n);
 void launch_xent_fwd(float *losses, const bf16 *logits, const int32_t *tgt, int N, int V); /* xent.cu */
@@ -152,6 +168,9 @@ void launch_attention_decode(bf16 *out, const bf16 *q, const bf16 *kc, const bf1
 void lt_init(void);                                                                    /* cublaslt.cu */
 void gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O);
 void gemm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *w, int N, int I, int O, bool dx_acc);
+/* out = res + x w^T in one GEMM (cuBLASLt C = res, beta = 1); false when the
+ * precision is fp8 (the caller then runs gemm_fwd and an add) */
+bool gemm_fwd_res(bf16 *out, const bf16 *res, const bf16 *x, const bf16 *w, int N, int I, int O);
 /* FP8 versions (gemm_fp8.cu): false when the precision is bf16 or the shape
  * does not suit FP8; the caller then runs the bf16 GEMM */
 bool fp8_gemm_fwd(bf16 *out, const bf16 *x, const bf16 *w, int N, int I, int O);

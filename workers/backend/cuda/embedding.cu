@@ -1,14 +1,14 @@
 /* embedding.cu: token embedding forward (row gather) and backward (row
  * scatter-add into the fp32 gradient of the table).
  *
- * The backward is deterministic without atomics: the host groups the row
- * indices by token (tokens are few: B*T int32, copied back once per
- * backward), then one block per distinct token adds that token's rows in
- * row order, starting from the gradient already there, which is the CPU
- * oracle's summation order exactly. */
+ * The backward is deterministic without atomics and without the host: one
+ * block sorts the (token, row) pairs on the device (a bitonic sort of
+ * 64-bit keys token << 32 | row in scratch), then one block per sorted
+ * position that starts a token's run adds that token's rows in row order,
+ * starting from the gradient already there: the CPU oracle's summation
+ * order exactly. Two launches, no host wait. */
 #include "workers/backend/cuda/common.cuh"
 
-#include <string.h>
 
 /* ---- kernels ---- */
 
@@ -26,14 +26,41 @@ __global__ void embedding_fwd_kernel(bf16 *out, const int32_t *tok, const bf16 *
     }
 }
 
-/* Block u handles token seg_tok[u], whose rows are order[seg[u] .. seg[u+1]). */
-__global__ void embedding_bwd_kernel(float *dwte, const bf16 *dout, const int32_t *order, const int32_t *seg,
-                                     const int32_t *seg_tok, int D) {
-    int u = blockIdx.x, s0 = seg[u], s1 = seg[u + 1];
-    float *row = dwte + (size_t)seg_tok[u] * D;
+#define EMB_SORT_THREADS 256
+
+/* keys (P, a power of two >= N) = token << 32 | row for the N rows, the
+ * rest all ones, sorted ascending in place by one block */
+__global__ void __launch_bounds__(EMB_SORT_THREADS) embedding_sort_kernel(unsigned long long *keys, const int32_t *tok,
+                                                                           int N, int P) {
+    for (int i = threadIdx.x; i < P; i += blockDim.x)
+        keys[i] = i < N ? ((unsigned long long)(uint32_t)tok[i] << 32) | (unsigned)i : ~0ull;
+    __syncthreads();
+    for (int k = 2; k <= P; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < P; i += blockDim.x) {
+                int l = i ^ j;
+                if (l > i) {
+                    unsigned long long a = keys[i], b = keys[l];
+                    bool up = (i & k) == 0;
+                    if ((a > b) == up) { keys[i] = b; keys[l] = a; }
+                }
+            }
+            __syncthreads();
+        }
+}
+
+/* Block s: when sorted position s starts a run of one token, add the run's
+ * rows (in row order) to that token's gradient row. */
+__global__ void embedding_bwd_kernel(float *dwte, const bf16 *dout, const unsigned long long *keys, int N, int D) {
+    int s0 = blockIdx.x;
+    unsigned tok = (unsigned)(keys[s0] >> 32);
+    if (s0 > 0 && (unsigned)(keys[s0 - 1] >> 32) == tok) return;
+    int s1 = s0 + 1;
+    while (s1 < N && (unsigned)(keys[s1] >> 32) == tok) s1++;
+    float *row = dwte + (size_t)tok * D;
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
         float acc = row[j];
-        for (int s = s0; s < s1; s++) acc += __bfloat162float(dout[(size_t)order[s] * D + j]);
+        for (int s = s0; s < s1; s++) acc += __bfloat162float(dout[(size_t)(unsigned)(keys[s] & 0xffffffffu) * D + j]);
         row[j] = acc;
     }
 }
@@ -46,41 +73,15 @@ void launch_embedding_fwd(bf16 *out, const int32_t *tok, const bf16 *wte, int N,
     CUDA_LAUNCH_CHECK("embedding_fwd_kernel");
 }
 
-typedef struct { int32_t tok, row; } tok_row_t;
-
-static int cmp_tok_row(const void *a, const void *b) {
-    const tok_row_t *x = (const tok_row_t *)a, *y = (const tok_row_t *)b;
-    if (x->tok != y->tok) return x->tok < y->tok ? -1 : 1;
-    return (x->row > y->row) - (x->row < y->row);
-}
-
 void launch_embedding_bwd(float *dwte, const bf16 *dout, const int32_t *tok, int N, int D) {
     if (N <= 0) return;
     cudaStream_t st = cuda_compute_stream();
-    tok_row_t *tr = (tok_row_t *)malloc((size_t)N * sizeof *tr);
-    int32_t *host = (int32_t *)malloc((size_t)(3 * N + 1) * sizeof(int32_t));
-    if (!tr || !host) { fprintf(stderr, "%s:%d: out of host memory in embedding backward\n", __FILE__, __LINE__); exit(1); }
-    CUDA_CHECK(cudaMemcpyAsync(host, tok, (size_t)N * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
-    for (int i = 0; i < N; i++) { tr[i].tok = host[i]; tr[i].row = i; }
-    qsort(tr, (size_t)N, sizeof *tr, cmp_tok_row);
-    /* host layout: order (N) | seg (U+1) | seg_tok (U) */
-    int32_t *order = host, *seg = host + N;
-    int U = 0;
-    for (int i = 0; i < N; i++) {
-        order[i] = tr[i].row;
-        if (i == 0 || tr[i].tok != tr[i - 1].tok) seg[U++] = i;
-    }
-    seg[U] = N;
-    int32_t *seg_tok = seg + U + 1;
-    for (int u = 0; u < U; u++) seg_tok[u] = tr[seg[u]].tok;
-    size_t nints = (size_t)N + 2 * (size_t)U + 1;
-    int32_t *dev = (int32_t *)cuda_scratch(SCRATCH_EMBED, nints * sizeof(int32_t));
-    /* pageable source: the call returns once the data is staged, so host may be freed */
-    CUDA_CHECK(cudaMemcpyAsync(dev, host, nints * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-    embedding_bwd_kernel<<<U, 256, 0, st>>>(dwte, dout, dev, dev + N, dev + N + U + 1, D);
+    int P = 1;
+    while (P < N) P <<= 1;
+    /* the scratch is reused only by later launches on this stream */
+    unsigned long long *keys = (unsigned long long *)cuda_scratch(SCRATCH_EMBED, (size_t)P * sizeof *keys);
+    embedding_sort_kernel<<<1, EMB_SORT_THREADS, 0, st>>>(keys, tok, N, P);
+    CUDA_LAUNCH_CHECK("embedding_sort_kernel");
+    embedding_bwd_kernel<<<(unsigned)N, 256, 0, st>>>(dwte, dout, keys, N, D);
     CUDA_LAUNCH_CHECK("embedding_bwd_kernel");
-    CUDA_CHECK(cudaStreamSynchronize(st)); /* keep the scratch contents alive until the kernel is done */
-    free(tr);
-    free(host);
 }

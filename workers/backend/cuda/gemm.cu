@@ -11,9 +11,11 @@
  * heuristic's algorithm) come from the backend's one cache (cublaslt.cu),
  * per (m, n, k, transposes, types, beta, alignment).
  * With --precision fp8, gemm_fp8.cu takes the matmuls it can.
- * No epilogue is fused: the model's matmuls have no bias and the activations
- * that follow (RoPE on part of the output, SwiGLU over two outputs, the
- * residual add) are not epilogues cuBLASLt offers. */
+ * The residual add after the output and down projections is fused as
+ * cuBLASLt's C operand with beta = 1 (gemm_fwd_res: D = x W^T + C, C the
+ * residual, D the block's next residual); the model's matmuls have no bias,
+ * and RoPE and SwiGLU are not epilogues cuBLASLt offers (rope.cu and
+ * swiglu.cu fuse them with the packed projections' split instead). */
 #define BALLAST_CUDA_WITH_CUBLAS
 #include "workers/backend/cuda/common.cuh"
 
@@ -59,4 +61,19 @@ void gemm_bwd(bf16 *dx, float *dw, const bf16 *dout, const bf16 *x, const bf16 *
         const lt_plan_t *p = gemm_plan(I, O, N, CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_32F, true, align_of(x, dout, dw));
         lt_matmul(p, x, dout, dw, 1.f);
     }
+}
+
+bool gemm_fwd_res(bf16 *out, const bf16 *res, const bf16 *x, const bf16 *w, int N, int I, int O) {
+    if (cuda_precision() != CUDA_PRECISION_BF16) return false;
+    if (N <= 0 || O <= 0) return true;
+    if (I <= 0) {
+        if (out != res) CUDA_CHECK(cudaMemcpyAsync(out, res, (size_t)N * O * sizeof(bf16), cudaMemcpyDeviceToDevice,
+                                                   cuda_compute_stream()));
+        return true;
+    }
+    /* beta = 1 plans are separate cache entries from the plain forward's */
+    uint32_t a = align_of(w, x, out) < align_of(res, res, res) ? align_of(w, x, out) : align_of(res, res, res);
+    const lt_plan_t *p = gemm_plan(O, N, I, CUBLAS_OP_T, CUBLAS_OP_N, CUDA_R_16BF, true, a);
+    lt_matmul_c(p, w, x, res, out);
+    return true;
 }

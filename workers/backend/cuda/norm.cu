@@ -61,6 +61,6 @@ extern "C" double cuda_sumsq_multi(const float *const *xs, const size_t *ns, int
     CUDA_LAUNCH_CHECK("sumsq_final");
     double h = 0.0;
     CUDA_CHECK(cudaMemcpyAsync(&h, out, sizeof h, cudaMemcpyDeviceToHost, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
+    cuda_host_wait(st);
     return h;
 }

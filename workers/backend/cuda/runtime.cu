@@ -10,10 +10,22 @@
 /* ---- launch checks ---- */
 
 static bool g_sync; /* --cuda-sync: wait for every kernel and check it */
+static cuda_counts_t g_counts;
+
+cuda_counts_t *cuda_counts(void) { return &g_counts; }
+
+/* for the checks (C): how many times the backend has waited for a stream */
+extern "C" long cuda_host_waits(void) { return g_counts.host_waits; }
+
+void cuda_host_wait(cudaStream_t s) {
+    g_counts.host_waits++;
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
 
 extern "C" void cuda_set_sync(bool on) { g_sync = on; }
 
 void cuda_launch_check_at(const char *kernel, const char *file, int line) {
+    g_counts.launches++;
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && g_sync) e = cudaStreamSynchronize(cuda_compute_stream());
     if (e == cudaSuccess) return;

@@ -23,11 +23,15 @@ void cuda_streams_init(void) {
     if (g_ready) return;
     int lo = 0, hi = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-    /* compute gets the highest priority: collectives and copies fill gaps */
-    CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COMPUTE], cudaStreamNonBlocking, hi));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COMM], cudaStreamNonBlocking, lo));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COPY], cudaStreamNonBlocking, lo));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COPY_IN], cudaStreamNonBlocking, lo));
+    /* collectives and copies get the greatest priority, compute the least:
+     * a collective's or a copy's blocks are scheduled as soon as what they
+     * wait for is done instead of queueing behind compute that does not
+     * feed them (NCCL's communicator streams are made the same way,
+     * workers/comm/nccl.c); compute fills every SM they leave */
+    CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COMPUTE], cudaStreamNonBlocking, lo));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COMM], cudaStreamNonBlocking, hi));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COPY], cudaStreamNonBlocking, hi));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&g_streams[CUDA_STREAM_COPY_IN], cudaStreamNonBlocking, hi));
     g_ready = true;
 }
 
@@ -36,6 +40,13 @@ cudaStream_t cuda_compute_stream(void) { return g_streams[CUDA_STREAM_COMPUTE]; 
 /* ---- public ---- */
 
 extern "C" void *cuda_stream(cuda_stream_id_t s) { return (void *)g_streams[s]; }
+
+extern "C" int cuda_stream_priority(cuda_stream_id_t s, int *least, int *greatest) {
+    int p = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(least, greatest));
+    CUDA_CHECK(cudaStreamGetPriority(g_streams[s], &p));
+    return p;
+}
 
 extern "C" void cuda_sync(void) {
     for (int i = 0; i < CUDA_NSTREAMS; i++)

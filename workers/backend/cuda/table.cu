@@ -15,20 +15,24 @@
 
 enum {
     P_EMB_F, P_EMB_B, P_RMS_F, P_RMS_B, P_MM_F, P_MM_B, P_ROPE_F, P_ROPE_B, P_ATT_F, P_ATT_B, P_SWI_F, P_SWI_B,
-    P_XENT_F, P_XENT_B, P_ADAMW, P_ADD, P_SUMSQ, P_COPY, P_ATT_DEC, P_NOPS
+    P_XENT_F, P_XENT_B, P_ADAMW, P_ADD, P_SUMSQ, P_COPY, P_ATT_DEC, P_QKV_F, P_QKV_B, P_NOPS
 };
 static const char *const g_op_names[P_NOPS] = {
     "embedding_fwd", "embedding_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "matmul_fwd", "matmul_bwd", "rope_fwd",
     "rope_bwd", "attention_fwd", "attention_bwd", "swiglu_fwd", "swiglu_bwd", "xent_fwd", "xent_bwd", "adamw",
-    "add", "sumsq", "copy/convert", "attention_decode",
+    "add", "sumsq", "copy/convert", "attention_decode", "qkv_split+rope", "qkv_pack+rope",
 };
 
-typedef struct { int op; cudaEvent_t a, b; } prof_rec_t;
+/* One timed op: its events, and what it did between them (launches,
+ * cuBLASLt matmuls, host waits: deltas of cuda_counts; bytes: the operands
+ * it reads once and the results it writes once, from its shapes, i.e. the
+ * least traffic any implementation of the op has). */
+typedef struct { int op; cudaEvent_t a, b; cuda_counts_t c0, c1; double bytes; } prof_rec_t;
 static bool g_prof;
 static prof_rec_t *g_recs;
 static int g_nrecs, g_caprecs, g_nevents; /* events exist for the first g_nevents records */
 
-static int prof_begin(int op) {
+static int prof_begin(int op, double bytes) {
     if (!g_prof) return -1;
     if (g_nrecs == g_caprecs) {
         int cap = g_caprecs ? 2 * g_caprecs : 1024;
@@ -44,41 +48,55 @@ static int prof_begin(int op) {
         g_nevents++;
     }
     r->op = op;
+    r->bytes = bytes;
     CUDA_CHECK(cudaEventRecord(r->a, cuda_compute_stream()));
+    r->c0 = *cuda_counts();
     return g_nrecs++;
 }
 
 static void prof_end(int id) {
-    if (id >= 0) CUDA_CHECK(cudaEventRecord(g_recs[id].b, cuda_compute_stream()));
+    if (id < 0) return;
+    g_recs[id].c1 = *cuda_counts();
+    CUDA_CHECK(cudaEventRecord(g_recs[id].b, cuda_compute_stream()));
 }
 
-#define TIMED(op, body) do { int id_ = prof_begin(op); body; prof_end(id_); } while (0)
+/* body runs as op `op`, whose operands and results are `bytes` (double) */
+#define TIMED(op, bytes, ...) do { int id_ = prof_begin(op, g_prof ? (double)(bytes) : 0.0); __VA_ARGS__; prof_end(id_); } while (0)
 
 extern "C" void cuda_prof_enable(bool on) { g_prof = on; }
 extern "C" void cuda_prof_reset(void) { g_nrecs = 0; }
 
 extern "C" void cuda_prof_report(FILE *out) {
     CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream()));
-    double ms[P_NOPS] = { 0 }, total = 0;
-    int calls[P_NOPS] = { 0 };
+    double ms[P_NOPS] = { 0 }, mb[P_NOPS] = { 0 }, total = 0, tmb = 0;
+    long calls[P_NOPS] = { 0 }, kern[P_NOPS] = { 0 }, gemms[P_NOPS] = { 0 }, waits[P_NOPS] = { 0 };
+    long tcalls = 0, tkern = 0, tgemms = 0, twaits = 0;
     for (int i = 0; i < g_nrecs; i++) {
+        const prof_rec_t *r = &g_recs[i];
         float t = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&t, g_recs[i].a, g_recs[i].b));
-        ms[g_recs[i].op] += t;
-        calls[g_recs[i].op]++;
+        CUDA_CHECK(cudaEventElapsedTime(&t, r->a, r->b));
+        ms[r->op] += t;
+        calls[r->op]++;
+        kern[r->op] += r->c1.launches - r->c0.launches;
+        gemms[r->op] += r->c1.gemms - r->c0.gemms;
+        waits[r->op] += r->c1.host_waits - r->c0.host_waits;
+        mb[r->op] += r->bytes / 1e6;
         total += t;
     }
     int order[P_NOPS];
     for (int i = 0; i < P_NOPS; i++) order[i] = i;
     for (int i = 1; i < P_NOPS; i++)
         for (int j = i; j > 0 && ms[order[j]] > ms[order[j - 1]]; j--) { int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t; }
-    fprintf(out, "%-16s %10s %7s %6s\n", "op", "ms", "calls", "share");
+    fprintf(out, "%-16s %10s %6s %6s %8s %6s %6s %10s\n", "op", "ms", "share", "calls", "kernels", "gemms", "waits",
+            "MB");
     for (int i = 0; i < P_NOPS; i++) {
         int o = order[i];
         if (!calls[o]) continue;
-        fprintf(out, "%-16s %10.3f %7d %5.1f%%\n", g_op_names[o], ms[o], calls[o], total > 0 ? 100.0 * ms[o] / total : 0.0);
+        fprintf(out, "%-16s %10.3f %5.1f%% %6ld %8ld %6ld %6ld %10.3f\n", g_op_names[o], ms[o],
+                total > 0 ? 100.0 * ms[o] / total : 0.0, calls[o], kern[o], gemms[o], waits[o], mb[o]);
+        tcalls += calls[o]; tkern += kern[o]; tgemms += gemms[o]; twaits += waits[o]; tmb += mb[o];
     }
-    fprintf(out, "%-16s %10.3f\n", "total", total);
+    fprintf(out, "%-16s %10.3f %6s %6ld %8ld %6ld %6ld %10.3f\n", "total", total, "", tcalls, tkern, tgemms, twaits, tmb);
 }
 
 /* ---- table ops ---- */
@@ -98,17 +116,17 @@ static void *cu_alloc(size_t bytes) {
 static void cu_free(void *p) { if (p) CUDA_CHECK(cudaFree(p)); }
 static void cu_memset0(void *p, size_t n) { CUDA_CHECK(cudaMemsetAsync(p, 0, n, cuda_compute_stream())); }
 static void cu_copy(void *d, const void *s, size_t n) {
-    if (d != s && n) TIMED(P_COPY, CUDA_CHECK(cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, cuda_compute_stream())));
+    if (d != s && n) TIMED(P_COPY, 2.0 * n, CUDA_CHECK(cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, cuda_compute_stream())));
 }
 static void cu_to_host(void *h, const void *s, size_t n) {
     CUDA_CHECK(cudaMemcpyAsync(h, s, n, cudaMemcpyDeviceToHost, cuda_compute_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream()));
+    cuda_host_wait(cuda_compute_stream());
 }
 static void cu_from_host(void *d, const void *h, size_t n) {
     CUDA_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, cuda_compute_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream()));
+    cuda_host_wait(cuda_compute_stream());
 }
-static void cu_to_act(act_t *dst, const float *src, size_t n) { TIMED(P_COPY, launch_f32_to_bf16(BF(dst), src, n)); }
+static void cu_to_act(act_t *dst, const float *src, size_t n) { TIMED(P_COPY, 6.0 * n, launch_f32_to_bf16(BF(dst), src, n)); }
 static void cu_act_to_host(float *host, const act_t *src, size_t n) {
     uint16_t *tmp = (uint16_t *)malloc(n * sizeof(uint16_t) + 1);
     if (!tmp) { fprintf(stderr, "%s:%d: out of host memory (%zu elements)\n", __FILE__, __LINE__, n); exit(1); }
@@ -117,70 +135,126 @@ static void cu_act_to_host(float *host, const act_t *src, size_t n) {
     free(tmp);
 }
 
-static void cu_add(act_t *out, const act_t *a, const act_t *b, size_t n) { TIMED(P_ADD, launch_add(BF(out), CBF(a), CBF(b), n)); }
-static void cu_scale(float *x, float s, size_t n) { TIMED(P_ADD, launch_scale(x, s, n)); }
+static void cu_add(act_t *out, const act_t *a, const act_t *b, size_t n) { TIMED(P_ADD, 6.0 * n, launch_add(BF(out), CBF(a), CBF(b), n)); }
+static void cu_scale(float *x, float s, size_t n) { TIMED(P_ADD, 8.0 * n, launch_scale(x, s, n)); }
 static double cu_sumsq(const float *x, size_t n) {
     double r = 0;
-    TIMED(P_SUMSQ, r = cuda_sumsq_multi(&x, &n, 1));
+    TIMED(P_SUMSQ, 4.0 * n, r = cuda_sumsq_multi(&x, &n, 1));
     return r;
 }
 
 static void cu_embedding_fwd(act_t *out, const int32_t *tok, const act_t *wte, int N, int D) {
-    TIMED(P_EMB_F, launch_embedding_fwd(BF(out), tok, CBF(wte), N, D));
+    TIMED(P_EMB_F, 4.0 * N * D + 4.0 * N, launch_embedding_fwd(BF(out), tok, CBF(wte), N, D));
 }
 static void cu_embedding_bwd(float *dwte, const act_t *dout, const int32_t *tok, int N, int D) {
-    TIMED(P_EMB_B, launch_embedding_bwd(dwte, CBF(dout), tok, N, D));
+    TIMED(P_EMB_B, 10.0 * N * D + 4.0 * N, launch_embedding_bwd(dwte, CBF(dout), tok, N, D));
 }
 static void cu_rmsnorm_fwd(act_t *out, float *rstd, const act_t *x, const act_t *w, int N, int D, float eps) {
-    TIMED(P_RMS_F, launch_rmsnorm_fwd(BF(out), rstd, CBF(x), CBF(w), N, D, eps));
+    TIMED(P_RMS_F, 4.0 * N * D + 2.0 * D + 4.0 * N, launch_rmsnorm_fwd(BF(out), rstd, CBF(x), CBF(w), N, D, eps));
 }
 static void cu_rmsnorm_bwd(act_t *dx, float *dw, const act_t *dout, const act_t *x, const act_t *w, const float *rstd,
                            int N, int D) {
-    TIMED(P_RMS_B, launch_rmsnorm_bwd(BF(dx), dw, CBF(dout), CBF(x), CBF(w), rstd, N, D));
+    TIMED(P_RMS_B, 4.0 * N * D + 2.0 * D + 4.0 * N + (dx ? 4.0 * N * D : 0.0) + (dw ? 8.0 * D : 0.0), launch_rmsnorm_bwd(BF(dx), dw, CBF(dout), CBF(x), CBF(w), rstd, N, D));
 }
 static void cu_matmul_fwd(act_t *out, const act_t *x, const act_t *w, int N, int I, int O) {
-    TIMED(P_MM_F, gemm_fwd(BF(out), CBF(x), CBF(w), N, I, O));
+    TIMED(P_MM_F, 2.0 * ((double)N * I + (double)I * O + (double)N * O), gemm_fwd(BF(out), CBF(x), CBF(w), N, I, O));
+}
+/* dx (N, I): dout (N, O) and w (O, I) in, dx out (and in when it
+ * accumulates); dw (O, I) fp32: x and dout in, dw in and out */
+static double mm_bwd_bytes(bool dx, bool dw, int N, int I, int O, bool dx_acc) {
+    double n = N, i = I, o = O;
+    return (dx ? 2.0 * (n * o + o * i + n * i * (dx_acc ? 2 : 1)) : 0.0) + (dw ? 2.0 * (n * i + n * o) + 8.0 * o * i : 0.0);
 }
 static void cu_matmul_bwd(act_t *dx, float *dw, const act_t *dout, const act_t *x, const act_t *w, int N, int I, int O,
                           bool dx_acc) {
-    TIMED(P_MM_B, gemm_bwd(BF(dx), dw, CBF(dout), CBF(x), CBF(w), N, I, O, dx_acc));
+    TIMED(P_MM_B, mm_bwd_bytes(dx != NULL, dw != NULL, N, I, O, dx_acc), gemm_bwd(BF(dx), dw, CBF(dout), CBF(x), CBF(w), N, I, O, dx_acc));
 }
 static void cu_rope_fwd(act_t *x, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r) {
-    TIMED(P_ROPE_F, launch_rope(BF(x), B, T, nh, Dh, pos0, r, false));
+    TIMED(P_ROPE_F, 4.0 * B * T * nh * Dh + 4.0 * T * Dh, launch_rope(BF(x), B, T, nh, Dh, pos0, r, false));
 }
 static void cu_rope_bwd(act_t *dx, int B, int T, int nh, int Dh, int pos0, const be_rope_t *r) {
-    TIMED(P_ROPE_B, launch_rope(BF(dx), B, T, nh, Dh, pos0, r, true));
+    TIMED(P_ROPE_B, 4.0 * B * T * nh * Dh + 4.0 * T * Dh, launch_rope(BF(dx), B, T, nh, Dh, pos0, r, true));
 }
 static void cu_attention_fwd(act_t *out, float *att, const act_t *q, const act_t *k, const act_t *v, int B, int T,
                              int H, int Hkv, int Dh) {
-    TIMED(P_ATT_F, launch_attention_fwd(BF(out), att, CBF(q), CBF(k), CBF(v), B, T, H, Hkv, Dh));
+    TIMED(P_ATT_F, (double)B * T * (2.0 * H * Dh * 2 + 2.0 * Hkv * Dh * 2 + 4.0 * H), launch_attention_fwd(BF(out), att, CBF(q), CBF(k), CBF(v), B, T, H, Hkv, Dh));
 }
 static size_t cu_attention_state_numel(int B, int T, int H) { return (size_t)B * H * T; }
 static void cu_attention_decode(act_t *out, const act_t *q, const act_t *kc, const act_t *vc, int n, int p0, int H,
                                 int Hkv, int Dh) {
-    TIMED(P_ATT_DEC, launch_attention_decode(BF(out), CBF(q), CBF(kc), CBF(vc), n, p0, H, Hkv, Dh));
+    TIMED(P_ATT_DEC, (double)n * H * Dh * 2 * 2 + (double)(p0 + n) * Hkv * Dh * 2 * 2, launch_attention_decode(BF(out), CBF(q), CBF(kc), CBF(vc), n, p0, H, Hkv, Dh));
 }
 static void cu_attention_bwd(act_t *dq, act_t *dk, act_t *dv, const act_t *dout, const act_t *out, const act_t *q,
                              const act_t *k, const act_t *v, const float *att, int B, int T, int H, int Hkv, int Dh) {
-    TIMED(P_ATT_B, launch_attention_bwd(BF(dq), BF(dk), BF(dv), CBF(dout), CBF(out), CBF(q), CBF(k), CBF(v), att, B, T,
+    TIMED(P_ATT_B, (double)B * T * (4.0 * H * Dh * 2 + 4.0 * Hkv * Dh * 2 + 4.0 * H), launch_attention_bwd(BF(dq), BF(dk), BF(dv), CBF(dout), CBF(out), CBF(q), CBF(k), CBF(v), att, B, T,
                                         H, Hkv, Dh));
 }
 static void cu_swiglu_fwd(act_t *h, const act_t *g, const act_t *u, size_t n) {
-    TIMED(P_SWI_F, launch_swiglu_fwd(BF(h), CBF(g), CBF(u), n));
+    TIMED(P_SWI_F, 6.0 * n, launch_swiglu_fwd(BF(h), CBF(g), CBF(u), n));
 }
 static void cu_swiglu_bwd(act_t *dg, act_t *du, const act_t *dh, const act_t *g, const act_t *u, size_t n) {
-    TIMED(P_SWI_B, launch_swiglu_bwd(BF(dg), BF(du), CBF(dh), CBF(g), CBF(u), n));
+    TIMED(P_SWI_B, 10.0 * n, launch_swiglu_bwd(BF(dg), BF(du), CBF(dh), CBF(g), CBF(u), n));
 }
 static void cu_xent_fwd(float *losses, const act_t *logits, const int32_t *tgt, int N, int V) {
-    TIMED(P_XENT_F, launch_xent_fwd(losses, CBF(logits), tgt, N, V));
+    TIMED(P_XENT_F, 2.0 * N * V + 8.0 * N, launch_xent_fwd(losses, CBF(logits), tgt, N, V));
 }
 static void cu_xent_bwd(act_t *dl, const act_t *logits, const int32_t *tgt, float scale, int N, int V) {
-    TIMED(P_XENT_B, launch_xent_bwd(BF(dl), CBF(logits), tgt, scale, N, V));
+    TIMED(P_XENT_B, 4.0 * N * V + 4.0 * N, launch_xent_bwd(BF(dl), CBF(logits), tgt, scale, N, V));
 }
 static void cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                      float eps, float wd, float step_size, float bc2_sqrt, float grad_scale, act_t *p_act) {
     cuda_adamw_tensor_t t = { p, g, m, v, p_act, n, true };
-    TIMED(P_ADAMW, cuda_adamw_multi(&t, 1, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, grad_scale));
+    TIMED(P_ADAMW, (p_act ? 30.0 : 28.0) * n, cuda_adamw_multi(&t, 1, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, grad_scale));
+}
+
+/* ---- fused paths (backend.h) ---- */
+
+static void cu_qkv_split_rope(act_t *q, act_t *k, act_t *v, const act_t *qkv, int B, int T, int H, int Hkv, int Dh,
+                              int pos0, const be_rope_t *r) {
+    TIMED(P_QKV_F, 4.0 * B * T * (H + 2 * Hkv) * Dh + 4.0 * T * Dh,
+          launch_qkv_split_rope(BF(q), BF(k), BF(v), CBF(qkv), B, T, H, Hkv, Dh, pos0, r));
+}
+static void cu_qkv_pack_rope(act_t *dqkv, const act_t *dq, const act_t *dk, const act_t *dv, int B, int T, int H,
+                             int Hkv, int Dh, int pos0, const be_rope_t *r) {
+    TIMED(P_QKV_B, 4.0 * B * T * (H + 2 * Hkv) * Dh + 4.0 * T * Dh,
+          launch_qkv_pack_rope(BF(dqkv), CBF(dq), CBF(dk), CBF(dv), B, T, H, Hkv, Dh, pos0, r));
+}
+static void cu_swiglu_gu_fwd(act_t *h, const act_t *gu, int N, int F) {
+    TIMED(P_SWI_F, 6.0 * N * F, launch_swiglu_gu_fwd(BF(h), CBF(gu), N, F));
+}
+static void cu_swiglu_gu_bwd(act_t *dgu, const act_t *dh, const act_t *gu, int N, int F) {
+    TIMED(P_SWI_B, 10.0 * N * F, launch_swiglu_gu_bwd(BF(dgu), CBF(dh), CBF(gu), N, F));
+}
+static void cu_matmul_fwd_res(act_t *out, const act_t *res, const act_t *x, const act_t *w, int N, int I, int O) {
+    TIMED(P_MM_F, 2.0 * ((double)N * I + (double)I * O + 2.0 * N * O), {
+        if (!gemm_fwd_res(BF(out), CBF(res), CBF(x), CBF(w), N, I, O)) {
+            /* fp8: its GEMM, then the add */
+            bf16 *tmp = (bf16 *)cuda_scratch(SCRATCH_MMRES, (size_t)N * O * sizeof(bf16));
+            gemm_fwd(tmp, CBF(x), CBF(w), N, I, O);
+            launch_add(BF(out), CBF(res), tmp, (size_t)N * O);
+        }
+    });
+}
+static void cu_adamw_spans(float *p, const float *g, float *m, float *v, act_t *p_act, const be_span_t *spans, int n,
+                           float lr, float beta1, float beta2, float eps, float wd, float step_size, float bc2_sqrt,
+                           float grad_scale) {
+    enum { CHUNK = 256 };
+    cuda_adamw_tensor_t ts[CHUNK];
+    double elems = 0;
+    for (int i = 0; i < n; i++) elems += (double)spans[i].n;
+    TIMED(P_ADAMW, (p_act ? 30.0 : 28.0) * elems, {
+        for (int s0 = 0; s0 < n; s0 += CHUNK) {
+            int c = n - s0 < CHUNK ? n - s0 : CHUNK;
+            for (int i = 0; i < c; i++) {
+                const be_span_t *sp = &spans[s0 + i];
+                ts[i].p = p + sp->offset; ts[i].g = g + sp->offset; ts[i].m = m + sp->offset; ts[i].v = v + sp->offset;
+                ts[i].p_act = p_act ? (act_t *)(void *)(BF(p_act) + sp->offset) : NULL;
+                ts[i].n = sp->n;
+                ts[i].decay = sp->decay;
+            }
+            cuda_adamw_multi(ts, c, lr, beta1, beta2, eps, wd, step_size, bc2_sqrt, grad_scale);
+        }
+    });
 }
 
 static backend_t g_table;
@@ -248,6 +322,15 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     t.swiglu_fwd = cu_swiglu_fwd; t.swiglu_bwd = cu_swiglu_bwd;
     t.xent_fwd = cu_xent_fwd; t.xent_bwd = cu_xent_bwd;
     t.adamw = cu_adamw;
+    /* BALLAST_CUDA_FUSED=0 leaves the fused paths out, so the model runs the
+     * separate ops (for comparing the two in gpu_train bench) */
+    const char *fz = getenv("BALLAST_CUDA_FUSED");
+    if (!fz || strcmp(fz, "0") != 0) {
+        t.qkv_split_rope = cu_qkv_split_rope; t.qkv_pack_rope = cu_qkv_pack_rope;
+        t.swiglu_gu_fwd = cu_swiglu_gu_fwd; t.swiglu_gu_bwd = cu_swiglu_gu_bwd;
+        t.matmul_fwd_res = cu_matmul_fwd_res;
+        t.adamw_spans = cu_adamw_spans;
+    }
     cuda_parallel_fill(&t);
     cuda_ring_fill(&t);
     t.xfer_to_host = cuda_xfer_to_host; t.xfer_from_host = cuda_xfer_from_host;
