@@ -53,6 +53,7 @@
 
 #define TRAIN_MAX_NPROC 1024
 #define TRAIN_KILL_GRACE_S 5
+#define TRAIN_ABORT_S 1.0      /* after a second signal, ranks still running are killed */
 #define TRAIN_MAX_NODES 65536
 #define TRAIN_MAX_RESTARTS 1000
 
@@ -323,8 +324,9 @@ static int free_port(void) {
     return port;
 }
 
-static volatile sig_atomic_t g_fwd_sig;
-static void on_fwd(int sig) { g_fwd_sig = sig; }
+static volatile sig_atomic_t g_fwd_sig;  /* a signal to forward to the workers, 0 = none */
+static volatile sig_atomic_t g_nsig;     /* signals received in all */
+static void on_fwd(int sig) { g_fwd_sig = sig; g_nsig++; }
 
 /* ---- the workers of one attempt ---- */
 
@@ -355,6 +357,7 @@ static void child_env(const launch_t *L, int local, int attempt) {
     setenv("MASTER_ADDR", L->master_addr, 1);
     snprintf(val, sizeof val, "%d", L->worker_port);
     setenv("MASTER_PORT", val, 1);
+    setenv("BALLAST_LAUNCHED_BY", "ballast train", 1); /* the workers' messages go under the command typed */
     /* the launcher resolved these already; the workers go by RANK and WORLD_SIZE */
     static const char *const stale[] = { "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR",
                                          "PET_MASTER_PORT", "JOB_COMPLETION_INDEX", "GROUP_RANK" };
@@ -395,8 +398,8 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
     CHECK_ALLOC(pids);
     int alive = 0;
     run_end_t end = RUN_OK;
-    bool stopping = false;
-    double stop_t = 0;
+    bool stopping = false, graceful = false; /* graceful: stopping on a signal, after the step */
+    double stop_t = 0, abort_t = 0;
     *status = 0;
     cause[0] = 0;
     for (int r = 0; r < nproc; r++) {
@@ -409,16 +412,21 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
             break;
         }
         if (p == 0) {
+            /* a process group of its own: a Ctrl-C at the terminal reaches the launcher only, which
+             * acknowledges it and forwards it once, so a worker never mistakes it for a second one */
+            setpgid(0, 0);
             prctl(PR_SET_PDEATHSIG, SIGTERM); /* a launcher killed outright leaves no worker behind */
             signal(SIGINT, SIG_DFL);
             signal(SIGTERM, SIG_DFL);
             child_env(L, r, attempt);
+            setenv("BALLAST_LAUNCHER_ACKS", "1", 1);
             execv(wargv[0], wargv);
             execvp("ballast-worker", wargv);
             fprintf(stderr, "ballast train: rank %d: cannot start %s: %s\n", L->node_rank * nproc + r, wargv[0],
                     strerror(errno));
             _exit(127);
         }
+        setpgid(p, p); /* also here: a signal may come before the child ran */
         pids[r] = p;
         alive++;
     }
@@ -432,9 +440,27 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
         int st;
         pid_t p = waitpid(-1, &st, WNOHANG);
         if (p < 0 && errno != EINTR) break;
-        if (g_fwd_sig) {
+        if (g_fwd_sig && g_nsig >= 2 && !abort_t) {
+            /* the second signal: no waiting for the step */
             int sig = g_fwd_sig;
             g_fwd_sig = 0;
+            fprintf(stderr, "ballast train: second %s: aborting the ranks now (killed after 1 s); the step in "
+                    "progress is lost\n", sig == SIGINT ? "Ctrl-C" : strsignal(sig));
+            kill_all(pids, nproc, sig);
+            abort_t = clock_now_s();
+            graceful = false;
+        } else if (g_fwd_sig) {
+            int sig = g_fwd_sig;
+            g_fwd_sig = 0;
+            if (!stopping) {
+                if (L->ckpt_dir)
+                    fprintf(stderr, "ballast train: %s: the ranks finish the step in progress, save a checkpoint in "
+                            "%s and stop; a second Ctrl-C aborts at once\n", strsignal(sig), L->ckpt_dir);
+                else
+                    fprintf(stderr, "ballast train: %s: the ranks finish the step in progress and stop (no "
+                            "--ckpt-dir: nothing is saved); a second Ctrl-C aborts at once\n", strsignal(sig));
+                graceful = true; /* a step may take long: no kill after the grace period */
+            }
             kill_all(pids, nproc, sig);
             if (end == RUN_OK) {
                 end = RUN_STOPPED;
@@ -454,9 +480,11 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
                 *status = 1;
                 kill_all(pids, nproc, SIGTERM);
                 stopping = true;
+                graceful = false;
                 stop_t = clock_now_s();
             }
-            if (stopping && clock_now_s() - stop_t > TRAIN_KILL_GRACE_S) kill_all(pids, nproc, SIGKILL);
+            if (stopping && !graceful && clock_now_s() - stop_t > TRAIN_KILL_GRACE_S) kill_all(pids, nproc, SIGKILL);
+            if (abort_t && clock_now_s() - abort_t > TRAIN_ABORT_S) kill_all(pids, nproc, SIGKILL);
             usleep(50000);
             continue;
         }
@@ -478,6 +506,7 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
         /* the first failure of this attempt on this node */
         *status = code;
         stopping = true;
+        if (code != 130) graceful = false;
         stop_t = clock_now_s();
         if (code == 130) {         /* a signal at the terminal: the others stop after the same step */
             end = RUN_STOPPED;
@@ -742,6 +771,7 @@ int cmd_train(int argc, char **argv) {
         free(wargv);
         return rc;
     }
+    setenv("BALLAST_LAUNCHED_BY", "ballast train", 1);
     if (wargv[0] == worker) execv(worker, wargv);
     execvp("ballast-worker", wargv);
     fprintf(stderr, "ballast train: cannot start ballast-worker (%s); build it with `make` or put it on PATH\n", strerror(errno));

@@ -16,6 +16,10 @@
 /* ---- options ---- */
 
 static train_opts_t g_opts;
+static const char *g_prog = "ballast-worker"; /* the name messages go under */
+
+void train_set_program(const char *name) { if (name && *name) g_prog = name; }
+const char *train_program(void) { return g_prog; }
 
 static const opt_t train_options[] = {
     { "model", OPT_STRING, NULL, 0, 0, NULL, "preset (tiny, small, demo, llama2-7b, ...), config.json or model directory; default: --init-from's config", &g_opts.model },
@@ -48,6 +52,7 @@ static const opt_t train_options[] = {
     { "ckpt-every", OPT_INT, "0", 0, 9.2e18, NULL, "steps between checkpoints (0: only at the end); needs --ckpt-dir", &g_opts.ckpt_every },
     { "ckpt-keep", OPT_INT, "0", 0, 1 << 30, NULL, "keep only the newest N complete checkpoints in --ckpt-dir, deleting older ones after each save (0: keep all)", &g_opts.ckpt_keep },
     { "resume", OPT_STRING, "false", 0, 0, NULL, "continue from a checkpoint: auto or true (the newest complete one in --ckpt-dir; none yet: start fresh), a step directory, or false", &g_opts.resume_arg },
+    { "allow-schedule-change", OPT_BOOL, "false", 0, 0, NULL, "--resume: continue on this run's learning-rate schedule (--lr, --steps, --warmup-steps, ...) where it differs from the checkpoint's", &g_opts.allow_schedule_change },
     { "log-json", OPT_STRING, NULL, 0, 0, NULL, "write one JSON object per step to FILE (- for stdout)", &g_opts.log_json },
     { "log-every", OPT_INT, "1", 1, 9.2e18, NULL, "print a progress line every N steps", &g_opts.log_every },
     { "activation-checkpointing", OPT_BOOL, "false", 0, 0, NULL, "keep only block inputs; recompute blocks in backward", &g_opts.act_ckpt },
@@ -109,7 +114,7 @@ static int resume_resolve(train_opts_t *o) {
     if (!strcmp(v, "auto")) o->resume_auto = true;
     else if (!parse_bool(v, &b, e, sizeof e)) o->resume = b;
     else if (!v[0]) {
-        fprintf(stderr, "ballast-worker: --resume '': expected auto, true, false or a checkpoint step directory\n");
+        fprintf(stderr, "%s: --resume '': expected auto, true, false or a checkpoint step directory\n", g_prog);
         return -1;
     } else o->resume_path = v;
     return 0;
@@ -122,7 +127,7 @@ int train_parse(int argc, char **argv, train_opts_t *o) {
     resume_forms(argc, argv);
     int rc = opt_parse(train_options, N_OPTS, argc, argv, pos, 0, &npos,
                        "usage: ballast-worker --data SHARDS [--model M | --init-from DIR] [options]", err, sizeof err);
-    if (rc < 0) { fprintf(stderr, "ballast-worker: %s\n", err); return -1; }
+    if (rc < 0) { fprintf(stderr, "%s: %s\n", g_prog, err); return -1; }
     if (rc == 0 && resume_resolve(&g_opts)) return -1;
     *o = g_opts;
     return rc;

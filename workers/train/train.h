@@ -51,6 +51,7 @@ typedef struct {
     bool resume;              /* continue from a checkpoint (resolved from resume_arg) */
     bool resume_auto;         /* --resume auto: no checkpoint yet is a normal fresh start */
     const char *resume_path;  /* --resume PATH: that step directory; NULL = the newest in ckpt_dir */
+    bool allow_schedule_change; /* --resume may continue on a different learning-rate schedule */
     const char *log_json;     /* file, "-" for stdout, or NULL */
     int64_t log_every;        /* console line every N steps */
     bool act_ckpt;            /* --activation-checkpointing */
@@ -92,6 +93,11 @@ typedef struct {
 /* Parse argv (argv[0] is the program name). Returns 0 to run, 1 when help
  * was printed, -1 on error (message printed). */
 int train_parse(int argc, char **argv, train_opts_t *o);
+
+/* The name the messages go under: "ballast-worker", or the command the
+ * user typed when a launcher started this process ("ballast train"). */
+void train_set_program(const char *name);
+const char *train_program(void);
 
 /* Print the effective settings table to out. */
 void train_print_settings(FILE *out);
