@@ -28,7 +28,9 @@ wait_lines() { for _ in $(seq 1 600); do [ -s "$1" ] && [ "$(wc -l < "$1")" -ge 
 pipe_ctrl_c() {
     local d=$1; shift
     mkdir -p "$d"
-    setsid bash -c '"$@" 2> "$0/err" | tee "$0/tee.log" > /dev/null; echo "${PIPESTATUS[0]}" > "$0/rc"' \
+    # a background job of a script starts with SIGINT ignored, and SIGPIPE may be: back to the defaults of a terminal
+    setsid "$T_PY" -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); signal.signal(signal.SIGPIPE, signal.SIG_DFL); os.execvp("bash", sys.argv[1:])' \
+        bash -c '"$@" 2> "$0/err" | tee "$0/tee.log" > /dev/null; echo "${PIPESTATUS[0]}" > "$0/rc"' \
         "$d" "$B" train "$@" --ckpt-dir "$d/ck" --log-json "$d/run.jsonl" &
     local sp=$!
     wait_lines "$d/run.jsonl" 3 || true
@@ -53,10 +55,10 @@ check_stopped() {
     else t_fail "$name" "rc '$rc', last step '$last': $(tail -4 "$d/err")"; fi
 }
 
-pipe_ctrl_c "$D/one" "${RUN[@]}" --nproc 1 --steps 100000
+pipe_ctrl_c "$D/one" "${RUN[@]}" --micro-batch 8 --seq-len 64 --nproc 1 --steps 100000
 check_stopped "$D/one" "ballast train: signal received: stopping after the step in progress and saving a checkpoint" \
     "Ctrl-C under | tee, one process"
-pipe_ctrl_c "$D/two" "${RUN[@]}" --nproc 2 --steps 100000
+pipe_ctrl_c "$D/two" "${RUN[@]}" --micro-batch 8 --seq-len 64 --nproc 2 --steps 100000
 check_stopped "$D/two" "ballast train: Interrupt: the ranks finish the step in progress, save a checkpoint" \
     "Ctrl-C under | tee, two ranks under the launcher"
 if grep -q "ballast-worker" "$D/two/err"; then t_fail "worker messages under the command typed" "$(grep ballast-worker "$D/two/err" | head -2)"
@@ -64,11 +66,11 @@ else t_ok "worker messages under the command typed (ballast train, not ballast-w
 
 # ---- a second signal aborts at once ----
 d=$D/abort; mkdir -p "$d"
-"$B" train "${RUN[@]}" --micro-batch 16 --seq-len 128 --steps 100000 --ckpt-dir "$d/ck" --ckpt-every 1 \
+"$B" train "${RUN[@]}" --micro-batch 8 --seq-len 64 --steps 100000 --ckpt-dir "$d/ck" --ckpt-every 1 \
     --log-json "$d/run.jsonl" > /dev/null 2> "$d/err" &
 pid=$!
 wait_lines "$d/run.jsonl" 3 || true
-kill -INT $pid 2> /dev/null; sleep 0.05; kill -INT $pid 2> /dev/null
+kill -INT $pid 2> /dev/null; sleep 0.02; kill -INT $pid 2> /dev/null
 rc=0; timeout 60 tail --pid=$pid -f /dev/null || true; wait $pid || rc=$?
 if [ $rc -eq 130 ] && grep -Eq "second signal: aborting now; lost: step [0-9]+ \(the newest checkpoint is step [0-9]+\)" "$d/err"; then
     t_ok "a second Ctrl-C aborts at once, naming what is lost ($(grep -o 'lost: .*' "$d/err"))"
