@@ -396,7 +396,8 @@ static void announce(run_t *r) {
     const llama_config_t *c = &r->cfg;
     const groups_t *g = &r->job.d.groups;
     FILE *con = r->con;
-    train_print_settings(con);
+    if (o->print_settings) train_print_settings(con);
+    else train_print_changed_settings(con);
     fprintf(con, "model: %s, %lld parameters (dim %d, %d layers, %d heads / %d kv, ffn %d, vocab %d%s)\n", c->name,
             (long long)llama_total_params(c), c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab,
             c->tie_embeddings ? ", tied" : "");
@@ -446,7 +447,7 @@ static int open_reports(run_t *r) {
     int rank = r->job.rank;
     if (o->log_json && rank == 0) {
         r->jlog = !strcmp(o->log_json, "-") ? stdout : fopen(o->log_json, r->start > 0 ? "a" : "w");
-        if (!r->jlog) { log_error("--log-json %s: cannot open for writing", o->log_json); return -1; }
+        if (!r->jlog) { log_error("--log-json %s: cannot open for writing: %s", o->log_json, strerror(errno)); return -1; }
     }
     if (o->metrics_port > 0) {
         /* several ranks on one node: P + local rank, so they do not collide */
@@ -697,6 +698,26 @@ static int setup(run_t *r) {
     if (!o->data) {
         log_error("--data is required: a token shard file or glob (make one with `ballast data synth --out FILE ...`)");
         return -1;
+    }
+    /* before the memory it would take and before the rendezvous */
+    if (o->seq_len > r->cfg.max_seq) {
+        log_error("--seq-len %lld exceeds the model's max_position_embeddings %d (model %s): give --seq-len %d or "
+                  "less, or a model config with more positions", (long long)o->seq_len, r->cfg.max_seq, r->cfg.name,
+                  r->cfg.max_seq);
+        return -1;
+    }
+    if (o->log_json && strcmp(o->log_json, "-") && r->job.rank == 0) {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s", o->log_json);
+        char *sl = strrchr(dir, '/');
+        if (!sl) snprintf(dir, sizeof dir, ".");
+        else if (sl == dir) dir[1] = 0;
+        else *sl = 0;
+        if (access(dir, W_OK | X_OK)) {
+            log_error("--log-json %s: cannot write in %s: %s; create the directory first or give another path",
+                      o->log_json, dir, strerror(errno));
+            return -1;
+        }
     }
     /* join the job: groups, and with several processes rendezvous and communicators */
     if (train_job_join(&r->job, o, r->err, sizeof r->err)) { log_error("%s%s", r->who, r->err); return -1; }

@@ -52,6 +52,7 @@ typedef struct {
     bool resume_auto;         /* --resume auto: no checkpoint yet is a normal fresh start */
     const char *resume_path;  /* --resume PATH: that step directory; NULL = the newest in ckpt_dir */
     bool allow_schedule_change; /* --resume may continue on a different learning-rate schedule */
+    bool print_settings;      /* the full settings table at start (else the changed ones on one line) */
     const char *log_json;     /* file, "-" for stdout, or NULL */
     int64_t log_every;        /* console line every N steps */
     bool act_ckpt;            /* --activation-checkpointing */
@@ -101,6 +102,9 @@ const char *train_program(void);
 
 /* Print the effective settings table to out. */
 void train_print_settings(FILE *out);
+
+/* One line of the settings that differ from the defaults. */
+void train_print_changed_settings(FILE *out);
 
 /* The worker's option table (for the JSON log's settings record); *n gets
  * its length. */
