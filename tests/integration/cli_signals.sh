@@ -66,11 +66,14 @@ else t_ok "worker messages under the command typed (ballast train, not ballast-w
 
 # ---- a second signal aborts at once ----
 d=$D/abort; mkdir -p "$d"
-"$B" train "${RUN[@]}" --micro-batch 8 --seq-len 64 --steps 100000 --ckpt-dir "$d/ck" --ckpt-every 1 \
+"$B" train "${RUN[@]}" --micro-batch 16 --seq-len 128 --steps 100000 --ckpt-dir "$d/ck" --ckpt-every 1 \
     --log-json "$d/run.jsonl" > /dev/null 2> "$d/err" &
 pid=$!
 wait_lines "$d/run.jsonl" 3 || true
-kill -INT $pid 2> /dev/null; sleep 0.02; kill -INT $pid 2> /dev/null
+# the second signal once the first is acknowledged (two pending signals would merge into one)
+kill -INT $pid 2> /dev/null
+for _ in $(seq 1 1000); do grep -q "signal received" "$d/err" && break; sleep 0.01; done
+kill -INT $pid 2> /dev/null
 rc=0; timeout 60 tail --pid=$pid -f /dev/null || true; wait $pid || rc=$?
 if [ $rc -eq 130 ] && grep -Eq "second signal: aborting now; lost: step [0-9]+ \(the newest checkpoint is step [0-9]+\)" "$d/err"; then
     t_ok "a second Ctrl-C aborts at once, naming what is lost ($(grep -o 'lost: .*' "$d/err"))"
