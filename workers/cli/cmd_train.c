@@ -445,7 +445,8 @@ static void describe_exit(const launch_t *L, int local, pid_t p, int st, char *o
 
 /* ---- the workers' stderr: each distinct message once, with its ranks ----
  * With several workers each one's stderr is a pipe to the launcher, read
- * line by line. A line is held for up to TRAIN_MERGE_S; the same message
+ * line by line. Log lines below error pass at once; an error or a plain
+ * line (a bad flag's message) is held for up to TRAIN_MERGE_S; the same message
  * from other ranks meanwhile (the same text once the time stamp, the
  * process header and a leading "rank N: " are set aside) joins it, and it
  * is printed once: as it came when one rank sent it, else as
@@ -525,6 +526,8 @@ static void err_flush(errmux_t *m, double age) {
 static void err_line(errmux_t *m, int r, const char *line) {
     held_t h = { 0 };
     err_key(line, &h);
+    /* only errors (and plain lines, such as a bad flag's) repeat on every rank; the rest pass at once */
+    if (h.level[0] && strcmp(h.level, "error")) { fprintf(stderr, "%s\n", line); return; }
     for (int i = 0; i < m->nheld; i++) {
         held_t *o = &m->held[i];
         if (strcmp(o->key, h.key) || o->ranks[r]) continue;
