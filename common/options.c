@@ -137,8 +137,16 @@ static const char *type_name(const opt_t *o) {
     return "?";
 }
 
+static char g_env_prefix[32] = "BALLAST_"; /* opt_set_env_prefix */
+
+void opt_set_env_prefix(const char *prefix) {
+    if (prefix && strlen(prefix) < sizeof g_env_prefix) snprintf(g_env_prefix, sizeof g_env_prefix, "%s", prefix);
+}
+
+const char *opt_env_prefix(void) { return g_env_prefix; }
+
 static void env_name(const opt_t *o, char *buf, size_t len) {
-    size_t n = (size_t)snprintf(buf, len, "BALLAST_");
+    size_t n = (size_t)snprintf(buf, len, "%s", g_env_prefix);
     for (const char *p = o->name; *p && n + 1 < len; p++)
         buf[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
     buf[n] = 0;
@@ -224,9 +232,57 @@ static int set_value(const opt_t *o, const char *text, const char *origin, char 
     return 0;
 }
 
+/* ---- "did you mean" ---- */
+
+static const char *const *g_extra; /* more names for suggestions only (opt_set_extra_names) */
+
+void opt_set_extra_names(const char *const *names) { g_extra = names; }
+
+/* Edit distance (insert, delete, substitute, swap of neighbours) of a[0..la) and b, capped at 64 characters. */
+static size_t edit_distance(const char *a, size_t la, const char *b) {
+    size_t lb = strlen(b);
+    if (la > 64 || lb > 64) return 99;
+    size_t d[65][65];
+    for (size_t i = 0; i <= la; i++) d[i][0] = i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            size_t c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < c)
+                c = d[i - 2][j - 2] + 1;
+            d[i][j] = c;
+        }
+    return d[la][lb];
+}
+
+/* The known name nearest to name[0..len) when it is near enough to be a
+ * slip (a third of its length, at least 2 edits), else NULL. */
+static const char *nearest(const opt_t *opts, size_t n, const char *name, size_t len) {
+    const char *best = NULL;
+    size_t bd = len / 3 > 2 ? len / 3 : 2;
+    bd++;
+    for (size_t i = 0; i < n; i++) {
+        size_t dd = edit_distance(name, len, opts[i].name);
+        if (dd < bd) { bd = dd; best = opts[i].name; }
+    }
+    for (const char *const *e = g_extra; e && *e; e++) {
+        size_t dd = edit_distance(name, len, *e);
+        if (dd < bd) { bd = dd; best = *e; }
+    }
+    return best;
+}
+
+const char *opt_suggest(const opt_t *opts, size_t n, const char *name) {
+    return nearest(opts, n, name, strlen(name));
+}
+
 static const opt_t *find(const opt_t *opts, size_t n, const char *name, size_t len) {
     for (size_t i = 0; i < n; i++)
         if (strlen(opts[i].name) == len && strncmp(opts[i].name, name, len) == 0) return &opts[i];
+    for (size_t i = 0; i < n; i++)
+        if (opts[i].alias && strlen(opts[i].alias) == len && strncmp(opts[i].alias, name, len) == 0) return &opts[i];
     return NULL;
 }
 
@@ -252,7 +308,7 @@ void opt_format_value(const opt_t *o, char *buf, size_t len) {
 
 void opt_print_help(const opt_t *opts, size_t n, const char *usage, FILE *out) {
     if (usage) fprintf(out, "%s\n\n", usage);
-    fprintf(out, "Options (each also settable as BALLAST_<NAME> in the environment):\n");
+    fprintf(out, "Options (each also settable as %s<NAME> in the environment):\n", g_env_prefix);
     for (size_t i = 0; i < n; i++) {
         const opt_t *o = &opts[i];
         char flag[96];
@@ -273,6 +329,24 @@ void opt_print_table(const opt_t *opts, size_t n, FILE *out) {
         fprintf(out, "| %-28s | %-30s |\n", opts[i].name, v);
     }
     fprintf(out, "+------------------------------+--------------------------------+\n");
+}
+
+int opt_print_changed(const opt_t *opts, size_t n, FILE *out) {
+    int shown = 0;
+    for (size_t i = 0; i < n; i++) {
+        const opt_t *o = &opts[i];
+        union { bool b; int64_t i; uint64_t u; double d; const char *s; int e; } v;
+        memset(&v, 0, sizeof v);
+        opt_t d = *o;
+        d.dst = &v;
+        char e[OPT_ERR_LEN], now[256], def[256];
+        if (o->def && set_value(&d, o->def, "the built-in default", e, sizeof e)) continue;
+        opt_format_value(&d, def, sizeof def);
+        opt_format_value(o, now, sizeof now);
+        if (!strcmp(now, def)) continue;
+        fprintf(out, "%s--%s %s", shown++ ? " " : "", o->name, now);
+    }
+    return shown;
 }
 
 int opt_parse(const opt_t *opts, size_t n, int argc, char **argv,
@@ -323,7 +397,13 @@ int opt_parse(const opt_t *opts, size_t n, int argc, char **argv,
             const opt_t *b = find(opts, n, name + 3, len - 3);
             if (b && b->type == OPT_BOOL && !eq) { *(bool *)b->dst = false; continue; }
         }
-        if (!o) return errbuf_set(err, errlen, "unknown option '--%.*s' (see --help for the list)", (int)len, name);
+        if (!o) {
+            const char *near = nearest(opts, n, name, len);
+            if (near)
+                return errbuf_set(err, errlen, "unknown option '--%.*s': did you mean --%s? (see --help for the list)",
+                                  (int)len, name, near);
+            return errbuf_set(err, errlen, "unknown option '--%.*s' (see --help for the list)", (int)len, name);
+        }
         char origin[128];
         snprintf(origin, sizeof origin, "the command line");
         if (o->type == OPT_BOOL && !val) { *(bool *)o->dst = true; continue; }

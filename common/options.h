@@ -2,7 +2,8 @@
  *
  * Each option has one definition (name, type, default, bounds, help). The
  * effective value is, from lowest to highest precedence: the default, the
- * environment variable BALLAST_<NAME> (dashes become underscores, upper
+ * environment variable PREFIX<NAME> (the program's prefix, BALLAST_ unless
+ * opt_set_env_prefix says otherwise; dashes become underscores, upper
  * case), then the command-line flag. Every value goes through the same
  * checked parser, so a bad default, environment value or flag gets the same
  * clear message naming where it came from. */
@@ -32,6 +33,7 @@ typedef struct {
     const char *choices; /* OPT_ENUM only: "auto|io_uring|threads" */
     const char *help;    /* one line */
     void *dst;           /* where the value goes; type per opt_type_t */
+    const char *alias;   /* an older spelling still accepted (hidden from --help, no environment variable); NULL = none */
 } opt_t;
 
 #define OPT_ERR_LEN 512
@@ -46,8 +48,29 @@ int opt_parse(const opt_t *opts, size_t n, int argc, char **argv,
               const char **pos, int max_pos, int *npos,
               const char *usage, char *err, size_t errlen);
 
+/* Names that are not in a program's table but that it takes (a launcher's
+ * own flags, handled before the table), for "did you mean" only; a NULL-
+ * ended list that must outlive the parsing. */
+void opt_set_extra_names(const char *const *names);
+
+/* The option name (of opts, or the extra names) nearest to name when it
+ * looks like a slip of the keyboard, else NULL: the "did you mean" of an
+ * unknown flag. */
+const char *opt_suggest(const opt_t *opts, size_t n, const char *name);
+
+/* The environment prefix of this program's options (default "BALLAST_";
+ * ballastd's is "BALLASTD_", ballast-rdzv's "BALLAST_RDZV_"), so that
+ * one program's variables never set another's options. Call before
+ * opt_parse. */
+void opt_set_env_prefix(const char *prefix);
+const char *opt_env_prefix(void);
+
 /* Print "--name TYPE  help (default: X) [env BALLAST_NAME]" for every option. */
 void opt_print_help(const opt_t *opts, size_t n, const char *usage, FILE *out);
+
+/* Print the settings whose value is not the default, as flags on one
+ * line ("--model tiny --steps 3"); returns how many. */
+int opt_print_changed(const opt_t *opts, size_t n, FILE *out);
 
 /* Print the effective settings as a two-column table. */
 void opt_print_table(const opt_t *opts, size_t n, FILE *out);

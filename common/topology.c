@@ -361,7 +361,7 @@ int topo_resolve(const topo_flags_t *flags, topo_t *out, char *err, size_t errle
      * the user set rather than one derived from it. */
     for (int pass = 0; pass < 2; pass++) {
         if ((pass || is_direct(node)) && node->v >= nn->v) {
-            errbuf_set(err, errlen, "%s must be less than %s: set the node count (PET_NNODES or --nnodes)",
+            errbuf_set(err, errlen, "%s must be less than %s: set the node count (PET_NNODES in the environment, or `ballast train --nnodes N`)",
                  show(node, TOPO_NODE_RANK, a, sizeof a), show(nn, TOPO_NNODES, b, sizeof b));
             return -1;
         }

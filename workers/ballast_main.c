@@ -1,5 +1,6 @@
 /* ballast_main.c: the `ballast` user CLI; dispatches to the subcommands of
  * workers/cli/ (cli.h). */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -33,6 +34,8 @@ int main(int argc, char **argv) {
     };
     size_t n = sizeof cmds / sizeof cmds[0];
     log_init("ballast", -1);
+    /* a closed stdout gives EPIPE, never a SIGPIPE death (the workers inherit this) */
+    signal(SIGPIPE, SIG_IGN);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(cmds, n, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

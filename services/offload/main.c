@@ -183,12 +183,15 @@ static void read_svc(void *arg, svc_metrics_sample_t *out) {
 
 int main(int argc, char **argv) {
     log_init("ballastd", -1);
+    opt_set_env_prefix("BALLASTD_"); /* the service's own variables: a trainer's BALLAST_* never reach its options */
     char err[OPT_ERR_LEN];
     const char *pos[1];
     int npos = 0;
     int rc = opt_parse(opts, NOPTS, argc, argv, pos, 0, &npos, USAGE, err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ballastd: %s\n", err); return 2; }
+    /* --socket takes unix:PATH as the clients' flags do, or the bare path */
+    if (o_socket && !strncmp(o_socket, "unix:", 5)) o_socket += 5;
     log_set_json(o_log_json);
     int lvl = log_level_parse(o_log_level);
     if (lvl < 0) { fprintf(stderr, "ballastd: --log-level '%s': use debug, info, warn or error\n", o_log_level); return 2; }

@@ -39,6 +39,7 @@ static const char *status_name(int st) {
 
 int main(int argc, char **argv) {
     log_init("ballast-probe", -1);
+    opt_set_env_prefix("BALLAST_PROBE_");
     char err[OPT_ERR_LEN];
     int npos = 0;
     int rc = opt_parse(opts, NOPTS, argc, argv, NULL, 0, &npos,

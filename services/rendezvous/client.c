@@ -6,6 +6,7 @@
 #include "clock.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@ struct rdzv_client {
     rpc_client_t *rpc;
     char job_id[128];
     uint32_t world;
+    char addr[300];             /* the store's HOST:PORT, for messages */
+    bool answered;              /* some call reached the store (else nothing may listen there) */
 };
 
 rdzv_client_t *rdzv_client_open(const char *addr, const char *job_id, int world, char *err, size_t errlen) {
@@ -44,6 +47,7 @@ rdzv_client_t *rdzv_client_open(const char *addr, const char *job_id, int world,
         return NULL;
     }
     snprintf(c->job_id, sizeof c->job_id, "%s", job_id ? job_id : "");
+    snprintf(c->addr, sizeof c->addr, "%s", addr);
     c->world = (uint32_t)world;
     return c;
 }
@@ -82,9 +86,18 @@ static grpc_status_code call(rdzv_client_t *c, const char *method, const Protobu
          * caller's time is nearly up */
         int64_t per = RDZV_POLL_SLICE_MS + 2000;
         grpc_status_code st = rpc_call(c->rpc, method, req, rd, resp, ms < per ? ms : per, true, msg, msglen);
-        if (st == GRPC_STATUS_OK) return st;
+        if (st == GRPC_STATUS_OK) { c->answered = true; return st; }
         bool retry = st == GRPC_STATUS_UNAVAILABLE ||
                      (st == GRPC_STATUS_DEADLINE_EXCEEDED && !strstr(msg, "did not arrive"));
+        if (!retry) c->answered = true; /* the store said no: it is there */
+        if (retry && clock_now_s() >= end && !c->answered) {
+            /* never reached: the usual cause is that no store runs there (yet) */
+            char m[RDZV_ERR_LEN];
+            snprintf(m, sizeof m, "%s", msg);
+            snprintf(msg, msglen, "nothing listens at %s (no rendezvous store answered: %s): start rank 0, which "
+                     "serves it, or check MASTER_ADDR and MASTER_PORT (--master-addr, --master-port)", c->addr, m);
+            return st;
+        }
         if (!retry || clock_now_s() >= end) return st;
         usleep(50000);
     }

@@ -1,5 +1,5 @@
 /* main.c: ballast-rdzv, the standalone rendezvous server (the same store
- * rank 0 serves in-process). Runs until SIGINT/SIGTERM, or until --timeout
+ * rank 0 serves in-process). Runs until SIGINT/SIGTERM, or until --idle-timeout
  * passes without a call. See docs/comm.md. */
 #include <signal.h>
 #include <stdio.h>
@@ -26,12 +26,12 @@ int main(int argc, char **argv) {
     const opt_t opts[] = {
         { "listen", OPT_STRING, "127.0.0.1:29500", 0, 0, NULL,
           "address to serve: host:port (port 0 = any free port) or unix:/path", &listen },
-        { "world", OPT_INT, "0", 0, 1 << 20, NULL,
-          "ranks in the job; calls that say otherwise are refused (0 = accept any)", &world },
+        { "world-size", OPT_INT, "0", 0, 1 << 20, NULL,
+          "ranks in the job; calls that say otherwise are refused (0 = accept any)", &world, "world" },
         { "job-id", OPT_STRING, "", 0, 0, NULL,
           "serve only calls carrying this job id (empty = any)", &job_id },
-        { "timeout", OPT_DURATION, "0", 0, 0, NULL,
-          "exit after this long without a call (0 = run until SIGINT/SIGTERM)", &timeout },
+        { "idle-timeout", OPT_DURATION, "0", 0, 0, NULL,
+          "exit after this long without a call (0 = run until SIGINT/SIGTERM)", &timeout, "timeout" },
         { "threads", OPT_INT, "4", 2, 256, NULL, "server threads", &threads },
         { "max-value", OPT_SIZE, "1M", 1, 1ull << 30, NULL, "largest value accepted", &max_value },
         { "max-keys", OPT_INT, "65536", 1, 1 << 24, NULL, "most keys held", &max_keys },
@@ -44,6 +44,7 @@ int main(int argc, char **argv) {
     char err[OPT_ERR_LEN];
     int np = 0;
     log_init("ballast-rdzv", -1);
+    opt_set_env_prefix("BALLAST_RDZV_");
     int rc = opt_parse(opts, nopts, argc, argv, NULL, 0, &np,
                        "ballast-rdzv [options]: the rendezvous key/value and barrier store",
                        err, sizeof err);
@@ -53,7 +54,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (timeout < 0) {
-        fprintf(stderr, "ballast-rdzv: --timeout must not be negative\n");
+        fprintf(stderr, "ballast-rdzv: --idle-timeout must not be negative\n");
         return 2;
     }
     rdzv_server_opts_t so = { .listen = listen, .job_id = job_id, .world = (int)world,
@@ -87,7 +88,7 @@ int main(int argc, char **argv) {
         uint64_t calls = st.sets + st.gets + st.waits + st.barriers;
         if (calls != last_calls) last_calls = calls, last_t = clock_now_s();
         if (timeout > 0 && clock_now_s() - last_t > timeout) {
-            log_info("no call for %.1f s (--timeout): exiting", timeout);
+            log_info("no call for %.1f s (--idle-timeout): exiting", timeout);
             break;
         }
     }

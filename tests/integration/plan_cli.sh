@@ -169,7 +169,7 @@ t_expect_fail "batch below one sequence" "smaller than one sequence" $B plan --m
 t_expect_fail "bad sweep list" "sweep-nodes" $B plan --model llama2-7b --sweep-nodes 16,,x
 t_expect_fail "missing model" "--model is required" $B plan --nodes 2
 t_expect_fail "unknown model" "neither a preset" $B plan --model llama9-1t
-t_expect_fail "bad tp" "--tp must be" $B plan --model llama2-7b --tp 3
+t_expect_fail "bad tp" "--tensor-parallel-degree must be" $B plan --model llama2-7b --tp 3
 t_expect_fail "bad cp" "--cp must be" $B plan --model llama2-7b --cp 3
 t_expect_fail "offload without checkpointing" "needs checkpointing" $B plan --model llama2-7b --ckpt off --act-offload on
 t_expect_fail "unknown flag" "unknown option" $B plan --model llama2-7b --frobnicate

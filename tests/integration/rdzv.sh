@@ -10,7 +10,7 @@ if [ ! -x "$TOOL" ] || [ ! -x "$RDZV" ]; then t_fail "rdzv binaries" "build firs
 D=$(t_tmpdir)
 
 # ---- flags ----
-t_check "ballast-rdzv --help lists its flags" bash -c "'$RDZV' --help | grep -q -- --listen && '$RDZV' --help | grep -q -- --world && '$RDZV' --help | grep -q -- --timeout"
+t_check "ballast-rdzv --help lists its flags" bash -c "'$RDZV' --help | grep -q -- --listen && '$RDZV' --help | grep -q -- --world-size && '$RDZV' --help | grep -q -- --idle-timeout"
 t_expect_fail "a bad flag is named" "world" "$RDZV" --world=-3
 t_expect_fail "an unusable address is an error" "listen|address|bind|resolve" "$RDZV" --listen=999.1.1.1:1 --timeout=2s
 

@@ -26,7 +26,7 @@ RUN=(--model tiny --micro-batch 2 --seq-len 16 --threads 1 --rdzv-timeout 30s)
 t_expect_fail "no --data: names the flag and how to make a corpus" \
     "--data is required.*ballast data synth" "$W" "${RUN[@]}" --steps 1
 t_expect_fail "no --data in a 2-rank run: the rank's message" \
-    "rank [01] pid [0-9]+\\] error: --data is required.*ballast data synth" \
+    "(rank [01] pid [0-9]+\\] error|error on ranks 0-1): --data is required.*ballast data synth" \
     timeout 60 "$B" train --nproc 2 "${RUN[@]}" --steps 1
 t_expect_fail "no --data in a 2-rank run: the launcher names the failed rank" \
     "ballast train: rank [01] \\(pid [0-9]+\\) failed with exit status 1" \

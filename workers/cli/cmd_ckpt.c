@@ -203,7 +203,15 @@ int cmd_ckpt(int argc, char **argv) {
         fprintf(argc < 2 ? stderr : stdout,
                 "usage: ballast ckpt export --from CKPT --out DIR [--dtype f32|bf16] [--tokenizer PATH]\n"
                 "       ballast ckpt info CKPT\n"
-                "CKPT is a step-NNNNNNNN directory or a --ckpt-dir (its newest step).\n");
+                "CKPT is a step-NNNNNNNN directory or a --ckpt-dir (its newest step).\n\n"
+                "export: a Hugging Face directory (config.json, model.safetensors, the tokenizer) from a checkpoint\n"
+                "  --from CKPT            checkpoint step directory, or a --ckpt-dir (newest step) (required)\n"
+                "  --out DIR              output Hugging Face directory (required)\n"
+                "  --dtype f32|bf16       stored dtype of the exported weights (default: f32)\n"
+                "  --tokenizer PATH       tokenizer.json or its directory to write beside the weights (default: the\n"
+                "                         one the run recorded with --tokenizer)\n"
+                "info: the manifest, the model and every shard file checked against its size and crc32\n"
+                "`ballast ckpt export --help` prints export's options with their defaults.\n");
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "export")) return ckpt_export(argc - 1, argv + 1);

@@ -39,11 +39,11 @@ static const opt_t options[] = {
     { "net-gbps", OPT_DOUBLE, "400", 0, 0, NULL, "inter-node network per node, Gb/s (p4d: 4 x 100 EFA = 400)", &o_net },
     { "seq-len", OPT_INT, "4096", 0, 0, NULL, "tokens per sequence", &o_seq },
     { "global-batch-tokens", OPT_SIZE, "4M", 0, 0, NULL, "tokens per optimizer step over the cluster (4M = 4194304)", &o_batch },
-    { "tp", OPT_INT, "0", 0, 8, NULL, "only this tensor-parallel degree (0 = try 1, 2, 4, 8)", &o_tp },
+    { "tensor-parallel-degree", OPT_INT, "0", 0, 8, NULL, "only this tensor-parallel degree (0 = try 1, 2, 4, 8)", &o_tp, "tp" },
     { "cp", OPT_INT, "0", 0, 32, NULL, "only this context-parallel degree (0 = try 1, 2, 4, ..., 32)", &o_cp },
-    { "ckpt", OPT_ENUM, "any", 0, 0, "any|on|off", "activation checkpointing", &o_ckpt },
-    { "act-offload", OPT_ENUM, "any", 0, 0, "any|on|off", "activation offload (needs checkpointing)", &o_aoff },
-    { "opt-offload", OPT_ENUM, "any", 0, 0, "any|on|off", "optimizer-state offload", &o_ooff },
+    { "activation-checkpointing", OPT_ENUM, "any", 0, 0, "any|on|off", "activation checkpointing", &o_ckpt, "ckpt" },
+    { "activation-offload", OPT_ENUM, "any", 0, 0, "any|on|off", "activation offload (needs checkpointing)", &o_aoff, "act-offload" },
+    { "optimizer-offload", OPT_ENUM, "any", 0, 0, "any|on|off", "optimizer-state offload (on: the trainer's --optimizer-offload host)", &o_ooff, "opt-offload" },
     { "no-grad-accum", OPT_BOOL, "false", 0, 0, NULL, "one micro-batch per step (micro-batch = sequences per rank)", &o_no_accum },
     { "published-grid", OPT_BOOL, "false", 0, 0, NULL,
       "the published runs' grid: no accumulation, checkpointing on, no optimizer offload", &o_published },
@@ -123,7 +123,7 @@ static void print_json(json_t *o) {
 }
 
 static void print_table_header(void) {
-    printf("%4s %5s %2s %2s %5s %4s %4s %4s %4s %4s  %8s %6s %8s %8s  %7s %6s %6s %6s %6s %6s %7s\n", "rank", "S", "T",
+    printf("%4s %5s %2s %2s %5s %4s %4s %4s %4s %4s  %8s %6s %8s %8s  %7s %6s %6s %6s %6s %6s %7s\n", "#", "S", "T",
            "C", "R", "ckpt", "aoff", "ooff", "mb", "nmb", "TFLOP/s", "MFU%", "tok/s", "step_s", "params", "grads",
            "optim", "acts", "comm", "ovh", "total");
 }
@@ -194,7 +194,7 @@ static void print_explain(const plan_result_t *r, const plan_cluster_t *c) {
     const plan_time_t *t = &r->time;
     const plan_mem_t *m = &r->mem;
     const plan_layout_t *l = &r->layout;
-    printf("\nterms of rank 1 (S=%d T=%d C=%d R=%d, mb %d x %d), ms per step per GPU:\n", l->S, l->T, l->C, l->R,
+    printf("\nterms of the best layout, #1 (S=%d T=%d C=%d R=%d, mb %d x %d), ms per step per GPU:\n", l->S, l->T, l->C, l->R,
            l->micro_batch, l->n_micro);
     struct { const char *name, *what; double v; } rows[] = {
         { "gemm", "block + output GEMMs at the shape-dependent efficiency (recompute included)", t->gemm },
@@ -474,7 +474,7 @@ int cmd_plan(int argc, char **argv) {
         return 2;
     }
     if (o_tp != 0 && o_tp != 1 && o_tp != 2 && o_tp != 4 && o_tp != 8) {
-        fprintf(stderr, "ballast plan: --tp must be 0 (any), 1, 2, 4 or 8 (got %lld)\n", (long long)o_tp);
+        fprintf(stderr, "ballast plan: --tensor-parallel-degree must be 0 (any), 1, 2, 4 or 8 (got %lld)\n", (long long)o_tp);
         return 2;
     }
     if (o_batch > (uint64_t)INT64_MAX / 2) {
@@ -509,7 +509,7 @@ int cmd_plan(int argc, char **argv) {
         po.opt_offload = pub.opt_offload;
     }
     if (po.ckpt == PLAN_OFF && po.act_offload == PLAN_ON) {
-        fprintf(stderr, "ballast plan: --act-offload on needs checkpointing: drop --ckpt off\n");
+        fprintf(stderr, "ballast plan: --activation-offload on needs checkpointing: drop --activation-checkpointing off\n");
         return 2;
     }
     if (o_sweep) return run_sweep(&cfg, c, &p, &po);

@@ -20,8 +20,8 @@ static bool s_json;
 static double s_timeout;
 
 static const opt_t status_opts[] = {
-    { "socket", OPT_STRING, "/run/ballast/ballastd.sock", 0, 0, NULL, "ballastd's Unix socket", &s_socket },
-    { "addr", OPT_STRING, NULL, 0, 0, NULL, "ballastd's TCP address host:port (instead of --socket)", &s_addr },
+    { "offload-socket", OPT_STRING, "unix:/run/ballast/ballastd.sock", 0, 0, NULL, "ballastd's socket: unix:PATH, a path, or HOST:PORT", &s_socket, "socket" },
+    { "offload-remote", OPT_STRING, NULL, 0, 0, NULL, "ballastd's TCP address HOST:PORT (instead of --offload-socket)", &s_addr, "addr" },
     { "json", OPT_BOOL, "false", 0, 0, NULL, "print JSON instead of a table", &s_json },
     { "timeout", OPT_DURATION, "5s", 0.01, 3600, NULL, "how long to wait for the answer", &s_timeout },
 };
@@ -164,17 +164,25 @@ static void print_table(const Ballast__Offload__V1__StatsResponse *r, const char
     }
 }
 
+/* The address of ballastd from --offload-remote (HOST:PORT) or
+ * --offload-socket (unix:PATH, a bare path, or HOST:PORT). */
+static void status_addr(char *buf, size_t n) {
+    const char *s = s_socket;
+    if (s_addr && s_addr[0]) snprintf(buf, n, "%s", s_addr);
+    else if (!strncmp(s, "unix:", 5) || (strchr(s, ':') && !strchr(s, '/'))) snprintf(buf, n, "%s", s);
+    else snprintf(buf, n, "unix:%s", s);
+}
+
 int cmd_status(int argc, char **argv) {
     char err[OPT_ERR_LEN];
     int npos = 0;
     int rc = opt_parse(status_opts, sizeof status_opts / sizeof status_opts[0], argc, argv, NULL, 0, &npos,
-                       "usage: ballast status [--socket PATH | --addr HOST:PORT] [--json]\n"
+                       "usage: ballast status [--offload-socket unix:PATH | --offload-remote HOST:PORT] [--json]\n"
                        "Show what ballastd holds: pool, spill tier, sessions, its own heap.", err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) { fprintf(stderr, "ballast status: %s\n", err); return 2; }
     char addr[300];
-    if (s_addr && s_addr[0]) snprintf(addr, sizeof addr, "%s", s_addr);
-    else snprintf(addr, sizeof addr, "unix:%s", s_socket);
+    status_addr(addr, sizeof addr);
     char rerr[RPC_ERR_LEN];
     rpc_client_t *c = rpc_client_open(addr, NULL, rerr, sizeof rerr);
     if (!c) { fprintf(stderr, "ballast status: %s\n", rerr); return 1; }
@@ -188,7 +196,7 @@ int cmd_status(int argc, char **argv) {
         fprintf(stderr, "ballast status: %s\n", msg);
         if (st == GRPC_STATUS_UNAVAILABLE || st == GRPC_STATUS_DEADLINE_EXCEEDED)
             fprintf(stderr, "ballast status: is ballastd running at %s? start it with `ballastd --socket PATH` "
-                    "or point --socket/--addr at it\n", addr);
+                    "or point --offload-socket/--offload-remote at it\n", addr);
         rpc_client_close(c);
         return 1;
     }

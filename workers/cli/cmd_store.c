@@ -26,34 +26,38 @@ static bool o_persistent, o_all, o_remote;
 static double o_timeout;
 
 static const opt_t store_opts[] = {
-    { "socket", OPT_STRING, "/run/ballast/ballastd.sock", 0, 0, NULL, "ballastd's Unix socket", &o_socket },
-    { "addr", OPT_STRING, NULL, 0, 0, NULL, "ballastd's TCP address host:port (remote mode)", &o_addr },
+    { "offload-socket", OPT_STRING, "unix:/run/ballast/ballastd.sock", 0, 0, NULL, "ballastd's socket: unix:PATH, a path, or HOST:PORT", &o_socket, "socket" },
+    { "offload-remote", OPT_STRING, NULL, 0, 0, NULL, "ballastd's TCP address HOST:PORT (remote mode)", &o_addr, "addr" },
     { "remote", OPT_BOOL, "false", 0, 0, NULL, "carry bytes in gRPC messages even on the Unix socket", &o_remote },
-    { "job", OPT_STRING, NULL, 0, 0, NULL, "job name ([A-Za-z0-9._-], <= 63 chars)", &o_job },
+    { "offload-job", OPT_STRING, NULL, 0, 0, NULL, "job name ([A-Za-z0-9._-], <= 63 chars)", &o_job, "job" },
     { "rank", OPT_INT, "0", 0, 4294967295.0, NULL, "key: rank", &o_rank },
     { "kind", OPT_ENUM, "other", 0, 0, "activation|optimizer_state|param|other", "key: kind", &o_kind },
     { "index", OPT_INT, "0", 0, 9.2e18, NULL, "key: index", &o_index },
     { "step", OPT_INT, "0", 0, 9.2e18, NULL, "key: step", &o_step },
     { "file", OPT_STRING, NULL, 0, 0, NULL, "put: read from this file; get: write to it (default stdin/stdout)", &o_file },
     { "persistent", OPT_BOOL, "false", 0, 0, NULL, "put: keep the blob across sessions and restarts (fsynced)", &o_persistent },
-    { "all", OPT_BOOL, "false", 0, 0, NULL, "rm: release every blob of --job (persistent ones too)", &o_all },
-    { "token-file", OPT_STRING, NULL, 0, 0, NULL, "file holding ballastd's token", &o_token_file },
+    { "all", OPT_BOOL, "false", 0, 0, NULL, "rm: release every blob of --offload-job (persistent ones too)", &o_all },
+    { "offload-token-file", OPT_STRING, NULL, 0, 0, NULL, "file holding ballastd's token", &o_token_file, "token-file" },
     { "timeout", OPT_DURATION, "30s", 0.01, 3600, NULL, "per-call deadline", &o_timeout },
 };
 #define NOPTS (sizeof store_opts / sizeof store_opts[0])
 
 static const char *USAGE =
-    "usage: ballast store put|get|ls|rm --job NAME [--rank R --kind K --index I --step S] [options]\n"
+    "usage: ballast store put|get|ls|rm --offload-job NAME [--rank R --kind K --index I --step S] [options]\n"
     "  put  --file F (or stdin) [--persistent]   store the bytes under the key\n"
     "  get  [--file F]                           write the blob to F (or stdout)\n"
-    "  ls   [--job NAME]                         list blobs (all jobs without --job)\n"
+    "  ls   [--offload-job NAME]                 list blobs (all jobs without --offload-job)\n"
     "  rm   (key) | --all                        free one blob, or release the whole job";
 
 static const char *KIND_NAMES[] = { "?", "activation", "optimizer_state", "param", "other" };
 
+/* The address of ballastd from --offload-remote (HOST:PORT) or
+ * --offload-socket (unix:PATH, a bare path, or HOST:PORT). */
 static void addr_of(char *buf, size_t n) {
+    const char *s = o_socket;
     if (o_addr && o_addr[0]) snprintf(buf, n, "%s", o_addr);
-    else snprintf(buf, n, "unix:%s", o_socket);
+    else if (!strncmp(s, "unix:", 5) || (strchr(s, ':') && !strchr(s, '/'))) snprintf(buf, n, "%s", s);
+    else snprintf(buf, n, "unix:%s", s);
 }
 
 static int open_session(oc_client_t **c) {
@@ -159,7 +163,7 @@ static int do_rm(void) {
         addr_of(addr, sizeof addr);
         if (o_token_file && o_token_file[0]) {
             FILE *f = fopen(o_token_file, "r");
-            if (!f) { fprintf(stderr, "ballast store rm: --token-file %s: %s\n", o_token_file, strerror(errno)); return 1; }
+            if (!f) { fprintf(stderr, "ballast store rm: --offload-token-file %s: %s\n", o_token_file, strerror(errno)); return 1; }
             if (!fgets(token, sizeof token, f)) token[0] = 0;
             fclose(f);
             token[strcspn(token, "\r\n")] = 0;
@@ -238,7 +242,7 @@ int cmd_store(int argc, char **argv) {
         return 2;
     }
     if ((!ls || (o_job && o_job[0])) && !job_name_ok(o_job)) {
-        fprintf(stderr, "ballast store %s: --job '%s' is missing or invalid: use " JOB_NAME_RULE "\n",
+        fprintf(stderr, "ballast store %s: --offload-job '%s' is missing or invalid: use " JOB_NAME_RULE "\n",
                 verb, o_job ? o_job : "");
         return 2;
     }

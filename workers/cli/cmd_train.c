@@ -36,6 +36,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -53,6 +56,7 @@
 
 #define TRAIN_MAX_NPROC 1024
 #define TRAIN_KILL_GRACE_S 5
+#define TRAIN_ABORT_S 1.0      /* after a second signal, ranks still running are killed */
 #define TRAIN_MAX_NODES 65536
 #define TRAIN_MAX_RESTARTS 1000
 
@@ -81,10 +85,14 @@ static void train_usage(FILE *out) {
                  "--offload-socket, the launcher starts one for the run and stops it at the end:\n"
                  "  --offload-pool SIZE    its host memory pool (default: 1G, at most a quarter of the RAM)\n"
                  "  --offload-spill-dir D  its NVMe spill directory, where persistent optimizer state survives for\n"
-                 "                         --resume-from-service (default: RUN/ballastd)\n"
+                 "                         --resume-from-service (default: RUN/ballastd, only with --optimizer-offload\n"
+                 "                         nvme or --optimizer-offload-durable yes; host-only offload has no spill tier)\n"
                  "  --offload-spill-bytes SIZE  capacity of that spill tier, preallocated (default: 2 x the pool)\n"
-                 "  --run-dir RUN          the run's directory (default: the directory of --log-json FILE, else\n"
-                 "                         --ckpt-dir, else the current directory); ballastd logs to RUN/ballastd.log\n"
+                 "  --run-dir RUN          the run's directory (default: --ckpt-dir, else the directory of --log-json\n"
+                 "                         FILE, else a private directory under $TMPDIR or /tmp, removed after a run\n"
+                 "                         that ends well); ballastd logs to RUN/ballastd.log\n"
+                 "Ctrl-C (SIGINT) or SIGTERM: the ranks finish the step in progress, save a checkpoint (with\n"
+                 "--ckpt-dir) and exit 130; a second one aborts at once. A closed stdout never stops training.\n"
                  "Every other option goes to ballast-worker; `ballast-worker --help` lists them.\n");
 }
 
@@ -96,6 +104,7 @@ typedef struct {
     bool remote;               /* --offload-remote: not ours to start */
     bool socket_given;         /* --offload-socket or BALLAST_OFFLOAD_SOCKET */
     const char *socket;        /* "unix:/path" or a path */
+    bool spill;                /* the run keeps state that may or must reach the spill tier (nvme, or durable) */
     const char *log_json, *ckpt_dir;
 } offload_flags_t;
 
@@ -130,6 +139,9 @@ static void offload_flags(int argc, char *const *argv, offload_flags_t *of) {
     char e[64];
     if (parse_bool(ao, &a, e, sizeof e)) a = false;
     of->on = a || strcmp(oo, "none") != 0;
+    const char *du = env_or(flag_value(argc, argv, "optimizer-offload-durable", false),
+                            "BALLAST_OPTIMIZER_OFFLOAD_DURABLE", "auto");
+    of->spill = !strcmp(oo, "nvme") || (!strcmp(oo, "host") && !strcmp(du, "yes"));
     of->remote = env_or(flag_value(argc, argv, "offload-remote", false), "BALLAST_OFFLOAD_REMOTE", NULL) != NULL;
     const char *sf = flag_value(argc, argv, "offload-socket", false);
     of->socket_given = sf || getenv("BALLAST_OFFLOAD_SOCKET");
@@ -174,6 +186,8 @@ static void dir_of(const char *file, char *out, size_t len) {
 
 static pid_t g_bd_pid;            /* the ballastd this launcher started, 0 = none */
 static bool g_bd_died;            /* it exited before the workers were done */
+static char g_bd_tmp[PATH_MAX];   /* a run directory made for it alone (removed at the end), "" = none */
+static char g_bd_ports[PATH_MAX + 16], g_bd_sock[PATH_MAX + 16]; /* its files the run does not need after it */
 
 /* Start ballastd when offload is on and none answers. 0 = fine (started,
  * already running, or not needed), 1 = failed (message printed). */
@@ -185,15 +199,27 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
 
     char run[PATH_MAX], spill[PATH_MAX + 16], logp[PATH_MAX + 16], ports[PATH_MAX + 16], sockp[PATH_MAX + 16];
     if (run_dir_flag) snprintf(run, sizeof run, "%s", run_dir_flag);
-    else if (of->log_json && strcmp(of->log_json, "-")) dir_of(of->log_json, run, sizeof run);
     else if (of->ckpt_dir) snprintf(run, sizeof run, "%s", of->ckpt_dir);
-    else snprintf(run, sizeof run, ".");
+    else if (of->log_json && strcmp(of->log_json, "-")) dir_of(of->log_json, run, sizeof run);
+    else {
+        /* no run directory: a private one, removed when the run is done (never the working directory) */
+        const char *t = getenv("TMPDIR");
+        snprintf(g_bd_tmp, sizeof g_bd_tmp, "%s/ballast-run-XXXXXX", t && *t ? t : "/tmp");
+        if (!mkdtemp(g_bd_tmp)) {
+            fprintf(stderr, "ballast train: cannot create a run directory %s: %s (give --run-dir DIR)\n", g_bd_tmp,
+                    strerror(errno));
+            g_bd_tmp[0] = 0;
+            return 1;
+        }
+        snprintf(run, sizeof run, "%s", g_bd_tmp);
+    }
     if (mkdirs(run)) {
         fprintf(stderr, "ballast train: cannot create the run directory %s: %s (give --run-dir DIR)\n", run, strerror(errno));
         return 1;
     }
+    /* a spill tier only where the run may spill or keeps durable state; none with host-only offload */
     snprintf(spill, sizeof spill, "%s", spill_flag ? spill_flag : "");
-    if (!spill_flag) snprintf(spill, sizeof spill, "%s/ballastd", run);
+    if (!spill_flag && of->spill) snprintf(spill, sizeof spill, "%s/ballastd", run);
     snprintf(logp, sizeof logp, "%s/ballastd.log", run);
     snprintf(ports, sizeof ports, "%s/ballastd.ports", run);
 
@@ -248,8 +274,9 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
         if (getppid() != parent) _exit(1);
         FILE *lf = freopen(logp, "a", stdout);
         if (lf) dup2(fileno(stdout), 2);
-        char *av[] = { bd, "--socket", sockp, "--pool-bytes", pool_s, "--spill-dir", spill, "--spill-bytes", spill_s,
-                       "--spill-file-bytes", file_s, "--port-file", ports, NULL };
+        char *av[] = { bd, "--socket", sockp, "--pool-bytes", pool_s, "--port-file", ports, "--spill-dir", spill,
+                       "--spill-bytes", spill_s, "--spill-file-bytes", file_s, NULL };
+        if (!spill[0]) av[7] = NULL; /* no spill tier */
         if (self_dir && access(bd, X_OK) == 0) execv(bd, av);
         av[0] = "ballastd";
         execvp("ballastd", av);
@@ -264,8 +291,14 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
             char sz[32], ssz[32];
             format_size(pool, sz, sizeof sz);
             format_size(spill_bytes, ssz, sizeof ssz);
-            fprintf(stderr, "ballast train: started ballastd (pid %d) on %s: pool %s, spill %s of %s, log %s\n", (int)p,
-                    sockp, sz, ssz, spill, logp);
+            if (spill[0])
+                fprintf(stderr, "ballast train: started ballastd (pid %d) on %s: pool %s, spill %s in %s, log %s\n",
+                        (int)p, sockp, sz, ssz, spill, logp);
+            else
+                fprintf(stderr, "ballast train: started ballastd (pid %d) on %s: pool %s, no spill tier (nothing "
+                        "of this run goes to NVMe), log %s\n", (int)p, sockp, sz, logp);
+            snprintf(g_bd_ports, sizeof g_bd_ports, "%s", ports);
+            snprintf(g_bd_sock, sizeof g_bd_sock, "%s", sockp);
             return 0;
         }
         int wst;
@@ -290,11 +323,30 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
 
 /* Stop the ballastd we started: SIGTERM (it drains and syncs), SIGKILL after
  * TRAIN_BD_STOP_S. */
-static void ballastd_stop(void) {
-    if (!g_bd_pid) return;
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *f) {
+    (void)st; (void)flag; (void)f;
+    remove(path);
+    return 0;
+}
+
+/* What the run does not need once ballastd is gone: its port file and
+ * socket; a private run directory entirely when the run succeeded (ok),
+ * else kept for its log, and said so. */
+static void ballastd_cleanup(bool ok) {
+    if (g_bd_ports[0]) unlink(g_bd_ports);
+    if (g_bd_sock[0]) unlink(g_bd_sock);
+    g_bd_ports[0] = g_bd_sock[0] = 0;
+    if (!g_bd_tmp[0]) return;
+    if (ok) nftw(g_bd_tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    else fprintf(stderr, "ballast train: ballastd's log is kept in %s/ballastd.log\n", g_bd_tmp);
+    g_bd_tmp[0] = 0;
+}
+
+static void ballastd_stop_ok(bool ok) {
+    if (!g_bd_pid) { ballastd_cleanup(ok); return; }
     pid_t p = g_bd_pid;
     g_bd_pid = 0;
-    if (g_bd_died) return;
+    if (g_bd_died) { ballastd_cleanup(false); return; }
     kill(p, SIGTERM);
     double t0 = clock_now_s();
     int st;
@@ -303,11 +355,15 @@ static void ballastd_stop(void) {
             fprintf(stderr, "ballast train: ballastd (pid %d) did not drain within %d s; killing it\n", (int)p, TRAIN_BD_STOP_S);
             kill(p, SIGKILL);
             waitpid(p, &st, 0);
+            ballastd_cleanup(false);
             return;
         }
         usleep(20000);
     }
+    ballastd_cleanup(ok && WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
+
+static void ballastd_stop(void) { ballastd_stop_ok(false); }
 
 /* A TCP port on 127.0.0.1 that was free a moment ago; -1 when none. */
 static int free_port(void) {
@@ -323,8 +379,9 @@ static int free_port(void) {
     return port;
 }
 
-static volatile sig_atomic_t g_fwd_sig;
-static void on_fwd(int sig) { g_fwd_sig = sig; }
+static volatile sig_atomic_t g_fwd_sig;  /* a signal to forward to the workers, 0 = none */
+static volatile sig_atomic_t g_nsig;     /* signals received in all */
+static void on_fwd(int sig) { g_fwd_sig = sig; g_nsig++; }
 
 /* ---- the workers of one attempt ---- */
 
@@ -355,6 +412,7 @@ static void child_env(const launch_t *L, int local, int attempt) {
     setenv("MASTER_ADDR", L->master_addr, 1);
     snprintf(val, sizeof val, "%d", L->worker_port);
     setenv("MASTER_PORT", val, 1);
+    setenv("BALLAST_LAUNCHED_BY", "ballast train", 1); /* the workers' messages go under the command typed */
     /* the launcher resolved these already; the workers go by RANK and WORLD_SIZE */
     static const char *const stale[] = { "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR",
                                          "PET_MASTER_PORT", "JOB_COMPLETION_INDEX", "GROUP_RANK" };
@@ -385,6 +443,163 @@ static void describe_exit(const launch_t *L, int local, pid_t p, int st, char *o
                  WEXITSTATUS(st), L->nnodes > 1 ? ", in that node's log" : "");
 }
 
+/* ---- the workers' stderr: each distinct message once, with its ranks ----
+ * With several workers each one's stderr is a pipe to the launcher, read
+ * line by line. Log lines below error pass at once; an error or a plain
+ * line (a bad flag's message) is held for up to TRAIN_MERGE_S; the same message
+ * from other ranks meanwhile (the same text once the time stamp, the
+ * process header and a leading "rank N: " are set aside) joins it, and it
+ * is printed once: as it came when one rank sent it, else as
+ * "ballast train: LEVEL on ranks 0-3: MESSAGE". */
+
+#define TRAIN_MERGE_S 0.3
+#define TRAIN_HELD_MAX 64
+
+typedef struct {
+    char raw[1024];        /* the first rank's line as it came */
+    char key[1024];        /* level and message without rank or header */
+    char level[16];        /* "error", "warn", ... or "" for a plain line */
+    const char *msg;       /* into key: the message */
+    bool *ranks;           /* [nproc] local ranks that sent it */
+    int count;
+    double t;              /* when it first came */
+} held_t;
+
+typedef struct {
+    int n;                 /* workers */
+    int base;              /* global rank of local rank 0 */
+    int *fd;               /* [n] read ends, -1 once at EOF */
+    char (*buf)[2048];     /* [n] partial lines */
+    size_t *len;           /* [n] */
+    held_t held[TRAIN_HELD_MAX];
+    int nheld;
+} errmux_t;
+
+/* "2026-12-02T01:02:03 [prog rank 1 pid 7] error: rank 1: text" -> level "error", key "error\ttext". */
+static void err_key(const char *line, held_t *h) {
+    const char *p = line, *lv = "", *body = line;
+    size_t lvn = 0;
+    if (strlen(p) > 21 && p[4] == '-' && p[10] == 'T' && p[19] == ' ' && p[20] == '[') {
+        const char *close = strstr(p, "] ");
+        const char *colon = close ? strstr(close + 2, ": ") : NULL;
+        if (close && colon && colon - (close + 2) < 8) { lv = close + 2; lvn = (size_t)(colon - lv); body = colon + 2; }
+    } else if (!strncmp(p, "ballast train: ", 15)) {
+        body = p + 15;
+    }
+    int r, off = 0;
+    if (sscanf(body, "rank %d: %n", &r, &off) == 1 && off > 0) body += off;
+    snprintf(h->level, sizeof h->level, "%.*s", (int)(lvn < sizeof h->level ? lvn : sizeof h->level - 1), lv);
+    snprintf(h->key, sizeof h->key, "%s\t%s", h->level, body);
+    h->msg = strchr(h->key, '\t') + 1;
+}
+
+static void err_print(errmux_t *m, held_t *h) {
+    if (h->count == 1) {
+        fprintf(stderr, "%s\n", h->raw);
+    } else {
+        char who[512];
+        size_t n = 0;
+        for (int i = 0; i < m->n && n + 24 < sizeof who; i++) {
+            if (!h->ranks[i]) continue;
+            int j = i;
+            while (j + 1 < m->n && h->ranks[j + 1]) j++;
+            n += (size_t)snprintf(who + n, sizeof who - n, "%s%d", n ? ", " : "", m->base + i);
+            if (j > i) n += (size_t)snprintf(who + n, sizeof who - n, "-%d", m->base + j);
+            i = j;
+        }
+        fprintf(stderr, "ballast train: %s%son ranks %s: %s\n", h->level, h->level[0] ? " " : "", who, h->msg);
+    }
+    free(h->ranks);
+}
+
+/* Print the held lines older than age seconds (all: age < 0), in order. */
+static void err_flush(errmux_t *m, double age) {
+    double now = clock_now_s();
+    int k = 0;
+    for (int i = 0; i < m->nheld; i++) {
+        if (age < 0 || now - m->held[i].t >= age) err_print(m, &m->held[i]);
+        else m->held[k++] = m->held[i];
+    }
+    m->nheld = k;
+}
+
+static void err_line(errmux_t *m, int r, const char *line) {
+    held_t h = { 0 };
+    err_key(line, &h);
+    /* only errors (and plain lines, such as a bad flag's) repeat on every rank; the rest pass at once */
+    if (h.level[0] && strcmp(h.level, "error")) { fprintf(stderr, "%s\n", line); return; }
+    for (int i = 0; i < m->nheld; i++) {
+        held_t *o = &m->held[i];
+        if (strcmp(o->key, h.key) || o->ranks[r]) continue;
+        o->ranks[r] = true;
+        o->count++;
+        return;
+    }
+    if (m->nheld == TRAIN_HELD_MAX) {
+        err_print(m, &m->held[0]);
+        memmove(m->held, m->held + 1, (TRAIN_HELD_MAX - 1) * sizeof *m->held);
+        m->nheld--;
+    }
+    held_t *n = &m->held[m->nheld++];
+    *n = h;
+    n->msg = strchr(n->key, '\t') + 1;
+    snprintf(n->raw, sizeof n->raw, "%s", line);
+    n->ranks = calloc((size_t)m->n, sizeof *n->ranks);
+    CHECK_ALLOC(n->ranks);
+    n->ranks[r] = true;
+    n->count = 1;
+    n->t = clock_now_s();
+}
+
+/* Read what the pipes hold, waiting up to wait_s for the first byte. */
+static void err_pump(errmux_t *m, double wait_s) {
+    struct pollfd pf[TRAIN_MAX_NPROC];
+    int idx[TRAIN_MAX_NPROC], k = 0;
+    for (int i = 0; i < m->n; i++)
+        if (m->fd[i] >= 0) { pf[k] = (struct pollfd){ .fd = m->fd[i], .events = POLLIN }; idx[k++] = i; }
+    if (!k) { if (wait_s > 0) usleep((useconds_t)(wait_s * 1e6)); err_flush(m, TRAIN_MERGE_S); return; }
+    if (poll(pf, (nfds_t)k, (int)(wait_s * 1000)) > 0) {
+        for (int j = 0; j < k; j++) {
+            if (!(pf[j].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            int i = idx[j];
+            ssize_t got = read(m->fd[i], m->buf[i] + m->len[i], sizeof m->buf[i] - 1 - m->len[i]);
+            if (got <= 0) {
+                if (got < 0 && errno == EINTR) continue;
+                if (m->len[i]) { m->buf[i][m->len[i]] = 0; err_line(m, i, m->buf[i]); m->len[i] = 0; }
+                close(m->fd[i]);
+                m->fd[i] = -1;
+                continue;
+            }
+            m->len[i] += (size_t)got;
+            char *st = m->buf[i], *nl;
+            while ((nl = memchr(st, '\n', m->len[i] - (size_t)(st - m->buf[i])))) {
+                *nl = 0;
+                err_line(m, i, st);
+                st = nl + 1;
+            }
+            size_t rest = m->len[i] - (size_t)(st - m->buf[i]);
+            memmove(m->buf[i], st, rest);
+            m->len[i] = rest;
+            if (m->len[i] == sizeof m->buf[i] - 1) { m->buf[i][m->len[i]] = 0; err_line(m, i, m->buf[i]); m->len[i] = 0; }
+        }
+    }
+    err_flush(m, TRAIN_MERGE_S);
+}
+
+/* Before the launcher speaks: what the workers said first, so "its message
+ * is above" holds. Reads up to settle_s for the other ranks' copies. */
+static void err_settle(errmux_t *m, double settle_s) {
+    if (!m) return;
+    double t0 = clock_now_s();
+    bool open = true;
+    while (open && clock_now_s() - t0 < settle_s) {
+        err_pump(m, 0.05);
+        open = false;
+        for (int i = 0; i < m->n; i++) open |= m->fd[i] >= 0;
+    }
+    err_flush(m, -1);
+}
+
 /* Start this node's P workers for attempt `attempt` and watch them (and,
  * with ag, the other nodes) until all have exited. *status: the exit
  * status to return; cause: why the attempt failed. */
@@ -395,11 +610,27 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
     CHECK_ALLOC(pids);
     int alive = 0;
     run_end_t end = RUN_OK;
-    bool stopping = false;
-    double stop_t = 0;
+    bool stopping = false, graceful = false; /* graceful: stopping on a signal, after the step */
+    double stop_t = 0, abort_t = 0;
     *status = 0;
     cause[0] = 0;
+    /* several workers: their stderr through the launcher, each distinct message once */
+    errmux_t mux = { 0 }, *mx = NULL;
+    if (nproc > 1) {
+        mux.n = nproc;
+        mux.base = L->node_rank * nproc;
+        mux.fd = malloc((size_t)nproc * sizeof *mux.fd);
+        mux.buf = malloc((size_t)nproc * sizeof *mux.buf);
+        mux.len = calloc((size_t)nproc, sizeof *mux.len);
+        CHECK_ALLOC(mux.fd);
+        CHECK_ALLOC(mux.buf);
+        CHECK_ALLOC(mux.len);
+        for (int r = 0; r < nproc; r++) mux.fd[r] = -1;
+        mx = &mux;
+    }
     for (int r = 0; r < nproc; r++) {
+        int pfd[2] = { -1, -1 };
+        if (mx && pipe2(pfd, O_CLOEXEC)) pfd[0] = pfd[1] = -1; /* no pipe: that worker writes to stderr itself */
         pid_t p = fork();
         if (p < 0) {
             snprintf(cause, clen, "node %d: fork of local rank %d failed: %s", L->node_rank, r, strerror(errno));
@@ -409,16 +640,24 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
             break;
         }
         if (p == 0) {
+            /* a process group of its own: a Ctrl-C at the terminal reaches the launcher only, which
+             * acknowledges it and forwards it once, so a worker never mistakes it for a second one */
+            setpgid(0, 0);
             prctl(PR_SET_PDEATHSIG, SIGTERM); /* a launcher killed outright leaves no worker behind */
             signal(SIGINT, SIG_DFL);
             signal(SIGTERM, SIG_DFL);
             child_env(L, r, attempt);
+            setenv("BALLAST_LAUNCHER_ACKS", "1", 1);
+            if (pfd[1] >= 0) dup2(pfd[1], STDERR_FILENO); /* dup2 clears close-on-exec on fd 2 */
             execv(wargv[0], wargv);
             execvp("ballast-worker", wargv);
             fprintf(stderr, "ballast train: rank %d: cannot start %s: %s\n", L->node_rank * nproc + r, wargv[0],
                     strerror(errno));
             _exit(127);
         }
+        setpgid(p, p); /* also here: a signal may come before the child ran */
+        if (pfd[1] >= 0) close(pfd[1]);
+        if (mx) mx->fd[r] = pfd[0];
         pids[r] = p;
         alive++;
     }
@@ -432,9 +671,27 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
         int st;
         pid_t p = waitpid(-1, &st, WNOHANG);
         if (p < 0 && errno != EINTR) break;
-        if (g_fwd_sig) {
+        if (g_fwd_sig && g_nsig >= 2 && !abort_t) {
+            /* the second signal: no waiting for the step */
             int sig = g_fwd_sig;
             g_fwd_sig = 0;
+            fprintf(stderr, "ballast train: second %s: aborting the ranks now (killed after 1 s); the step in "
+                    "progress is lost\n", sig == SIGINT ? "Ctrl-C" : strsignal(sig));
+            kill_all(pids, nproc, sig);
+            abort_t = clock_now_s();
+            graceful = false;
+        } else if (g_fwd_sig) {
+            int sig = g_fwd_sig;
+            g_fwd_sig = 0;
+            if (!stopping) {
+                if (L->ckpt_dir)
+                    fprintf(stderr, "ballast train: %s: the ranks finish the step in progress, save a checkpoint in "
+                            "%s and stop; a second Ctrl-C aborts at once\n", strsignal(sig), L->ckpt_dir);
+                else
+                    fprintf(stderr, "ballast train: %s: the ranks finish the step in progress and stop (no "
+                            "--ckpt-dir: nothing is saved); a second Ctrl-C aborts at once\n", strsignal(sig));
+                graceful = true; /* a step may take long: no kill after the grace period */
+            }
             kill_all(pids, nproc, sig);
             if (end == RUN_OK) {
                 end = RUN_STOPPED;
@@ -454,10 +711,13 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
                 *status = 1;
                 kill_all(pids, nproc, SIGTERM);
                 stopping = true;
+                graceful = false;
                 stop_t = clock_now_s();
             }
-            if (stopping && clock_now_s() - stop_t > TRAIN_KILL_GRACE_S) kill_all(pids, nproc, SIGKILL);
-            usleep(50000);
+            if (stopping && !graceful && clock_now_s() - stop_t > TRAIN_KILL_GRACE_S) kill_all(pids, nproc, SIGKILL);
+            if (abort_t && clock_now_s() - abort_t > TRAIN_ABORT_S) kill_all(pids, nproc, SIGKILL);
+            if (mx) err_pump(mx, 0.05);
+            else usleep(50000);
             continue;
         }
         if (p == g_bd_pid && g_bd_pid) {
@@ -478,6 +738,7 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
         /* the first failure of this attempt on this node */
         *status = code;
         stopping = true;
+        if (code != 130) graceful = false;
         stop_t = clock_now_s();
         if (code == 130) {         /* a signal at the terminal: the others stop after the same step */
             end = RUN_STOPPED;
@@ -486,6 +747,7 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
             continue;
         }
         end = RUN_FAILED;
+        err_settle(mx, 2.0); /* the ranks' own messages first, each once (the others' copies a moment later) */
         char msg[AGENT_ERR_LEN];
         describe_exit(L, r, p, st, msg, sizeof msg);
         kill_all(pids, nproc, SIGTERM);
@@ -499,6 +761,13 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
         if (ag && agent_stopped(ag)) end = RUN_STOPPED;
     }
     free(pids);
+    if (mx) {
+        err_settle(mx, 2.0); /* every worker exited: their pipes are at EOF, or soon */
+        for (int i = 0; i < nproc; i++) if (mux.fd[i] >= 0) close(mux.fd[i]);
+        free(mux.fd);
+        free(mux.buf);
+        free(mux.len);
+    }
     if (end == RUN_OK && ag && agent_finish(ag, cause, clen)) {
         fprintf(stderr, "ballast train: node %d: this node's ranks finished, but %s\n", L->node_rank, cause);
         end = agent_stopped(ag) ? RUN_STOPPED : RUN_FAILED;
@@ -738,10 +1007,11 @@ int cmd_train(int argc, char **argv) {
             }
         }
         int rc = launch(&L, wargv);
-        ballastd_stop();
+        ballastd_stop_ok(rc == 0 || rc == 130);
         free(wargv);
         return rc;
     }
+    setenv("BALLAST_LAUNCHED_BY", "ballast train", 1);
     if (wargv[0] == worker) execv(worker, wargv);
     execvp("ballast-worker", wargv);
     fprintf(stderr, "ballast train: cannot start ballast-worker (%s); build it with `make` or put it on PATH\n", strerror(errno));

@@ -137,7 +137,26 @@ int data_open(const char *file_or_glob, int vocab, data_t **out, char *err, size
     }
     if (gr != 0) {
         globfree(&g);
-        return errbuf_set(err, errlen, "%s: glob failed (%s); check the directory permissions", file_or_glob,
+        if (gr == GLOB_ABORTED) {
+            /* the directories before the first glob character: a missing one is the usual cause */
+            char dir[4096];
+            snprintf(dir, sizeof dir, "%s", file_or_glob);
+            char *wild = strpbrk(dir, "*?[");
+            if (wild) *wild = 0;
+            char *sl = strrchr(dir, '/');
+            if (sl) *(sl == dir ? sl + 1 : sl) = 0;
+            else snprintf(dir, sizeof dir, ".");
+            struct stat st;
+            if (stat(dir, &st) != 0)
+                return errbuf_set(err, errlen, "%s: the directory %s does not exist (%s); check the path given as "
+                                  "--data", file_or_glob, dir, strerror(errno));
+            if (!S_ISDIR(st.st_mode))
+                return errbuf_set(err, errlen, "%s: %s is not a directory; check the path given as --data",
+                                  file_or_glob, dir);
+            return errbuf_set(err, errlen, "%s: cannot read the directory %s (%s); check its permissions",
+                              file_or_glob, dir, access(dir, R_OK | X_OK) ? strerror(errno) : "read error");
+        }
+        return errbuf_set(err, errlen, "%s: glob failed (%s)", file_or_glob,
                     gr == GLOB_NOSPACE ? "out of memory" : "read error");
     }
     data_t *d = calloc(1, sizeof *d);

@@ -22,6 +22,12 @@
 static int gpu_setup(train_job_t *j, const train_opts_t *o, char *err, size_t errlen) {
     char why[256] = "";
     int count = backend_device_count(BACKEND_CUDA, why, sizeof why);
+    /* without the kernel driver the runtime calls the driver "insufficient": name the real cause */
+    if (count <= 0 && access("/proc/driver/nvidia/version", F_OK) != 0)
+        return errbuf_set(err, errlen, "--backend cuda: no NVIDIA driver on this machine (/proc/driver/nvidia/version "
+                          "is missing; the CUDA runtime says: %s): install the NVIDIA driver (in a container: start it "
+                          "with the GPUs exposed, e.g. docker run --gpus all), or train on the CPU with --backend cpu",
+                          why);
     if (count <= 0)
         return errbuf_set(err, errlen, "--backend cuda: no usable GPU: %s; check nvidia-smi and CUDA_VISIBLE_DEVICES", why);
     if (j->world == 1) {

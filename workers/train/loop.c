@@ -45,8 +45,51 @@
 #include "workers/train/progress.h"
 #include "workers/train/tensorboard.h"
 
-static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
+/* ---- signals ----
+ * The first SIGINT/SIGTERM is acknowledged at once on stderr (unless a
+ * launcher watching this process already did) and ends the run after the
+ * step in progress, with a checkpoint; a second one aborts at once, saying
+ * which steps are lost. Only async-signal-safe calls in the handler. */
+static volatile sig_atomic_t g_stop;       /* signals received */
+static volatile sig_atomic_t g_step;       /* the step in progress (0: before the first) */
+static volatile sig_atomic_t g_saved = -1; /* the newest step saved or resumed from; -1: none */
+static bool g_speak = true;                /* this process tells the terminal (rank 0, or no launcher acknowledging) */
+static bool g_acked;                       /* a launcher acknowledges the first signal */
+static char g_ack[512];                    /* the first signal's acknowledgement, composed before the steps */
+static const char *g_prog = "ballast-worker";
+
+static void put(const char *s) { ssize_t w = write(STDERR_FILENO, s, strlen(s)); (void)w; }
+
+static void put_int(long v) {
+    char b[24];
+    int i = sizeof b;
+    b[--i] = 0;
+    bool neg = v < 0;
+    if (neg) v = -v;
+    do { b[--i] = (char)('0' + v % 10); v /= 10; } while (v && i > 1);
+    if (neg) b[--i] = '-';
+    put(b + i);
+}
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop++;
+    if (g_stop == 1) {
+        if (g_speak && !g_acked) put(g_ack);
+        return;
+    }
+    if (g_speak) {
+        put(g_prog);
+        long at = g_step > 0 ? (long)g_step : 1, from = g_saved > 0 ? (long)g_saved + 1 : 1;
+        put(": second signal: aborting now; lost: step");
+        if (from < at) { put("s "); put_int(from); put(" to"); }
+        put(" ");
+        put_int(at);
+        if (g_saved > 0) { put(" (the newest checkpoint is step "); put_int((long)g_saved); put(")\n"); }
+        else put(" (no checkpoint was saved)\n");
+    }
+    _exit(130);
+}
 
 /* One run: the job, its data, model, sharded state and savers. */
 typedef struct {
@@ -286,6 +329,39 @@ static int check_resume(run_t *r, const char *ck, const ckpt_meta_t *meta) {
     return -1;
 }
 
+static bool differs(double a, double b) { return fabs(a - b) > 1e-9 * fmax(fabs(a), fabs(b)); }
+
+/* Whether the learning-rate schedule the checkpoint ck was written under
+ * (saved) is the one this run sets (r->ocfg); 0, or -1 naming every
+ * changed field in r->err, unless --allow-schedule-change. The schedule's
+ * length matters unless it is constant without warmup. */
+static int check_schedule(run_t *r, const char *ck, const ckpt_meta_t *meta) {
+    const optim_config_t *saved = &meta->ocfg, *now = &r->ocfg;
+    static const char *names[] = { "constant", "cosine", "linear", "wsd" };
+    /* past the end: train_run says there is nothing to train */
+    if (r->o->allow_schedule_change || meta->step >= r->o->steps) return 0;
+    char diff[1024] = "";
+    size_t n = 0;
+#define ADD(...) n += (size_t)snprintf(diff + n, n < sizeof diff ? sizeof diff - n : 0, __VA_ARGS__)
+    if (saved->schedule != now->schedule)
+        ADD("%s--lr-schedule %s (now %s)", n ? ", " : "", names[saved->schedule & 3], names[now->schedule & 3]);
+    if (differs(saved->lr, now->lr)) ADD("%s--lr %g (now %g)", n ? ", " : "", saved->lr, now->lr);
+    if (differs(saved->min_lr, now->min_lr) && now->schedule != LR_CONSTANT)
+        ADD("%sa final learning rate (--min-lr / --min-lr-ratio) of %g (now %g)", n ? ", " : "", saved->min_lr, now->min_lr);
+    if (saved->warmup_steps != now->warmup_steps)
+        ADD("%s--warmup-steps %lld (now %lld)", n ? ", " : "", (long long)saved->warmup_steps, (long long)now->warmup_steps);
+    if (saved->total_steps != now->total_steps && (now->schedule != LR_CONSTANT || now->warmup_steps > 0))
+        ADD("%s--steps %lld (now %lld)", n ? ", " : "", (long long)saved->total_steps, (long long)now->total_steps);
+    if (now->schedule == LR_WSD && differs(saved->decay_fraction, now->decay_fraction))
+        ADD("%s--decay-fraction %g (now %g)", n ? ", " : "", saved->decay_fraction, now->decay_fraction);
+#undef ADD
+    if (!n) return 0;
+    snprintf(r->err, sizeof r->err, "%s was trained with %s: resuming with other values would change the learning-rate "
+             "schedule mid-run; give the checkpoint's values, or --allow-schedule-change to continue on the new schedule",
+             ck, diff);
+    return -1;
+}
+
 /* --resume: every rank reads its part of the newest checkpoint (all or
  * none: a failure on any rank stops every rank), then sets r->start. 0 or
  * -1 (logged). */
@@ -299,7 +375,7 @@ static int resume(run_t *r) {
     if (found > 0) {
         ckpt_meta_t meta;
         bad = ckpt_read_meta(ck, &meta, r->err, sizeof r->err) || check_resume(r, ck, &meta) ||
-              ckpt_load(&r->fs, ck, r->err, sizeof r->err);
+              ckpt_load(&r->fs, ck, r->err, sizeof r->err) || check_schedule(r, ck, &meta);
     }
     double nbad;
     char e[COMM_ERR_LEN];
@@ -342,7 +418,8 @@ static void announce(run_t *r) {
     const llama_config_t *c = &r->cfg;
     const groups_t *g = &r->job.d.groups;
     FILE *con = r->con;
-    train_print_settings(con);
+    if (o->print_settings) train_print_settings(con);
+    else train_print_changed_settings(con);
     fprintf(con, "model: %s, %lld parameters (dim %d, %d layers, %d heads / %d kv, ffn %d, vocab %d%s)\n", c->name,
             (long long)llama_total_params(c), c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab,
             c->tie_embeddings ? ", tied" : "");
@@ -401,7 +478,7 @@ static int open_reports(run_t *r) {
     int rank = r->job.rank;
     if (o->log_json && rank == 0) {
         r->jlog = !strcmp(o->log_json, "-") ? stdout : fopen(o->log_json, r->start > 0 ? "a" : "w");
-        if (!r->jlog) { log_error("--log-json %s: cannot open for writing", o->log_json); return -1; }
+        if (!r->jlog) { log_error("--log-json %s: cannot open for writing: %s", o->log_json, strerror(errno)); return -1; }
     }
     if (o->tensorboard_dir && rank == 0) {
         r->tb = tb_open(o->tensorboard_dir, r->err, sizeof r->err);
@@ -691,6 +768,26 @@ static int setup(run_t *r) {
         log_error("--data is required: a token shard file or glob (make one with `ballast data synth --out FILE ...`)");
         return -1;
     }
+    /* before the memory it would take and before the rendezvous */
+    if (o->seq_len > r->cfg.max_seq) {
+        log_error("--seq-len %lld exceeds the model's max_position_embeddings %d (model %s): give --seq-len %d or "
+                  "less, or a model config with more positions", (long long)o->seq_len, r->cfg.max_seq, r->cfg.name,
+                  r->cfg.max_seq);
+        return -1;
+    }
+    if (o->log_json && strcmp(o->log_json, "-") && r->job.rank == 0) {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s", o->log_json);
+        char *sl = strrchr(dir, '/');
+        if (!sl) snprintf(dir, sizeof dir, ".");
+        else if (sl == dir) dir[1] = 0;
+        else *sl = 0;
+        if (access(dir, W_OK | X_OK)) {
+            log_error("--log-json %s: cannot write in %s: %s; create the directory first or give another path",
+                      o->log_json, dir, strerror(errno));
+            return -1;
+        }
+    }
     /* join the job: groups, and with several processes rendezvous and communicators */
     if (train_job_join(&r->job, o, r->err, sizeof r->err)) { log_error("%s%s", r->who, r->err); return -1; }
     const groups_t *g = &r->job.d.groups;
@@ -748,16 +845,36 @@ int train_run(const train_opts_t *o) {
     r->who = "";
     int status = 1;
     if (setup(r)) goto out;
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    if (r->start >= o->steps && (o->resume || o->resume_from_service)) {
+        if (r->job.rank == 0)
+            log_error("nothing to train: the run is at step %lld and --steps is %lld; give a larger --steps to "
+                      "continue it", (long long)r->start, (long long)o->steps);
+        goto out;
+    }
+    g_prog = train_program();
+    g_speak = r->job.rank == 0;
+    g_acked = getenv("BALLAST_LAUNCHER_ACKS") != NULL;
+    if (o->ckpt_dir)
+        snprintf(g_ack, sizeof g_ack, "%s: signal received: stopping after the step in progress and saving a checkpoint "
+                 "in %s; a second Ctrl-C aborts at once\n", g_prog, o->ckpt_dir);
+    else
+        snprintf(g_ack, sizeof g_ack, "%s: signal received: stopping after the step in progress (no --ckpt-dir: "
+                 "nothing is saved); a second Ctrl-C aborts at once\n", g_prog);
+    g_saved = r->start > 0 && o->resume ? (sig_atomic_t)r->start : -1;
+    struct sigaction sa = { .sa_handler = on_signal };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     int64_t last_saved = r->start;
     for (int64_t s = r->start + 1; s <= o->steps; s++) {
         double stop;
+        g_step = (sig_atomic_t)s;
         if (step(r, s, &stop)) goto out;
         /* every rank saw the same sum, so all save and stop after the same step */
         if (o->ckpt_dir && ((o->ckpt_every && s % o->ckpt_every == 0) || s == o->steps || stop > 0)) {
             if (save(r, s)) goto out;
             last_saved = s;
+            g_saved = (sig_atomic_t)s;
         }
         if (stop > 0) {
             progress_clear_line(r->prog);

@@ -5,8 +5,11 @@
  * train.h; the loop that uses them is loop.c. */
 #include "workers/train/train.h"
 
+#include <glob.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "errbuf.h"
 #include "options.h"
@@ -16,6 +19,10 @@
 /* ---- options ---- */
 
 static train_opts_t g_opts;
+static const char *g_prog = "ballast-worker"; /* the name messages go under */
+
+void train_set_program(const char *name) { if (name && *name) g_prog = name; }
+const char *train_program(void) { return g_prog; }
 
 static const opt_t train_options[] = {
     { "model", OPT_STRING, NULL, 0, 0, NULL, "preset (tiny, small, demo, llama2-7b, ...), config.json or model directory; default: --init-from's config", &g_opts.model },
@@ -30,7 +37,7 @@ static const opt_t train_options[] = {
     { "micro-batch", OPT_INT, "4", 1, 1 << 20, NULL, "B: rows per micro-step", &g_opts.micro_batch },
     { "seq-len", OPT_INT, "128", 1, 1 << 24, NULL, "T: tokens per row", &g_opts.seq_len },
     { "grad-accum", OPT_INT, "1", 1, 1 << 20, NULL, "A: micro-steps per optimizer step", &g_opts.grad_accum },
-    { "global-batch-tokens", OPT_INT, "0", 0, 9.2e18, NULL, "tokens per step; when set, A = this / (B*T) and must divide", &g_opts.global_batch_tokens },
+    { "global-batch-tokens", OPT_SIZE, "0", 0, 9.2e18, NULL, "tokens per step (4M = 4194304, as ballast plan takes it); when set, A = this / (B*T) and must divide", &g_opts.global_batch_tokens },
     { "steps", OPT_INT, "100", 0, 9.2e18, NULL, "optimizer steps of the whole run", &g_opts.steps },
     { "lr", OPT_DOUBLE, "3e-4", 0, 10, NULL, "peak learning rate", &g_opts.lr },
     { "min-lr", OPT_DOUBLE, "0", 0, 10, NULL, "final learning rate of the cosine, linear and wsd schedules", &g_opts.min_lr },
@@ -48,6 +55,8 @@ static const opt_t train_options[] = {
     { "ckpt-every", OPT_INT, "0", 0, 9.2e18, NULL, "steps between checkpoints (0: only at the end); needs --ckpt-dir", &g_opts.ckpt_every },
     { "ckpt-keep", OPT_INT, "0", 0, 1 << 30, NULL, "keep only the newest N complete checkpoints in --ckpt-dir, deleting older ones after each save (0: keep all)", &g_opts.ckpt_keep },
     { "resume", OPT_STRING, "false", 0, 0, NULL, "continue from a checkpoint: auto or true (the newest complete one in --ckpt-dir; none yet: start fresh), a step directory, or false", &g_opts.resume_arg },
+    { "allow-schedule-change", OPT_BOOL, "false", 0, 0, NULL, "--resume: continue on this run's learning-rate schedule (--lr, --steps, --warmup-steps, ...) where it differs from the checkpoint's", &g_opts.allow_schedule_change },
+    { "print-settings", OPT_BOOL, "false", 0, 0, NULL, "print the table of every setting at start (otherwise one line of those that differ from the defaults)", &g_opts.print_settings },
     { "log-json", OPT_STRING, NULL, 0, 0, NULL, "write one JSON object per step to FILE (- for stdout)", &g_opts.log_json },
     { "tensorboard-dir", OPT_STRING, NULL, 0, 0, NULL, "write TensorBoard event files of the step scalars (loss, lr, grad norm, tokens/s, offload) into DIR", &g_opts.tensorboard_dir },
     { "log-every", OPT_INT, "1", 1, 9.2e18, NULL, "print a progress line every N steps", &g_opts.log_every },
@@ -112,26 +121,49 @@ static int resume_resolve(train_opts_t *o) {
     if (!strcmp(v, "auto")) o->resume_auto = true;
     else if (!parse_bool(v, &b, e, sizeof e)) o->resume = b;
     else if (!v[0]) {
-        fprintf(stderr, "ballast-worker: --resume '': expected auto, true, false or a checkpoint step directory\n");
+        fprintf(stderr, "%s: --resume '': expected auto, true, false or a checkpoint step directory\n", g_prog);
         return -1;
     } else o->resume_path = v;
     return 0;
 }
+
+/* The flags `ballast train` takes itself (workers/cli/cmd_train.c): a slip
+ * in one gets its "did you mean" from the worker that sees it. */
+static const char *const launcher_flags[] = { "nproc", "nproc-per-node", "nnodes", "node-rank", "max-restarts",
+                                              "run-dir", "offload-pool", "offload-spill-dir", "offload-spill-bytes",
+                                              NULL };
 
 int train_parse(int argc, char **argv, train_opts_t *o) {
     char err[OPT_ERR_LEN];
     const char *pos[1];
     int npos = 0;
     resume_forms(argc, argv);
+    opt_set_extra_names(launcher_flags);
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) {
+        if (strncmp(argv[i], "--", 2)) continue;
+        for (const char *const *f = launcher_flags; *f; f++) {
+            size_t n = strlen(*f);
+            if (strncmp(argv[i] + 2, *f, n) || (argv[i][2 + n] && argv[i][2 + n] != '=')) continue;
+            fprintf(stderr, "%s: --%s is a flag of the launcher: run `ballast train --%s ...` (ballast-worker is one "
+                    "process of a job)\n", g_prog, *f, *f);
+            return -1;
+        }
+    }
     int rc = opt_parse(train_options, N_OPTS, argc, argv, pos, 0, &npos,
                        "usage: ballast-worker --data SHARDS [--model M | --init-from DIR] [options]", err, sizeof err);
-    if (rc < 0) { fprintf(stderr, "ballast-worker: %s\n", err); return -1; }
+    if (rc < 0) { fprintf(stderr, "%s: %s\n", g_prog, err); return -1; }
     if (rc == 0 && resume_resolve(&g_opts)) return -1;
     *o = g_opts;
     return rc;
 }
 
 void train_print_settings(FILE *out) { opt_print_table(train_options, N_OPTS, out); }
+
+void train_print_changed_settings(FILE *out) {
+    fprintf(out, "settings: ");
+    if (!opt_print_changed(train_options, N_OPTS, out)) fprintf(out, "the defaults");
+    fprintf(out, " (every one: --print-settings)\n");
+}
 
 const opt_t *train_option_table(size_t *n) {
     *n = N_OPTS;
@@ -140,8 +172,35 @@ const opt_t *train_option_table(size_t *n) {
 
 /* ---- what the flags resolve to ---- */
 
+/* A directory given as a model (flag: "--init-from", "--model") that holds
+ * no config.json: say what it is instead (a ballast checkpoint, a
+ * directory of them, something else). 0 when it is not such a directory. */
+static int not_hf_dir(const char *flag, const char *dir, char *err, size_t errlen) {
+    struct stat st;
+    char p[4200];
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
+    /* a checkpoint step holds a config.json too: its manifest tells it apart */
+    snprintf(p, sizeof p, "%s/manifest.json", dir);
+    bool step = access(p, F_OK) == 0;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (!step && access(p, F_OK) == 0) return 0;
+    bool steps = false;
+    glob_t g;
+    snprintf(p, sizeof p, "%s/step-*/manifest.json", dir);
+    if (!step && glob(p, 0, NULL, &g) == 0) { steps = g.gl_pathc > 0; globfree(&g); }
+    if (step || steps)
+        return errbuf_set(err, errlen, "%s %s is a ballast checkpoint%s, not a Hugging Face model directory: continue "
+                          "that run with --ckpt-dir %s --resume%s, or convert it with `ballast ckpt export --from %s "
+                          "--out DIR` and give that DIR", flag, dir, steps ? " directory" : "", steps ? dir : "DIR",
+                          steps ? "" : " (or --resume PATH)", dir);
+    return errbuf_set(err, errlen, "%s %s: no config.json there: not a Hugging Face model directory (config.json and "
+                      "*.safetensors, as `ballast ckpt export` writes)", flag, dir);
+}
+
 /* Resolve --model / --init-from into one config. */
 int train_resolve_config(const train_opts_t *o, llama_config_t *cfg, char *err, size_t errlen) {
+    if (o->init_from && not_hf_dir("--init-from", o->init_from, err, errlen)) return -1;
+    if (o->model && not_hf_dir("--model", o->model, err, errlen)) return -1;
     if (!o->model && !o->init_from) {
         snprintf(err, errlen, "no model: give --model (a preset: %s, or a config.json) or --init-from DIR", llama_preset_names());
         return -1;

@@ -8,6 +8,7 @@
 #include "workers/comm/comm.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <glob.h>
 #include <jansson.h>
 #include <math.h>
@@ -18,6 +19,7 @@
 
 #include "clock.h"
 #include "workers/train/tensorboard.h"
+#include "log.h"
 
 #define ETA_WINDOW 20          /* steps averaged for the ETA */
 #define LIVE_REDRAW_S 0.1      /* live line: at most ten redraws a second */
@@ -187,16 +189,28 @@ progress_t *progress_new(const progress_cfg_t *cfg, char *err, size_t errlen) {
     return p;
 }
 
+/* Flush the console; when its reader is gone (EPIPE: the end of a pipe
+ * closed), stop writing to it and say so once on stderr: training goes on. */
+static void console_flush(progress_t *p) {
+    if (!p->cfg.console) return;
+    if (fflush(p->cfg.console) == 0 && !ferror(p->cfg.console)) return;
+    if (errno != EPIPE) { clearerr(p->cfg.console); return; }
+    p->cfg.console = NULL;
+    p->drawn = false;
+    log_warn("the console output is closed (the reader of the pipe went away): training goes on without progress "
+             "lines%s", p->cfg.json ? "; the JSON log (--log-json) keeps every step" : "");
+}
+
 void progress_clear_line(progress_t *p) {
     if (!p || !p->drawn) return;
     fputs("\r\x1b[K", p->cfg.console);
-    fflush(p->cfg.console);
     p->drawn = false;
+    console_flush(p);
 }
 
 void progress_free(progress_t *p) {
     if (!p) return;
-    if (p->drawn) { fputc('\n', p->cfg.console); fflush(p->cfg.console); }
+    if (p->drawn && p->cfg.console) { fputc('\n', p->cfg.console); fflush(p->cfg.console); }
     free(p);
 }
 
@@ -275,9 +289,16 @@ static void put_num(json_t *o, const char *k, double v) {
 }
 
 static int write_json(progress_t *p, json_t *o, char *err, size_t errlen) {
+    if (!p->cfg.json) return 0;
     int rc = json_dumpf(o, p->cfg.json, JSON_REAL_PRECISION(17));
     if (rc == 0 && fputc('\n', p->cfg.json) == EOF) rc = -1;
     if (rc == 0 && fflush(p->cfg.json) != 0) rc = -1;
+    if (rc != 0 && errno == EPIPE && p->cfg.json == stdout) {
+        /* --log-json - into a pipe whose reader went away: the run matters more than its log */
+        p->cfg.json = NULL;
+        log_warn("the JSON log (--log-json -) lost its reader (the pipe closed): training goes on without it");
+        return 0;
+    }
     if (rc != 0) snprintf(err, errlen, "writing the JSON log (--log-json) failed: disk full or the reader went away?");
     return rc;
 }
@@ -463,7 +484,7 @@ int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *s
             if (last || !p->drawn || now - p->last_draw >= LIVE_REDRAW_S) {
                 progress_format_line(p, s, &st, true, line, sizeof line);
                 fprintf(p->cfg.console, "\r%s\x1b[K", line);
-                fflush(p->cfg.console);
+                console_flush(p);
                 p->drawn = true;
                 p->last_draw = now;
             }
@@ -471,7 +492,7 @@ int progress_record(progress_t *p, const progress_step_t *s, progress_stats_t *s
                    isfinite(s->val_loss)) {
             progress_format_line(p, s, &st, false, line, sizeof line);
             fprintf(p->cfg.console, "%s\n", line);
-            fflush(p->cfg.console);
+            console_flush(p);
         }
     }
     if (p->cfg.json && write_step(p, s, &st, err, errlen) != 0) return -1;

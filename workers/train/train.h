@@ -51,6 +51,8 @@ typedef struct {
     bool resume;              /* continue from a checkpoint (resolved from resume_arg) */
     bool resume_auto;         /* --resume auto: no checkpoint yet is a normal fresh start */
     const char *resume_path;  /* --resume PATH: that step directory; NULL = the newest in ckpt_dir */
+    bool allow_schedule_change; /* --resume may continue on a different learning-rate schedule */
+    bool print_settings;      /* the full settings table at start (else the changed ones on one line) */
     const char *log_json;     /* file, "-" for stdout, or NULL */
     const char *tensorboard_dir; /* TensorBoard event files (rank 0), or NULL */
     int64_t log_every;        /* console line every N steps */
@@ -96,8 +98,16 @@ typedef struct {
  * was printed, -1 on error (message printed). */
 int train_parse(int argc, char **argv, train_opts_t *o);
 
+/* The name the messages go under: "ballast-worker", or the command the
+ * user typed when a launcher started this process ("ballast train"). */
+void train_set_program(const char *name);
+const char *train_program(void);
+
 /* Print the effective settings table to out. */
 void train_print_settings(FILE *out);
+
+/* One line of the settings that differ from the defaults. */
+void train_print_changed_settings(FILE *out);
 
 /* The worker's option table (for the JSON log's settings record); *n gets
  * its length. */
