@@ -11,6 +11,9 @@
 #      CPU backend, with and without activation checkpointing
 # `make test T=emu` runs this tier alone. Leak checking is off: the checks
 # keep their buffers to the end, and the tier is about races and bounds.
+# The programs are independent processes: they run BALLAST_EMU_JOBS at a
+# time (default: the number of cores), and their results are reported in
+# a fixed order once all have ended. No check depends on speed.
 source "$(dirname "$0")/../lib.sh"
 
 E=$ROOT/$BUILD/tests/emu
@@ -24,12 +27,28 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LD_LIBRARY_PATH=$ROOT/$BUILD/emu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 EMU_TIMEOUT=${BALLAST_EMU_TIMEOUT:-300}
 
-# Run one TAP program; pass its lines through under "emu/", and on a
-# failure show its last stderr lines (the seed, the emulator's message).
-run_tap() {
+# Start one TAP program in the background, its output and exit status
+# kept under $OUTD/<n>; at most $JOBS run at once.
+OUTD=$(t_tmpdir)
+JOBS=${BALLAST_EMU_JOBS:-$(nproc 2>/dev/null || echo 1)}
+case "$JOBS" in ''|*[!0-9]*|0) t_fail "emulation tier" "BALLAST_EMU_JOBS='$JOBS' is not a positive count of parallel checks (unset it to use every core)"; t_done; exit ;; esac
+NJOB=0
+ORDER=()
+start_tap() {
     local name=$1; shift
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    NJOB=$((NJOB + 1))
+    local f=$OUTD/$NJOB
+    ORDER+=("$NJOB:$name")
+    ( timeout "$EMU_TIMEOUT" "$@" > "$f.out" 2>&1; echo $? > "$f.rc" ) &
+}
+
+# Pass one finished program's lines through under "emu/", and on a
+# failure show its last stderr lines (the seed, the emulator's message).
+report_tap() {
+    local name=$1 f=$2
     local out rc
-    out=$(timeout "$EMU_TIMEOUT" "$@" 2>&1); rc=$?
+    out=$(cat "$f.out" 2>/dev/null); rc=$(cat "$f.rc" 2>/dev/null || echo 125)
     local lines
     lines=$(echo "$out" | grep -E '^(ok|not ok) ')
     if [ -z "$lines" ]; then
@@ -41,16 +60,44 @@ run_tap() {
         case "$l" in "not ok"*) T_FAILED=$((T_FAILED + 1)) ;; esac
         echo "$l" | sed -E 's/^(ok|not ok)( [0-9]+)? - (emu\/)?/\1 - emu\//'
     done <<< "$lines"
-    if echo "$lines" | grep -q '^not ok' || [ $rc -ne 0 ]; then
+    if echo "$lines" | grep -q '^not ok' || [ "$rc" -ne 0 ]; then
         echo "$out" | grep -E 'gpu-emu|ERROR: AddressSanitizer|runtime error|not ok|^#' | head -12 | sed 's/^/#   /'
     fi
-    if [ $rc -ne 0 ] && ! echo "$lines" | grep -q '^not ok'; then t_fail "emu/$name" "exited $rc: $(echo "$out" | tail -4 | tr '\n' ' ')"; fi
+    if [ "$rc" -ne 0 ] && ! echo "$lines" | grep -q '^not ok'; then t_fail "emu/$name" "exited $rc: $(echo "$out" | tail -4 | tr '\n' ' ')"; fi
     if echo "$lines" | grep -q '# SKIP'; then t_fail "emu/$name" "skipped a case on the emulated GPU: $(echo "$lines" | grep '# SKIP' | head -1)"; fi
 }
 
-run_tap selftest "$E/selftest"
+# gpu_train's end-to-end check gives a verdict line, not TAP to pass through.
+report_train() {
+    local name=$1 f=$2
+    local out rc
+    out=$(cat "$f.out" 2>/dev/null); rc=$(cat "$f.rc" 2>/dev/null || echo 125)
+    if [ "$rc" -eq 0 ] && echo "$out" | grep -q '^ok - e2e/.*_losses_track_cpu' && ! echo "$out" | grep -q '^not ok'; then
+        t_ok "$name: $(echo "$out" | grep -o 'worst rel diff [^,]*' | head -1)"
+    else
+        t_fail "$name" "exit $rc: $(echo "$out" | grep -E '^(not ok|#)|gpu-emu|ERROR' | head -8 | tr '\n' ' ')"
+    fi
+}
+
+# The training checks are the longest: they start first, so that neither
+# ends the tier alone on one core.
+if [ -x "$E/gpu_train" ]; then
+    d=$(t_tmpdir)
+    cp "$ROOT/tests/emu/config.json" "$d/config.json"  # head_dim 64, as the GPU kernels need
+    for ck in false true; do
+        steps=20 seq=64 flag=()
+        [ "$ck" = true ] && steps=8 seq=32 flag=(--activation-checkpointing)
+        start_tap "train:emu/gpu_train $steps steps track the CPU backend (activation checkpointing $ck)" \
+            "$E/gpu_train" check --model "$d/config.json" --steps $steps --seq-len $seq \
+            --micro-batch 2 --threads 1 "${flag[@]}" --dir "$d"
+    done
+else
+    t_fail "emu/gpu_train" "$E/gpu_train was not built"
+fi
+
+start_tap selftest "$E/selftest"
 if [ -x "$E/test_emu_libs" ]; then
-    run_tap test_emu_libs "$E/test_emu_libs" "$ROOT/$BUILD/emu/plain/libnccl.so.2"
+    start_tap test_emu_libs "$E/test_emu_libs" "$ROOT/$BUILD/emu/plain/libnccl.so.2"
 else
     t_fail "emu/test_emu_libs" "$E/test_emu_libs was not built"
 fi
@@ -61,25 +108,15 @@ for src in "$ROOT"/tests/gpu/check_*.c; do
     if [ ! -x "$prog" ]; then t_fail "emu/$name" "$prog was not built"; continue; fi
     args=()
     [ "$name" = check_pool ] && args=(--max-mib 16)
-    run_tap "$name" env BALLAST_NCCL_LIB="$ROOT/$BUILD/emu/lib/libnccl.so.2" "$prog" "${args[@]}"
+    start_tap "$name" env BALLAST_NCCL_LIB="$ROOT/$BUILD/emu/lib/libnccl.so.2" "$prog" "${args[@]}"
 done
+wait
 
-if [ -x "$E/gpu_train" ]; then
-    d=$(t_tmpdir)
-    cp "$ROOT/tests/emu/config.json" "$d/config.json"  # head_dim 64, as the GPU kernels need
-    for ck in false true; do
-        steps=20 seq=64 flag=()
-        [ "$ck" = true ] && steps=8 seq=32 flag=(--activation-checkpointing)
-        out=$(timeout "$EMU_TIMEOUT" "$E/gpu_train" check --model "$d/config.json" --steps $steps --seq-len $seq \
-              --micro-batch 2 --threads 1 "${flag[@]}" --dir "$d" 2>&1); rc=$?
-        name="emu/gpu_train $steps steps track the CPU backend (activation checkpointing $ck)"
-        if [ $rc -eq 0 ] && echo "$out" | grep -q '^ok - e2e/.*_losses_track_cpu' && ! echo "$out" | grep -q '^not ok'; then
-            t_ok "$name: $(echo "$out" | grep -o 'worst rel diff [^,]*' | head -1)"
-        else
-            t_fail "$name" "exit $rc: $(echo "$out" | grep -E '^(not ok|#)|gpu-emu|ERROR' | head -8 | tr '\n' ' ')"
-        fi
-    done
-else
-    t_fail "emu/gpu_train" "$E/gpu_train was not built"
-fi
+for e in "${ORDER[@]}"; do
+    n=${e%%:*} name=${e#*:}
+    case "$name" in
+        train:*) report_train "${name#train:}" "$OUTD/$n" ;;
+        *) report_tap "$name" "$OUTD/$n" ;;
+    esac
+done
 t_done
