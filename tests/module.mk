@@ -18,8 +18,10 @@ UNIT_TESTS += $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(wildcard tests/u
 UNIT_TESTS += $(patsubst tests/integration/%.c,$(BUILD)/tests/integration/%,$(wildcard tests/integration/*.c))
 UNIT_TESTS += $(patsubst tests/bench/%.c,$(BUILD)/tests/bench/%,$(wildcard tests/bench/*.c))
 
-$(BUILD)/tests/%: LINK_LIBS = $(TEST_LIBS) $(GPU_LIBS)
-$(BUILD)/tests/%: MALLOC_LIBS = $(JEMALLOC_LIBS)
+# private: a program these targets depend on (tests/bin/ballast copies
+# bin/ballast) must not inherit them when make builds it for them first
+$(BUILD)/tests/%: private LINK_LIBS = $(TEST_LIBS) $(GPU_LIBS)
+$(BUILD)/tests/%: private MALLOC_LIBS = $(JEMALLOC_LIBS)
 
 $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(TEST_LIBS)
 	$(LINK) -lcriterion

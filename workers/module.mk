@@ -61,5 +61,6 @@ $(BUILD)/bin/ballast-worker: $(BUILD)/obj/workers/worker_main.o $(WORKER_BIN_LIB
 BALLAST_BIN_LIBS := $(WLIB_cli) $(WLIB_offload) $(WLIB_ckpt) $(WLIB_parallel) $(WLIB_plan) $(WLIB_model) \
                     $(WLIB_comm) $(WLIB_data) $(WLIB_backend) $(CUDA_LIB) $(RDZV_LIB) $(COMMON_LIB)
 $(BUILD)/bin/ballast: LINK_LIBS = $(BALLAST_BIN_LIBS) $(GPU_LIBS)
+$(BUILD)/bin/ballast: MALLOC_LIBS =
 $(BUILD)/bin/ballast: $(BUILD)/obj/workers/ballast_main.o $(BALLAST_BIN_LIBS)
 	$(LINK)
