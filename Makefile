@@ -37,7 +37,7 @@ DEPS_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c
              python3-torch python3-numpy libopenblas-dev libopenblas0-pthread fio valgrind docker-compose python3-yaml \
              libboost-context-dev clang-14 libclang-rt-14-dev libpcre2-dev libicu-dev libgloo-dev iperf3 \
              chromium protobuf-compiler python3-protobuf
-PKGS      := grpc libprotobuf-c liburing jansson libmicrohttpd libpcre2-8 icu-uc
+PKGS      := grpc libprotobuf-c liburing jansson libmicrohttpd libpcre2-8
 
 # jemalloc is the process allocator of ballastd and ballast-worker (and of
 # the test programs, which run their code). Debian's libjemalloc2 exports an
@@ -62,7 +62,7 @@ OPT            := $(if $(SAN),-O1,-O2)
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -Wall -Wextra -Wno-unused-parameter \
                -Wno-missing-field-initializers -fopenmp -pthread $(SAN_FLAGS)
 INCLUDES    := -I. -Icommon -I$(BUILD)/gen
-PKG_CFLAGS   := $(shell pkg-config --cflags $(PKGS) jemalloc)
+PKG_CFLAGS   := $(shell pkg-config --cflags $(PKGS) icu-uc jemalloc)
 PKG_LIBS     := $(shell pkg-config --libs $(PKGS))
 CFLAGS      += $(CFLAGS_BASE) $(INCLUDES) $(PKG_CFLAGS) $(JEMALLOC_CFLAGS)
 # Gloo (CPU collectives between hosts, workers/comm/gloo_engine.cc) is C++:

@@ -3,7 +3,11 @@
  * loaded into a tokenizer_t (tokenizer.h): added tokens, normalizers,
  * pre-tokenizers (split regexes through PCRE2 with UTF, UCP and JIT), the
  * BPE model (tokenizer_bpe.c) and the decoders. JSON through jansson, the
- * Unicode normalization forms (NFC of Qwen2, NFD, NFKC, NFKD) through ICU.
+ * Unicode normalization forms (NFC of Qwen2, NFD, NFKC, NFKD) through ICU,
+ * opened at run time (dlopen) when a tokenizer asks for one: ICU's data
+ * library is 31 MiB, and no other program part needs it (the programs that
+ * hold this file, ballast-worker included, load on machines without it,
+ * such as the GPU machine of tests/gpu/run.sh).
  *
  * Encoding follows the Hugging Face pipeline: the input is cut at added
  * tokens (leftmost, longest first; lstrip/rstrip eat neighbouring
@@ -17,6 +21,7 @@
  * bytes through unchanged.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -508,6 +513,63 @@ static int pre_apply(const tokenizer_t *t, tok_tls_t *s, int d, const char *w, s
     return pre_apply(t, s, d + 1, w, wl, at_start, o);
 }
 
+/* ---- ICU, opened at run time ---- */
+
+/* ICU renames its C functions by major version (unorm2_normalize is
+ * unorm2_normalize_72 for ICU 72, through the headers' macros), so the
+ * names looked up are the macros' expansions, and the library is the
+ * soname of the headers this was compiled against. */
+#define ICU_XSTR(x) #x
+#define ICU_NAME(x) ICU_XSTR(x)
+#define ICU_SONAME "libicuuc.so." ICU_NAME(U_ICU_VERSION_MAJOR_NUM)
+
+static struct {
+    pthread_once_t once;
+    const char *why; /* NULL once loaded */
+    const UNormalizer2 *(*nfc)(UErrorCode *), *(*nfd)(UErrorCode *), *(*nfkc)(UErrorCode *), *(*nfkd)(UErrorCode *);
+    int32_t (*normalize)(const UNormalizer2 *, const UChar *, int32_t, UChar *, int32_t, UErrorCode *);
+    UChar *(*from_utf8)(UChar *, int32_t, int32_t *, const char *, int32_t, UErrorCode *);
+    char *(*to_utf8)(char *, int32_t, int32_t *, const UChar *, int32_t, UErrorCode *);
+    const char *(*error_name)(UErrorCode);
+} g_icu = { .once = PTHREAD_ONCE_INIT, .why = "not loaded" };
+
+static void icu_load(void) {
+    static char why[256];
+    void *h = dlopen(ICU_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, sizeof why, "%s does not load (%s): install Debian's libicu%d", ICU_SONAME, dlerror(),
+                 U_ICU_VERSION_MAJOR_NUM);
+        g_icu.why = why;
+        return;
+    }
+#define ICU_SYM(field, fn)                                                                                          \
+    do {                                                                                                            \
+        *(void **)&g_icu.field = dlsym(h, ICU_NAME(fn));                                                             \
+        if (!g_icu.field) {                                                                                         \
+            snprintf(why, sizeof why, "%s lacks %s: install Debian's libicu%d", ICU_SONAME, ICU_NAME(fn),          \
+                     U_ICU_VERSION_MAJOR_NUM);                                                                      \
+            g_icu.why = why;                                                                                        \
+            return;                                                                                                 \
+        }                                                                                                           \
+    } while (0)
+    ICU_SYM(nfc, unorm2_getNFCInstance);
+    ICU_SYM(nfd, unorm2_getNFDInstance);
+    ICU_SYM(nfkc, unorm2_getNFKCInstance);
+    ICU_SYM(nfkd, unorm2_getNFKDInstance);
+    ICU_SYM(normalize, unorm2_normalize);
+    ICU_SYM(from_utf8, u_strFromUTF8);
+    ICU_SYM(to_utf8, u_strToUTF8);
+    ICU_SYM(error_name, u_errorName);
+#undef ICU_SYM
+    g_icu.why = NULL; /* the handle stays open for the process */
+}
+
+/* NULL when ICU is there, else why not (with the fix). */
+static const char *icu_open(void) {
+    pthread_once(&g_icu.once, icu_load);
+    return g_icu.why;
+}
+
 /* ---- normalizers ---- */
 
 static int reserve_u16(tok_tls_t *s, int i, size_t need) {
@@ -527,19 +589,19 @@ static int unicode_run(const UNormalizer2 *un, tok_tls_t *s, const char *w, size
     UErrorCode e = U_ZERO_ERROR;
     int32_t n16 = 0;
     if (wl > INT32_MAX / 4 || reserve_u16(s, 0, wl + 1) != 0) return -1;
-    u_strFromUTF8(s->u16[0], (int32_t)s->u16_cap[0], &n16, w, (int32_t)wl, &e);
+    g_icu.from_utf8(s->u16[0], (int32_t)s->u16_cap[0], &n16, w, (int32_t)wl, &e);
     if (U_FAILURE(e)) return -1;
     /* NFKC/NFKD can grow a character up to 18 times; retry on overflow */
-    int32_t need = unorm2_normalize(un, s->u16[0], n16, s->u16[1], (int32_t)s->u16_cap[1], &e);
+    int32_t need = g_icu.normalize(un, s->u16[0], n16, s->u16[1], (int32_t)s->u16_cap[1], &e);
     if (e == U_BUFFER_OVERFLOW_ERROR) {
         e = U_ZERO_ERROR;
         if (reserve_u16(s, 1, (size_t)need + 1) != 0) return -1;
-        need = unorm2_normalize(un, s->u16[0], n16, s->u16[1], (int32_t)s->u16_cap[1], &e);
+        need = g_icu.normalize(un, s->u16[0], n16, s->u16[1], (int32_t)s->u16_cap[1], &e);
     }
     if (U_FAILURE(e)) return -1;
     if (reserve(buf, cap, *m + 3 * (size_t)need + 1) != 0) return -1;
     int32_t n8 = 0;
-    u_strToUTF8(*buf + *m, (int32_t)(*cap - *m), &n8, s->u16[1], need, &e);
+    g_icu.to_utf8(*buf + *m, (int32_t)(*cap - *m), &n8, s->u16[1], need, &e);
     if (U_FAILURE(e)) return -1;
     *m += (size_t)n8;
     return 0;
@@ -945,11 +1007,14 @@ static int parse_normalizer(loader_t *L, const json_t *n) {
         nm->blen = strlen(c); nm->b = dupn(c, nm->blen);
     } else if (!strcmp(type, "NFC") || !strcmp(type, "NFD") || !strcmp(type, "NFKC") || !strcmp(type, "NFKD")) {
         UErrorCode e = U_ZERO_ERROR;
+        const char *why = icu_open();
+        if (why) return lerr(L, "normalizer %s needs ICU: %s", type, why);
         nm->kind = NORM_UNICODE;
-        nm->un = !strcmp(type, "NFC") ? unorm2_getNFCInstance(&e) : !strcmp(type, "NFD") ? unorm2_getNFDInstance(&e)
-                 : !strcmp(type, "NFKC") ? unorm2_getNFKCInstance(&e) : unorm2_getNFKDInstance(&e);
+        nm->un = !strcmp(type, "NFC") ? g_icu.nfc(&e) : !strcmp(type, "NFD") ? g_icu.nfd(&e)
+                 : !strcmp(type, "NFKC") ? g_icu.nfkc(&e) : g_icu.nfkd(&e);
         if (U_FAILURE(e) || !nm->un)
-            return lerr(L, "normalizer %s: ICU has no %s data (%s); reinstall libicu72", type, type, u_errorName(e));
+            return lerr(L, "normalizer %s: ICU has no %s data (%s); reinstall libicu%d", type, type,
+                        g_icu.error_name(e), U_ICU_VERSION_MAJOR_NUM);
         t->n_norm++;
         return 0;
     } else {
