@@ -339,10 +339,10 @@ build_programs() {
     fi
     # the CPU backend opens OpenBLAS when the machine has it (the GPU machine
     # does not: its GEMMs run on the backend's own kernel), hence -ldl
-    C_ORACLE="common/log.c common/errbuf.c common/clock.c workers/backend/cpu.c workers/backend/cpu_gemm.c workers/backend/cpu_attention.c"
+    C_ORACLE="common/log.c common/errbuf.c common/clock.c workers/backend/cpu.c workers/backend/cpu_gemm.c workers/backend/cpu_attention.c workers/backend/cpu_ring.c"
     # model.c reaches tp.c (and tp.c the comm API) for tensor parallelism only:
     # one process links tp.c with tests/gpu/lib/no_comm.c in place of the collectives
-    C_TRAIN="common/options.c workers/model/model.c workers/model/tp.c tests/gpu/lib/no_comm.c workers/model/optim.c workers/model/config.c workers/ckpt/safetensors.c"
+    C_TRAIN="common/options.c workers/model/model.c workers/model/tp.c tests/gpu/lib/no_comm.c workers/model/optim.c workers/model/config.c workers/ckpt/safetensors.c workers/model/generate.c"
     # Gloo is not on the GPU machine: tests/gpu/lib/no_gloo.c stands in for it
     C_COMM="workers/comm/comm.c workers/comm/open.c workers/comm/shm.c workers/comm/nccl.c tests/gpu/lib/no_gloo.c common/shm.c"
     local CSRC="$C_ORACLE $C_COMM" f
@@ -352,13 +352,16 @@ build_programs() {
         || { say "C build failed"; return 1; }
     local CUOBJ ORACLE_OBJ src n extra
     CUOBJ=$(ls $B/obj/*.cu.o)
-    ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/common_errbuf.c.o $B/obj/common_clock.c.o $B/obj/workers_backend_cpu.c.o $B/obj/workers_backend_cpu_gemm.c.o $B/obj/workers_backend_cpu_attention.c.o"
+    ORACLE_OBJ="$B/obj/common_log.c.o $B/obj/common_errbuf.c.o $B/obj/common_clock.c.o $B/obj/workers_backend_cpu.c.o $B/obj/workers_backend_cpu_gemm.c.o $B/obj/workers_backend_cpu_attention.c.o $B/obj/workers_backend_cpu_ring.c.o"
     obj() { for f in "$@"; do echo "$B/obj/$(echo $f | tr / _).o"; done; }
     for src in tests/gpu/check_*.c; do
         n=$(basename "$src" .c)
         case $n in
         check_nccl) extra=$(obj $C_COMM) ;;          # its rendezvous shims stand in for gRPC
         check_pool) extra=$(obj common/shm.c) ;;
+        check_decode)                                # generation runs the model: gpu_train's sources
+            if [ -z "$JANSSON_LIB" ]; then say "check_decode: not built (it needs the model's sources, which need jansson)"; continue; fi
+            extra="$(obj $C_TRAIN) $JANSSON_LIB" ;;
         *) extra="" ;;
         esac
         $CC_BIN -fopenmp -pthread -o "$B/bin/$n" "$B/obj/tests_gpu_$n.c.o" $extra $ORACLE_OBJ $CUOBJ $CUDA_LINK -lm -ldl \

@@ -1,8 +1,8 @@
 /* no_comm.c: the comm.h entry points for tests/gpu/run.sh's one-process
  * programs (gpu_train), which are built without the Makefile and without
  * the collectives' dependencies (the rendezvous client, NCCL loading).
- * model.c and tp.c reach the comm API only with tensor parallelism
- * (T > 1), which one process never uses; these definitions satisfy the
+ * model.c and tp.c reach the comm API only with tensor or context parallelism
+ * (T > 1, C > 1), which one process never uses; these definitions satisfy the
  * linker and fail loudly if anything calls a collective anyway. */
 #include <errno.h>
 #include <stdio.h>
@@ -51,4 +51,16 @@ int comm_hold_release(comm_hold_t *h, char *err, size_t errlen) {
     (void)err; (void)errlen;
     h->n = 0; /* nothing is ever held here */
     return 0;
+}
+
+/* context parallelism (C > 1) needs several processes: never here */
+int comm_ring_shift(comm_t *c, const void *send, void *recv, size_t count, comm_dtype_t dt, comm_req_t **req,
+                    char *err, size_t errlen) {
+    (void)c; (void)send; (void)recv; (void)count; (void)dt;
+    return no_comm("ring_shift", req, err, errlen);
+}
+
+int comm_stream_wait(comm_req_t *req, void *stream, char *err, size_t errlen) {
+    (void)req; (void)stream;
+    return no_comm("stream_wait", NULL, err, errlen);
 }
