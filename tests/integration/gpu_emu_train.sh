@@ -38,20 +38,25 @@ if ! run ref 1 2; then t_fail "emu: one process on the emulated GPU trains" "$(t
 t_ok "emu: one process on the emulated GPU trains 4 steps"
 # The four runs are independent of each other: they run two at a time
 # (each against ref, which ran first) and report in a fixed order.
+# (ballastd runs in the background too: only the runs' own PIDs are
+# counted and waited for)
 JOBS=$(nproc 2>/dev/null || echo 1)
-NAMES=() LABELS=()
+NAMES=() LABELS=() PIDS=()
+running() { local n=0 p; for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && n=$((n + 1)); done; echo $n; }
 start() {  # NAME LABEL NPROC MICRO flags...
     local name=$1 label=$2; shift 2
-    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    local waited=0
+    while [ "$(running)" -ge "$JOBS" ] && [ $waited -lt 3000 ]; do sleep 0.2; waited=$((waited + 1)); done
     NAMES+=("$name") LABELS+=("$label")
     ( run "$name" "$@"; echo $? > "$D/$name.rc" ) &
+    PIDS+=($!)
 }
 start act "activation offload, horizon 1" 1 2 --activation-offload --activation-loading-horizon 1
 start actck "activation offload, horizon 0, with checkpointing" 1 2 --activation-offload --activation-loading-horizon 0 \
     --activation-checkpointing
 start opt "optimizer state offloaded to host" 1 2 --optimizer-offload host
 start w2 "two ranks on one emulated GPU (S 2), staged collectives" 2 1 --hybrid-shard-degree 2
-wait
+wait "${PIDS[@]}"
 for i in "${!NAMES[@]}"; do
     name=${NAMES[$i]} label=${LABELS[$i]}
     if [ "$(cat "$D/$name.rc" 2>/dev/null)" != 0 ]; then
