@@ -95,4 +95,13 @@ if "$B" train "${RUN[@]}" --lr-schedule cosine --steps 4 --ckpt-dir "$d" --resum
        --log-json "$d/r.jsonl" > "$d/r.out" 2>&1 && [ "$(jl_get "$d/r.jsonl" --last 1 step)" = 4 ]; then
     t_ok "--allow-schedule-change continues on the new schedule (step 4)"
 else t_fail "--allow-schedule-change" "$(tail -3 "$d/r.out")"; fi
+# a constant schedule does not depend on --steps (its warmup is
+# --warmup-steps long): a longer run resumes without the flag
+d=$D/res_const
+"$B" train "${RUN[@]}" --warmup-steps 2 --steps 3 --ckpt-dir "$d" > /dev/null 2>&1 ||
+    t_fail "a 3-step constant-schedule run to resume" "ballast train failed"
+if "$B" train "${RUN[@]}" --warmup-steps 2 --steps 4 --ckpt-dir "$d" --resume --log-json "$d/r.jsonl" > "$d/r.out" 2>&1 &&
+   [ "$(jl_get "$d/r.jsonl" --last 1 step)" = 4 ]; then
+    t_ok "--resume with more --steps on a constant schedule with warmup trains on (step 4)"
+else t_fail "--resume with more --steps on a constant schedule" "$(tail -3 "$d/r.out")"; fi
 t_done

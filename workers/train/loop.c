@@ -334,7 +334,8 @@ static bool differs(double a, double b) { return fabs(a - b) > 1e-9 * fmax(fabs(
 /* Whether the learning-rate schedule the checkpoint ck was written under
  * (saved) is the one this run sets (r->ocfg); 0, or -1 naming every
  * changed field in r->err, unless --allow-schedule-change. The schedule's
- * length matters unless it is constant without warmup. */
+ * length matters unless it is constant (its warmup is --warmup-steps long
+ * whatever --steps says). */
 static int check_schedule(run_t *r, const char *ck, const ckpt_meta_t *meta) {
     const optim_config_t *saved = &meta->ocfg, *now = &r->ocfg;
     static const char *names[] = { "constant", "cosine", "linear", "wsd" };
@@ -350,7 +351,7 @@ static int check_schedule(run_t *r, const char *ck, const ckpt_meta_t *meta) {
         ADD("%sa final learning rate (--min-lr / --min-lr-ratio) of %g (now %g)", n ? ", " : "", saved->min_lr, now->min_lr);
     if (saved->warmup_steps != now->warmup_steps)
         ADD("%s--warmup-steps %lld (now %lld)", n ? ", " : "", (long long)saved->warmup_steps, (long long)now->warmup_steps);
-    if (saved->total_steps != now->total_steps && (now->schedule != LR_CONSTANT || now->warmup_steps > 0))
+    if (saved->total_steps != now->total_steps && now->schedule != LR_CONSTANT) /* warmup does not depend on it */
         ADD("%s--steps %lld (now %lld)", n ? ", " : "", (long long)saved->total_steps, (long long)now->total_steps);
     if (now->schedule == LR_WSD && differs(saved->decay_fraction, now->decay_fraction))
         ADD("%s--decay-fraction %g (now %g)", n ? ", " : "", saved->decay_fraction, now->decay_fraction);
