@@ -58,13 +58,13 @@ if nvidia-smi -L >/dev/null 2>&1; then
     t_skip "--backend cuda without a GPU is refused" "a GPU is here"
 else
     t_expect_fail "--backend cuda with 2 ranks and no usable GPU: refused, naming why" \
-        'built without CUDA|no usable GPU' timeout 60 "$B" train --nproc 2 "${RUN[@]}" --backend cuda --micro-batch 2
+        'built without CUDA|no usable GPU|no NVIDIA driver' timeout 60 "$B" train --nproc 2 "${RUN[@]}" --backend cuda --micro-batch 2
 fi
 if nvidia-smi -L >/dev/null 2>&1; then
     t_skip "--backend cuda with --ckpt-dir is not refused for the checkpoints" "a GPU is here (tests/gpu covers it)"
 else
     out=$(timeout 60 "$B" train --nproc 2 "${RUN[@]}" --backend cuda --micro-batch 2 --ckpt-dir "$D/ck" 2>&1)
-    if echo "$out" | grep -Eq 'built without CUDA|no usable GPU' && ! echo "$out" | grep -q -- '--ckpt-dir'; then
+    if echo "$out" | grep -Eq 'built without CUDA|no usable GPU|no NVIDIA driver' && ! echo "$out" | grep -q -- '--ckpt-dir'; then
         t_ok "--backend cuda with 2 ranks and --ckpt-dir: refused only for the missing GPU, not the checkpoints"
     else t_fail "--backend cuda with --ckpt-dir" "$(echo "$out" | tail -3)"; fi
 fi

@@ -60,7 +60,7 @@ fi
 if [ "${NO_GPU:-0}" = 1 ] && [ -x "$BIN/ballast-worker" ]; then
     d=$(t_tmpdir)
     "$BIN/ballast" data synth --out "$d/tok.bin" --tokens 4096 --vocab 512 >/dev/null 2>&1
-    t_expect_fail "worker --backend cuda without a GPU says so" "backend cuda: (no usable GPU|this ballast-worker was built without CUDA)" \
+    t_expect_fail "worker --backend cuda without a GPU says so" "backend cuda: (no usable GPU|no NVIDIA driver|this ballast-worker was built without CUDA)" \
         "$BIN/ballast-worker" --backend cuda --model demo --data "$d/tok.bin" --steps 1
 fi
 t_done
