@@ -318,6 +318,34 @@ Test(progress, nonfinite_policy) {
     metrics_registry_free(r);
 }
 
+/* The per-device figures name their unit: a CPU rank is no GPU. */
+Test(progress, units_per_backend) {
+    const char *devs[] = { "cpu", "NVIDIA H100 80GB HBM3" }, *unit[] = { "rank", "GPU" };
+    for (int d = 0; d < 2; d++) {
+        char err[256];
+        char *buf = NULL;
+        size_t blen = 0;
+        FILE *con = open_memstream(&buf, &blen);
+        progress_cfg_t cfg = { .total_steps = 2, .tokens_per_step = 100, .flops_per_token = 1e6, .n_gpus = 2,
+                               .device = devs[d], .log_every = 1, .console = con, .live = 0 };
+        progress_t *p = progress_new(&cfg, err, sizeof err);
+        cr_assert(p, "%s", err);
+        progress_step_t s;
+        progress_step_init(&s, 1);
+        s.loss = 3.5;
+        s.step_s = 0.5;
+        progress_record(p, &s, NULL, err, sizeof err);
+        progress_free(p);
+        fclose(con);
+        char a[32], b[32], other[32];
+        snprintf(a, sizeof a, " tok/s/%s |", unit[d]);
+        snprintf(b, sizeof b, " TFLOP/s/%s |", unit[d]);
+        snprintf(other, sizeof other, "/%s |", unit[1 - d]);
+        cr_assert(strstr(buf, a) && strstr(buf, b) && !strstr(buf, other), "device %s: %s", devs[d], buf);
+        free(buf);
+    }
+}
+
 /* Plain lines at the first step, every log_every-th and the last; the live
  * line rewrites itself with a carriage return and ends with one newline. */
 Test(progress, console_plain_and_live) {

@@ -273,12 +273,16 @@ void progress_format_line(const progress_t *p, const progress_step_t *s, const p
     if (live)
         snprintf(buf, len, "step %lld/%lld | loss %.4f%s | %s tok/s | MFU %s | %.3f s/step | ETA %s%s%s",
                  (long long)s->step, (long long)p->cfg.total_steps, s->loss, val, tps, mfu, s->step_s, eta, off, skip);
-    else
+    else {
+        /* per GPU on a GPU; a CPU rank is no GPU */
+        const char *unit = p->cfg.device && strcmp(p->cfg.device, "cpu") == 0 ? "rank" : "GPU";
         snprintf(buf, len,
-                 "step %6lld/%lld | loss %.6f%s | lr %.4e | grad norm %.4f | %s tok/s | %s tok/s/GPU | "
-                 "%.*f TFLOP/s/GPU | MFU %s | %.3f s/step | ETA %s%s%s | elapsed %.1f s",
-                 (long long)s->step, (long long)p->cfg.total_steps, s->loss, val, s->lr, s->grad_norm, tps, tpg,
-                 st->tflops_per_gpu >= 1 ? 2 : 4, st->tflops_per_gpu, mfu, s->step_s, eta, off, skip, st->elapsed_s);
+                 "step %6lld/%lld | loss %.6f%s | lr %.4e | grad norm %.4f | %s tok/s | %s tok/s/%s | "
+                 "%.*f TFLOP/s/%s | MFU %s | %.3f s/step | ETA %s%s%s | elapsed %.1f s",
+                 (long long)s->step, (long long)p->cfg.total_steps, s->loss, val, s->lr, s->grad_norm, tps, tpg, unit,
+                 st->tflops_per_gpu >= 1 ? 2 : 4, st->tflops_per_gpu, unit, mfu, s->step_s, eta, off, skip,
+                 st->elapsed_s);
+    }
 }
 
 /* ---- JSON ---- */
