@@ -307,7 +307,11 @@ gb_ballastd_start() {   # DIR SOCKDIR POOL_BYTES SPILL_BYTES
     [ "$file" -lt 1048576 ] && file=1048576
     mkdir -p "$d/spill"
     rm -f "$d/bd.ports"
-    gb_ours "$GB_BIN/ballastd" --socket "$sd/bd.sock" --port-file "$d/bd.ports" --pool-bytes "$pool" --spill-dir "$d/spill" \
+    # not through gb_ours: a function in the background is a subshell, and
+    # $! would be that subshell's PID, not ballastd's (stop would orphan it)
+    local envp=()
+    [ -n "${GB_LIBPATH:-}" ] && envp=(env LD_LIBRARY_PATH="$GB_LIBPATH")
+    "${envp[@]}" "$GB_BIN/ballastd" --socket "$sd/bd.sock" --port-file "$d/bd.ports" --pool-bytes "$pool" --spill-dir "$d/spill" \
         --spill-bytes "$spill" --spill-file-bytes "$file" --no-mlock --evict-wait 30s > "$d/ballastd.log" 2>&1 &
     GB_BD_PID=$!
     for i in $(seq 1 600); do
