@@ -53,6 +53,8 @@
 #include "topology.h"
 #include "workers/cli/agent.h"
 #include "workers/cli/cli.h"
+#include "workers/cli/spill.h"
+#include "workers/model/config.h"
 
 #define TRAIN_MAX_NPROC 1024
 #define TRAIN_KILL_GRACE_S 5
@@ -87,7 +89,9 @@ static void train_usage(FILE *out) {
                  "  --offload-spill-dir D  its NVMe spill directory, where persistent optimizer state survives for\n"
                  "                         --resume-from-service (default: RUN/ballastd, only with --optimizer-offload\n"
                  "                         nvme or --optimizer-offload-durable yes; host-only offload has no spill tier)\n"
-                 "  --offload-spill-bytes SIZE  capacity of that spill tier, preallocated (default: 2 x the pool)\n"
+                 "  --offload-spill-bytes SIZE  capacity of that spill tier, preallocated (default: what this node's\n"
+                 "                         ranks may write there: optimizer state, two versions when durable, and\n"
+                 "                         offloaded activations, plus a quarter and one spill file)\n"
                  "  --run-dir RUN          the run's directory (default: --ckpt-dir, else the directory of --log-json\n"
                  "                         FILE, else a private directory under $TMPDIR or /tmp, removed after a run\n"
                  "                         that ends well); ballastd logs to RUN/ballastd.log\n"
@@ -105,7 +109,10 @@ typedef struct {
     bool socket_given;         /* --offload-socket or BALLAST_OFFLOAD_SOCKET */
     const char *socket;        /* "unix:/path" or a path */
     bool spill;                /* the run keeps state that may or must reach the spill tier (nvme, or durable) */
+    bool act, opt, durable;    /* activation offload, optimizer offload (host|nvme), durable optimizer state */
     const char *log_json, *ckpt_dir;
+    /* what sizes the spill tier (spill.h): the worker flags, or their BALLAST_* variables */
+    const char *model, *init_from, *seq_len, *micro_batch, *shard, *tp, *cp, *backend;
 } offload_flags_t;
 
 /* Value of worker flag `name` (argv scan: --name V or --name=V); for a
@@ -142,12 +149,51 @@ static void offload_flags(int argc, char *const *argv, offload_flags_t *of) {
     const char *du = env_or(flag_value(argc, argv, "optimizer-offload-durable", false),
                             "BALLAST_OPTIMIZER_OFFLOAD_DURABLE", "auto");
     of->spill = !strcmp(oo, "nvme") || (!strcmp(oo, "host") && !strcmp(du, "yes"));
+    of->act = a;
+    of->opt = !strcmp(oo, "host") || !strcmp(oo, "nvme");
+    of->durable = !strcmp(du, "yes") || (!strcmp(du, "auto") && !strcmp(oo, "nvme"));
     of->remote = env_or(flag_value(argc, argv, "offload-remote", false), "BALLAST_OFFLOAD_REMOTE", NULL) != NULL;
     const char *sf = flag_value(argc, argv, "offload-socket", false);
     of->socket_given = sf || getenv("BALLAST_OFFLOAD_SOCKET");
     of->socket = env_or(sf, "BALLAST_OFFLOAD_SOCKET", TRAIN_DEFAULT_SOCKET);
     of->log_json = env_or(flag_value(argc, argv, "log-json", false), "BALLAST_LOG_JSON", NULL);
     of->ckpt_dir = env_or(flag_value(argc, argv, "ckpt-dir", false), "BALLAST_CKPT_DIR", NULL);
+    of->model = env_or(flag_value(argc, argv, "model", false), "BALLAST_MODEL", NULL);
+    of->init_from = env_or(flag_value(argc, argv, "init-from", false), "BALLAST_INIT_FROM", NULL);
+    of->seq_len = env_or(flag_value(argc, argv, "seq-len", false), "BALLAST_SEQ_LEN", "128");
+    of->micro_batch = env_or(flag_value(argc, argv, "micro-batch", false), "BALLAST_MICRO_BATCH", "4");
+    of->shard = env_or(flag_value(argc, argv, "hybrid-shard-degree", false), "BALLAST_HYBRID_SHARD_DEGREE", "0");
+    of->tp = env_or(flag_value(argc, argv, "tensor-parallel-degree", false), "BALLAST_TENSOR_PARALLEL_DEGREE", "1");
+    of->cp = env_or(flag_value(argc, argv, "context-parallel-degree", false), "BALLAST_CONTEXT_PARALLEL_DEGREE", "1");
+    of->backend = env_or(flag_value(argc, argv, "backend", false), "BALLAST_BACKEND", "cpu");
+}
+
+/* A positive integer worker flag for the spill estimate; def when it does
+ * not parse (the worker names a bad value itself). */
+static int flag_int(const char *v, int def) {
+    int64_t x;
+    char e[64];
+    return v && !parse_int64(v, &x, e, sizeof e) && x > 0 && x <= (1 << 24) ? (int)x : def;
+}
+
+/* The spill tier for this node's `local` ranks of a job of `world`: what
+ * they may write there (spill.h). 0, or -1 with why in err when the model's
+ * config cannot be read. */
+static int spill_for_run(const offload_flags_t *of, int world, int local, spill_plan_t *sp, char *err, size_t errlen) {
+    llama_config_t cfg;
+    const char *m = of->model ? of->model : of->init_from;
+    if (!m) return snprintf(err, errlen, "no --model or --init-from"), -1;
+    if (llama_config_resolve(m, &cfg, err, errlen)) return -1;
+    int T = flag_int(of->tp, 1), C = flag_int(of->cp, 1), S = flag_int(of->shard, 0);
+    /* S = 0: the largest that fits, world / (T C) on the CPU; on a GPU the planner may pick less, which
+     * --hybrid-shard-degree or --offload-spill-bytes then states */
+    if (S == 0) S = world / (T * C) > 0 ? world / (T * C) : 1;
+    spill_run_t r = { .cfg = &cfg, .local_ranks = local, .S = S, .T = T, .C = C,
+                      .micro_batch = flag_int(of->micro_batch, 4), .seq_len = flag_int(of->seq_len, 128),
+                      .act_bytes = of->backend && !strcmp(of->backend, "cuda") ? 2 : 4, .act_offload = of->act,
+                      .opt_offload = of->opt, .durable = of->durable };
+    spill_plan(&r, sp);
+    return 0;
 }
 
 static const char *sock_path(const char *addr) { return strncmp(addr, "unix:", 5) ? addr : addr + 5; }
@@ -192,7 +238,8 @@ static char g_bd_ports[PATH_MAX + 16], g_bd_sock[PATH_MAX + 16]; /* its files th
 /* Start ballastd when offload is on and none answers. 0 = fine (started,
  * already running, or not needed), 1 = failed (message printed). */
 static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, const char *pool_flag,
-                           const char *spill_flag, const char *spill_bytes_flag, const char *self_dir) {
+                           const char *spill_flag, const char *spill_bytes_flag, const char *self_dir, int world,
+                           int local) {
     if (!of->on || of->remote) return 0;
     const char *path = sock_path(of->socket);
     if (socket_answers(path)) return 0;
@@ -248,17 +295,37 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
             return 1;
         }
     }
-    /* the spill tier is preallocated: keep it proportionate */
-    uint64_t spill_bytes = 2 * pool;
+    /* the spill tier is preallocated: sized to what this node's ranks may write there (spill.h) */
+    spill_plan_t sp;
+    char why[512] = "", sizing[400] = "";
+    bool estimated = spill[0] && !spill_bytes_flag && !spill_for_run(of, world, local, &sp, why, sizeof why);
+    uint64_t spill_bytes = 2 * pool, file_bytes = 0;
+    if (estimated) {
+        spill_bytes = sp.spill_bytes;
+        file_bytes = sp.file_bytes;
+        char o[32], a[32];
+        format_size(sp.opt, o, sizeof o);
+        format_size(sp.act, a, sizeof a);
+        snprintf(sizing, sizeof sizing, "sized for %d local rank%s: optimizer state %s (%s), activations %s, plus a "
+                 "quarter and one file of headroom; --offload-spill-bytes overrides", local, local == 1 ? "" : "s", o,
+                 !of->opt ? "none" : of->durable ? "two versions, durable" : "one version", a);
+    } else if (spill[0] && !spill_bytes_flag) {
+        snprintf(sizing, sizeof sizing, "2 x the pool: the model's size is unknown here (%s)", why);
+    }
     if (spill_bytes_flag) {
         char e[256];
-        if (parse_size(spill_bytes_flag, &spill_bytes, e, sizeof e) || spill_bytes < (1u << 20)) {
-            fprintf(stderr, "ballast train: --offload-spill-bytes '%s': expected a size of at least 1M\n", spill_bytes_flag);
+        if (parse_size(spill_bytes_flag, &spill_bytes, e, sizeof e) || spill_bytes < (1u << 20) ||
+            spill_bytes > (1ull << 55)) {
+            fprintf(stderr, "ballast train: --offload-spill-bytes '%s': expected a size from 1M to 32P, such as 64G\n",
+                    spill_bytes_flag);
             return 1;
         }
+        snprintf(sizing, sizeof sizing, "--offload-spill-bytes");
     }
-    uint64_t file_bytes = spill_bytes / 4 < (1ull << 30) ? spill_bytes / 4 : (1ull << 30);
-    if (file_bytes < (1u << 20)) file_bytes = 1u << 20;
+    if (!file_bytes) {
+        file_bytes = spill_bytes / 4 < (1ull << 30) ? spill_bytes / 4 : (1ull << 30);
+        if (file_bytes < (1u << 20)) file_bytes = 1u << 20;
+    }
     char bd[PATH_MAX + 32], pool_s[32], spill_s[32], file_s[32];
     snprintf(bd, sizeof bd, "%s/ballastd", self_dir ? self_dir : ".");
     snprintf(pool_s, sizeof pool_s, "%llu", (unsigned long long)pool);
@@ -292,8 +359,8 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
             format_size(pool, sz, sizeof sz);
             format_size(spill_bytes, ssz, sizeof ssz);
             if (spill[0])
-                fprintf(stderr, "ballast train: started ballastd (pid %d) on %s: pool %s, spill %s in %s, log %s\n",
-                        (int)p, sockp, sz, ssz, spill, logp);
+                fprintf(stderr, "ballast train: started ballastd (pid %d) on %s: pool %s, spill %s (%llu bytes; %s) in "
+                        "%s, log %s\n", (int)p, sockp, sz, ssz, (unsigned long long)spill_bytes, sizing, spill, logp);
             else
                 fprintf(stderr, "ballast train: started ballastd (pid %d) on %s: pool %s, no spill tier (nothing "
                         "of this run goes to NVMe), log %s\n", (int)p, sockp, sz, logp);
@@ -995,7 +1062,10 @@ int cmd_train(int argc, char **argv) {
     }
     offload_flags_t of;
     offload_flags(wn, wargv, &of);
-    if (ballastd_ensure(&of, run_dir, pool, spill, spill_bytes, n > 0 ? self : NULL)) { free(wargv); return 1; }
+    if (ballastd_ensure(&of, run_dir, pool, spill, spill_bytes, n > 0 ? self : NULL, L.nnodes * L.nproc, L.nproc)) {
+        free(wargv);
+        return 1;
+    }
     if (L.nnodes > 1 || L.nproc > 1 || g_bd_pid || L.max_restarts > 0) {
         if (L.nnodes == 1 && !L.worker_port) {
             snprintf(L.master_addr, sizeof L.master_addr, "127.0.0.1");
