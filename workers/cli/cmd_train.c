@@ -230,6 +230,22 @@ static void dir_of(const char *file, char *out, size_t len) {
     else *sl = 0;
 }
 
+/* In the ballastd child: drop the trainer's BALLAST_* variables (its own are
+ * BALLASTD_*), so none of them reaches it, nor its warning about them. */
+static void scrub_trainer_env(void) {
+    extern char **environ;
+    for (;;) {
+        char name[256] = "";
+        for (char **e = environ; e && *e; e++) {
+            const char *eq = strchr(*e, '=');
+            if (strncmp(*e, "BALLAST_", 8) || !eq || (size_t)(eq - *e) >= sizeof name) continue;
+            snprintf(name, sizeof name, "%.*s", (int)(eq - *e), *e);
+            break;
+        }
+        if (!name[0] || unsetenv(name)) return;
+    }
+}
+
 static pid_t g_bd_pid;            /* the ballastd this launcher started, 0 = none */
 static bool g_bd_died;            /* it exited before the workers were done */
 static char g_bd_tmp[PATH_MAX];   /* a run directory made for it alone (removed at the end), "" = none */
@@ -341,6 +357,7 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
         if (getppid() != parent) _exit(1);
         FILE *lf = freopen(logp, "a", stdout);
         if (lf) dup2(fileno(stdout), 2);
+        scrub_trainer_env();
         char *av[] = { bd, "--socket", sockp, "--pool-bytes", pool_s, "--port-file", ports, "--spill-dir", spill,
                        "--spill-bytes", spill_s, "--spill-file-bytes", file_s, NULL };
         if (!spill[0]) av[7] = NULL; /* no spill tier */
