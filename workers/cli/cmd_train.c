@@ -530,13 +530,18 @@ static void describe_exit(const launch_t *L, int local, pid_t p, int st, char *o
 /* ---- the workers' stderr: each distinct message once, with its ranks ----
  * With several workers each one's stderr is a pipe to the launcher, read
  * line by line. Log lines below error pass at once; an error or a plain
- * line (a bad flag's message) is held for up to TRAIN_MERGE_S; the same message
- * from other ranks meanwhile (the same text once the time stamp, the
- * process header and a leading "rank N: " are set aside) joins it, and it
- * is printed once: as it came when one rank sent it, else as
- * "ballast train: LEVEL on ranks 0-3: MESSAGE". */
+ * line (a bad flag's message) is held, and the same message from other
+ * ranks (the same text once the time stamp, the process header and a
+ * leading "rank N: " are set aside) joins it. It is printed once, as it came
+ * when one rank sent it, else as "ballast train: LEVEL on ranks 0-3:
+ * MESSAGE", when no other copy can come: every rank sent it, or every rank
+ * that did not has exited (its pipe at EOF; after a failure the launcher
+ * stops the others, SIGKILL after TRAIN_KILL_GRACE_S, so that is bounded).
+ * No timing decides it: a rank however slowed still joins. Only a message
+ * that ends no rank while the others train on is let out after
+ * TRAIN_HOLD_S. Held messages leave in the order they came. */
 
-#define TRAIN_MERGE_S 0.3
+#define TRAIN_HOLD_S 30.0
 #define TRAIN_HELD_MAX 64
 
 typedef struct {
@@ -596,15 +601,23 @@ static void err_print(errmux_t *m, held_t *h) {
     free(h->ranks);
 }
 
-/* Print the held lines older than age seconds (all: age < 0), in order. */
-static void err_flush(errmux_t *m, double age) {
+/* No other copy of h can come: each rank sent it or has exited, or it was
+ * held TRAIN_HOLD_S. */
+static bool err_complete(const errmux_t *m, const held_t *h, double now) {
+    if (now - h->t >= TRAIN_HOLD_S) return true;
+    for (int i = 0; i < m->n; i++)
+        if (!h->ranks[i] && m->fd[i] >= 0) return false;
+    return true;
+}
+
+/* Print the held lines that are complete (all: every one), in the order
+ * they came: a line waits for the ones before it. */
+static void err_flush(errmux_t *m, bool all) {
     double now = clock_now_s();
-    int k = 0;
-    for (int i = 0; i < m->nheld; i++) {
-        if (age < 0 || now - m->held[i].t >= age) err_print(m, &m->held[i]);
-        else m->held[k++] = m->held[i];
-    }
-    m->nheld = k;
+    int done = 0;
+    while (done < m->nheld && (all || err_complete(m, &m->held[done], now))) err_print(m, &m->held[done++]);
+    memmove(m->held, m->held + done, (size_t)(m->nheld - done) * sizeof *m->held);
+    m->nheld -= done;
 }
 
 static void err_line(errmux_t *m, int r, const char *line) {
@@ -641,7 +654,7 @@ static void err_pump(errmux_t *m, double wait_s) {
     int idx[TRAIN_MAX_NPROC], k = 0;
     for (int i = 0; i < m->n; i++)
         if (m->fd[i] >= 0) { pf[k] = (struct pollfd){ .fd = m->fd[i], .events = POLLIN }; idx[k++] = i; }
-    if (!k) { if (wait_s > 0) usleep((useconds_t)(wait_s * 1e6)); err_flush(m, TRAIN_MERGE_S); return; }
+    if (!k) { if (wait_s > 0) usleep((useconds_t)(wait_s * 1e6)); err_flush(m, false); return; }
     if (poll(pf, (nfds_t)k, (int)(wait_s * 1000)) > 0) {
         for (int j = 0; j < k; j++) {
             if (!(pf[j].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -667,11 +680,11 @@ static void err_pump(errmux_t *m, double wait_s) {
             if (m->len[i] == sizeof m->buf[i] - 1) { m->buf[i][m->len[i]] = 0; err_line(m, i, m->buf[i]); m->len[i] = 0; }
         }
     }
-    err_flush(m, TRAIN_MERGE_S);
+    err_flush(m, false);
 }
 
-/* Before the launcher speaks: what the workers said first, so "its message
- * is above" holds. Reads up to settle_s for the other ranks' copies. */
+/* Once the workers have exited: what their pipes still hold (up to settle_s
+ * for a pipe a grandchild keeps open), then every held line. */
 static void err_settle(errmux_t *m, double settle_s) {
     if (!m) return;
     double t0 = clock_now_s();
@@ -681,7 +694,7 @@ static void err_settle(errmux_t *m, double settle_s) {
         open = false;
         for (int i = 0; i < m->n; i++) open |= m->fd[i] >= 0;
     }
-    err_flush(m, -1);
+    err_flush(m, true);
 }
 
 /* Start this node's P workers for attempt `attempt` and watch them (and,
@@ -696,6 +709,7 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
     run_end_t end = RUN_OK;
     bool stopping = false, graceful = false; /* graceful: stopping on a signal, after the step */
     double stop_t = 0, abort_t = 0;
+    char note[2 * AGENT_ERR_LEN + 128] = ""; /* the launcher's line on the first failure, after the ranks' messages */
     *status = 0;
     cause[0] = 0;
     /* several workers: their stderr through the launcher, each distinct message once */
@@ -831,22 +845,25 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
             continue;
         }
         end = RUN_FAILED;
-        err_settle(mx, 2.0); /* the ranks' own messages first, each once (the others' copies a moment later) */
         char msg[AGENT_ERR_LEN];
         describe_exit(L, r, p, st, msg, sizeof msg);
         kill_all(pids, nproc, SIGTERM);
         if (ag) agent_fail(ag, msg, cause, clen);
         else snprintf(cause, clen, "%s", msg);
+        /* with the ranks' stderr held, this line waits for their messages ("its message is above") */
         if (!strcmp(cause, msg))
-            fprintf(stderr, "ballast train: %s; stopping the other ranks\n", msg);
+            snprintf(note, sizeof note, "ballast train: %s; %s\n", msg,
+                     mx ? "the other ranks were stopped" : "stopping the other ranks");
         else
-            fprintf(stderr, "ballast train: node %d: %s; stopping this node's ranks (here %s after it)\n", L->node_rank,
-                    cause, msg);
+            snprintf(note, sizeof note, "ballast train: node %d: %s; %s this node's ranks (here %s after it)\n",
+                     L->node_rank, cause, mx ? "stopped" : "stopping", msg);
+        if (!mx) { fputs(note, stderr); note[0] = 0; }
         if (ag && agent_stopped(ag)) end = RUN_STOPPED;
     }
     free(pids);
     if (mx) {
         err_settle(mx, 2.0); /* every worker exited: their pipes are at EOF, or soon */
+        if (note[0]) fputs(note, stderr);
         for (int i = 0; i < nproc; i++) if (mux.fd[i] >= 0) close(mux.fd[i]);
         free(mux.fd);
         free(mux.buf);
