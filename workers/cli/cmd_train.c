@@ -314,7 +314,8 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
     /* the spill tier is preallocated: sized to what this node's ranks may write there (spill.h) */
     spill_plan_t sp;
     char why[512] = "", sizing[400] = "";
-    bool estimated = spill[0] && !spill_bytes_flag && !spill_for_run(of, world, local, &sp, why, sizeof why);
+    bool known = spill[0] && !spill_for_run(of, world, local, &sp, why, sizeof why);
+    bool estimated = known && !spill_bytes_flag;
     uint64_t spill_bytes = 2 * pool, file_bytes = 0;
     if (estimated) {
         spill_bytes = sp.spill_bytes;
@@ -340,7 +341,9 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
     }
     if (!file_bytes) {
         file_bytes = spill_bytes / 4 < (1ull << 30) ? spill_bytes / 4 : (1ull << 30);
-        if (file_bytes < (1u << 20)) file_bytes = 1u << 20;
+        if (known && file_bytes < sp.largest_blob) file_bytes = sp.largest_blob; /* a blob never spans two files */
+        if (file_bytes > spill_bytes) file_bytes = spill_bytes;
+        file_bytes = file_bytes < (1u << 20) ? 1u << 20 : file_bytes & ~((uint64_t)(1u << 20) - 1);
     }
     char bd[PATH_MAX + 32], pool_s[32], spill_s[32], file_s[32];
     snprintf(bd, sizeof bd, "%s/ballastd", self_dir ? self_dir : ".");
