@@ -152,6 +152,31 @@ static void env_name(const opt_t *o, char *buf, size_t len) {
     buf[n] = 0;
 }
 
+/* prefix + name with dashes as underscores, upper case */
+static void env_join(const char *prefix, const char *name, char *buf, size_t len) {
+    size_t n = (size_t)snprintf(buf, len, "%s", prefix);
+    for (const char *p = name; *p && n + 1 < len; p++)
+        buf[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+    buf[n] = 0;
+}
+
+int opt_warn_moved_env(const opt_t *opts, size_t n, const char *old_prefix, const char *prog, FILE *out) {
+    int warned = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *names[2] = { opts[i].name, opts[i].alias };
+        for (int k = 0; k < 2; k++) {
+            if (!names[k]) continue;
+            char old[96], now[96];
+            env_join(old_prefix, names[k], old, sizeof old);
+            env_join(g_env_prefix, opts[i].name, now, sizeof now);
+            if (!strcmp(old, now) || !getenv(old)) continue;
+            fprintf(out, "%s: warning: %s is not read by %s; it reads %s\n", prog, old, prog, now);
+            warned++;
+        }
+    }
+    return warned;
+}
+
 static bool bounded(const opt_t *o) { return !(o->min == 0 && o->max == 0); }
 
 /* Parse text into o->dst; origin says where the text came from. */

@@ -65,6 +65,12 @@ const char *opt_suggest(const opt_t *opts, size_t n, const char *name);
 void opt_set_env_prefix(const char *prefix);
 const char *opt_env_prefix(void);
 
+/* For a program whose variables moved from old_prefix (BALLAST_) to the
+ * current prefix: one warning line to out for every old_prefix<NAME> set
+ * (NAME an option or its older spelling), naming the variable the program
+ * reads instead. Returns how many. */
+int opt_warn_moved_env(const opt_t *opts, size_t n, const char *old_prefix, const char *prog, FILE *out);
+
 /* Print "--name TYPE  help (default: X) [env BALLAST_NAME]" for every option. */
 void opt_print_help(const opt_t *opts, size_t n, const char *usage, FILE *out);
 

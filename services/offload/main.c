@@ -184,6 +184,7 @@ static void read_svc(void *arg, svc_metrics_sample_t *out) {
 int main(int argc, char **argv) {
     log_init("ballastd", -1);
     opt_set_env_prefix("BALLASTD_"); /* the service's own variables: a trainer's BALLAST_* never reach its options */
+    opt_warn_moved_env(opts, NOPTS, "BALLAST_", "ballastd", stderr); /* `ballast train` passes it none */
     char err[OPT_ERR_LEN];
     const char *pos[1];
     int npos = 0;

@@ -45,6 +45,7 @@ int main(int argc, char **argv) {
     int np = 0;
     log_init("ballast-rdzv", -1);
     opt_set_env_prefix("BALLAST_RDZV_");
+    opt_warn_moved_env(opts, nopts, "BALLAST_", "ballast-rdzv", stderr); /* its variables before the prefix */
     int rc = opt_parse(opts, nopts, argc, argv, NULL, 0, &np,
                        "ballast-rdzv [options]: the rendezvous key/value and barrier store",
                        err, sizeof err);

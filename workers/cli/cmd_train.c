@@ -53,6 +53,8 @@
 #include "topology.h"
 #include "workers/cli/agent.h"
 #include "workers/cli/cli.h"
+#include "workers/cli/spill.h"
+#include "workers/model/config.h"
 
 #define TRAIN_MAX_NPROC 1024
 #define TRAIN_KILL_GRACE_S 5
@@ -87,7 +89,9 @@ static void train_usage(FILE *out) {
                  "  --offload-spill-dir D  its NVMe spill directory, where persistent optimizer state survives for\n"
                  "                         --resume-from-service (default: RUN/ballastd, only with --optimizer-offload\n"
                  "                         nvme or --optimizer-offload-durable yes; host-only offload has no spill tier)\n"
-                 "  --offload-spill-bytes SIZE  capacity of that spill tier, preallocated (default: 2 x the pool)\n"
+                 "  --offload-spill-bytes SIZE  capacity of that spill tier, preallocated (default: what this node's\n"
+                 "                         ranks may write there: optimizer state, two versions when durable, and\n"
+                 "                         offloaded activations, plus a quarter and one spill file)\n"
                  "  --run-dir RUN          the run's directory (default: --ckpt-dir, else the directory of --log-json\n"
                  "                         FILE, else a private directory under $TMPDIR or /tmp, removed after a run\n"
                  "                         that ends well); ballastd logs to RUN/ballastd.log\n"
@@ -105,7 +109,10 @@ typedef struct {
     bool socket_given;         /* --offload-socket or BALLAST_OFFLOAD_SOCKET */
     const char *socket;        /* "unix:/path" or a path */
     bool spill;                /* the run keeps state that may or must reach the spill tier (nvme, or durable) */
+    bool act, opt, durable;    /* activation offload, optimizer offload (host|nvme), durable optimizer state */
     const char *log_json, *ckpt_dir;
+    /* what sizes the spill tier (spill.h): the worker flags, or their BALLAST_* variables */
+    const char *model, *init_from, *seq_len, *micro_batch, *shard, *tp, *cp, *backend;
 } offload_flags_t;
 
 /* Value of worker flag `name` (argv scan: --name V or --name=V); for a
@@ -142,12 +149,51 @@ static void offload_flags(int argc, char *const *argv, offload_flags_t *of) {
     const char *du = env_or(flag_value(argc, argv, "optimizer-offload-durable", false),
                             "BALLAST_OPTIMIZER_OFFLOAD_DURABLE", "auto");
     of->spill = !strcmp(oo, "nvme") || (!strcmp(oo, "host") && !strcmp(du, "yes"));
+    of->act = a;
+    of->opt = !strcmp(oo, "host") || !strcmp(oo, "nvme");
+    of->durable = !strcmp(du, "yes") || (!strcmp(du, "auto") && !strcmp(oo, "nvme"));
     of->remote = env_or(flag_value(argc, argv, "offload-remote", false), "BALLAST_OFFLOAD_REMOTE", NULL) != NULL;
     const char *sf = flag_value(argc, argv, "offload-socket", false);
     of->socket_given = sf || getenv("BALLAST_OFFLOAD_SOCKET");
     of->socket = env_or(sf, "BALLAST_OFFLOAD_SOCKET", TRAIN_DEFAULT_SOCKET);
     of->log_json = env_or(flag_value(argc, argv, "log-json", false), "BALLAST_LOG_JSON", NULL);
     of->ckpt_dir = env_or(flag_value(argc, argv, "ckpt-dir", false), "BALLAST_CKPT_DIR", NULL);
+    of->model = env_or(flag_value(argc, argv, "model", false), "BALLAST_MODEL", NULL);
+    of->init_from = env_or(flag_value(argc, argv, "init-from", false), "BALLAST_INIT_FROM", NULL);
+    of->seq_len = env_or(flag_value(argc, argv, "seq-len", false), "BALLAST_SEQ_LEN", "128");
+    of->micro_batch = env_or(flag_value(argc, argv, "micro-batch", false), "BALLAST_MICRO_BATCH", "4");
+    of->shard = env_or(flag_value(argc, argv, "hybrid-shard-degree", false), "BALLAST_HYBRID_SHARD_DEGREE", "0");
+    of->tp = env_or(flag_value(argc, argv, "tensor-parallel-degree", false), "BALLAST_TENSOR_PARALLEL_DEGREE", "1");
+    of->cp = env_or(flag_value(argc, argv, "context-parallel-degree", false), "BALLAST_CONTEXT_PARALLEL_DEGREE", "1");
+    of->backend = env_or(flag_value(argc, argv, "backend", false), "BALLAST_BACKEND", "cpu");
+}
+
+/* A positive integer worker flag for the spill estimate; def when it does
+ * not parse (the worker names a bad value itself). */
+static int flag_int(const char *v, int def) {
+    int64_t x;
+    char e[64];
+    return v && !parse_int64(v, &x, e, sizeof e) && x > 0 && x <= (1 << 24) ? (int)x : def;
+}
+
+/* The spill tier for this node's `local` ranks of a job of `world`: what
+ * they may write there (spill.h). 0, or -1 with why in err when the model's
+ * config cannot be read. */
+static int spill_for_run(const offload_flags_t *of, int world, int local, spill_plan_t *sp, char *err, size_t errlen) {
+    llama_config_t cfg;
+    const char *m = of->model ? of->model : of->init_from;
+    if (!m) return snprintf(err, errlen, "no --model or --init-from"), -1;
+    if (llama_config_resolve(m, &cfg, err, errlen)) return -1;
+    int T = flag_int(of->tp, 1), C = flag_int(of->cp, 1), S = flag_int(of->shard, 0);
+    /* S = 0: the largest that fits, world / (T C) on the CPU; on a GPU the planner may pick less, which
+     * --hybrid-shard-degree or --offload-spill-bytes then states */
+    if (S == 0) S = world / (T * C) > 0 ? world / (T * C) : 1;
+    spill_run_t r = { .cfg = &cfg, .local_ranks = local, .S = S, .T = T, .C = C,
+                      .micro_batch = flag_int(of->micro_batch, 4), .seq_len = flag_int(of->seq_len, 128),
+                      .act_bytes = of->backend && !strcmp(of->backend, "cuda") ? 2 : 4, .act_offload = of->act,
+                      .opt_offload = of->opt, .durable = of->durable };
+    spill_plan(&r, sp);
+    return 0;
 }
 
 static const char *sock_path(const char *addr) { return strncmp(addr, "unix:", 5) ? addr : addr + 5; }
@@ -184,6 +230,22 @@ static void dir_of(const char *file, char *out, size_t len) {
     else *sl = 0;
 }
 
+/* In the ballastd child: drop the trainer's BALLAST_* variables (its own are
+ * BALLASTD_*), so none of them reaches it, nor its warning about them. */
+static void scrub_trainer_env(void) {
+    extern char **environ;
+    for (;;) {
+        char name[256] = "";
+        for (char **e = environ; e && *e; e++) {
+            const char *eq = strchr(*e, '=');
+            if (strncmp(*e, "BALLAST_", 8) || !eq || (size_t)(eq - *e) >= sizeof name) continue;
+            snprintf(name, sizeof name, "%.*s", (int)(eq - *e), *e);
+            break;
+        }
+        if (!name[0] || unsetenv(name)) return;
+    }
+}
+
 static pid_t g_bd_pid;            /* the ballastd this launcher started, 0 = none */
 static bool g_bd_died;            /* it exited before the workers were done */
 static char g_bd_tmp[PATH_MAX];   /* a run directory made for it alone (removed at the end), "" = none */
@@ -192,7 +254,8 @@ static char g_bd_ports[PATH_MAX + 16], g_bd_sock[PATH_MAX + 16]; /* its files th
 /* Start ballastd when offload is on and none answers. 0 = fine (started,
  * already running, or not needed), 1 = failed (message printed). */
 static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, const char *pool_flag,
-                           const char *spill_flag, const char *spill_bytes_flag, const char *self_dir) {
+                           const char *spill_flag, const char *spill_bytes_flag, const char *self_dir, int world,
+                           int local) {
     if (!of->on || of->remote) return 0;
     const char *path = sock_path(of->socket);
     if (socket_answers(path)) return 0;
@@ -248,17 +311,40 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
             return 1;
         }
     }
-    /* the spill tier is preallocated: keep it proportionate */
-    uint64_t spill_bytes = 2 * pool;
+    /* the spill tier is preallocated: sized to what this node's ranks may write there (spill.h) */
+    spill_plan_t sp;
+    char why[512] = "", sizing[400] = "";
+    bool known = spill[0] && !spill_for_run(of, world, local, &sp, why, sizeof why);
+    bool estimated = known && !spill_bytes_flag;
+    uint64_t spill_bytes = 2 * pool, file_bytes = 0;
+    if (estimated) {
+        spill_bytes = sp.spill_bytes;
+        file_bytes = sp.file_bytes;
+        char o[32], a[32];
+        format_size(sp.opt, o, sizeof o);
+        format_size(sp.act, a, sizeof a);
+        snprintf(sizing, sizeof sizing, "sized for %d local rank%s: optimizer state %s (%s), activations %s, plus a "
+                 "quarter and one file of headroom; --offload-spill-bytes overrides", local, local == 1 ? "" : "s", o,
+                 !of->opt ? "none" : of->durable ? "two versions, durable" : "one version", a);
+    } else if (spill[0] && !spill_bytes_flag) {
+        snprintf(sizing, sizeof sizing, "2 x the pool: the model's size is unknown here (%s)", why);
+    }
     if (spill_bytes_flag) {
         char e[256];
-        if (parse_size(spill_bytes_flag, &spill_bytes, e, sizeof e) || spill_bytes < (1u << 20)) {
-            fprintf(stderr, "ballast train: --offload-spill-bytes '%s': expected a size of at least 1M\n", spill_bytes_flag);
+        if (parse_size(spill_bytes_flag, &spill_bytes, e, sizeof e) || spill_bytes < (1u << 20) ||
+            spill_bytes > (1ull << 55)) {
+            fprintf(stderr, "ballast train: --offload-spill-bytes '%s': expected a size from 1M to 32P, such as 64G\n",
+                    spill_bytes_flag);
             return 1;
         }
+        snprintf(sizing, sizeof sizing, "--offload-spill-bytes");
     }
-    uint64_t file_bytes = spill_bytes / 4 < (1ull << 30) ? spill_bytes / 4 : (1ull << 30);
-    if (file_bytes < (1u << 20)) file_bytes = 1u << 20;
+    if (!file_bytes) {
+        file_bytes = spill_bytes / 4 < (1ull << 30) ? spill_bytes / 4 : (1ull << 30);
+        if (known && file_bytes < sp.largest_blob) file_bytes = sp.largest_blob; /* a blob never spans two files */
+        if (file_bytes > spill_bytes) file_bytes = spill_bytes;
+        file_bytes = file_bytes < (1u << 20) ? 1u << 20 : file_bytes & ~((uint64_t)(1u << 20) - 1);
+    }
     char bd[PATH_MAX + 32], pool_s[32], spill_s[32], file_s[32];
     snprintf(bd, sizeof bd, "%s/ballastd", self_dir ? self_dir : ".");
     snprintf(pool_s, sizeof pool_s, "%llu", (unsigned long long)pool);
@@ -274,6 +360,7 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
         if (getppid() != parent) _exit(1);
         FILE *lf = freopen(logp, "a", stdout);
         if (lf) dup2(fileno(stdout), 2);
+        scrub_trainer_env();
         char *av[] = { bd, "--socket", sockp, "--pool-bytes", pool_s, "--port-file", ports, "--spill-dir", spill,
                        "--spill-bytes", spill_s, "--spill-file-bytes", file_s, NULL };
         if (!spill[0]) av[7] = NULL; /* no spill tier */
@@ -292,8 +379,8 @@ static int ballastd_ensure(const offload_flags_t *of, const char *run_dir_flag, 
             format_size(pool, sz, sizeof sz);
             format_size(spill_bytes, ssz, sizeof ssz);
             if (spill[0])
-                fprintf(stderr, "ballast train: started ballastd (pid %d) on %s: pool %s, spill %s in %s, log %s\n",
-                        (int)p, sockp, sz, ssz, spill, logp);
+                fprintf(stderr, "ballast train: started ballastd (pid %d) on %s: pool %s, spill %s (%llu bytes; %s) in "
+                        "%s, log %s\n", (int)p, sockp, sz, ssz, (unsigned long long)spill_bytes, sizing, spill, logp);
             else
                 fprintf(stderr, "ballast train: started ballastd (pid %d) on %s: pool %s, no spill tier (nothing "
                         "of this run goes to NVMe), log %s\n", (int)p, sockp, sz, logp);
@@ -446,13 +533,18 @@ static void describe_exit(const launch_t *L, int local, pid_t p, int st, char *o
 /* ---- the workers' stderr: each distinct message once, with its ranks ----
  * With several workers each one's stderr is a pipe to the launcher, read
  * line by line. Log lines below error pass at once; an error or a plain
- * line (a bad flag's message) is held for up to TRAIN_MERGE_S; the same message
- * from other ranks meanwhile (the same text once the time stamp, the
- * process header and a leading "rank N: " are set aside) joins it, and it
- * is printed once: as it came when one rank sent it, else as
- * "ballast train: LEVEL on ranks 0-3: MESSAGE". */
+ * line (a bad flag's message) is held, and the same message from other
+ * ranks (the same text once the time stamp, the process header and a
+ * leading "rank N: " are set aside) joins it. It is printed once, as it came
+ * when one rank sent it, else as "ballast train: LEVEL on ranks 0-3:
+ * MESSAGE", when no other copy can come: every rank sent it, or every rank
+ * that did not has exited (its pipe at EOF; after a failure the launcher
+ * stops the others, SIGKILL after TRAIN_KILL_GRACE_S, so that is bounded).
+ * No timing decides it: a rank however slowed still joins. Only a message
+ * that ends no rank while the others train on is let out after
+ * TRAIN_HOLD_S. Held messages leave in the order they came. */
 
-#define TRAIN_MERGE_S 0.3
+#define TRAIN_HOLD_S 30.0
 #define TRAIN_HELD_MAX 64
 
 typedef struct {
@@ -512,15 +604,23 @@ static void err_print(errmux_t *m, held_t *h) {
     free(h->ranks);
 }
 
-/* Print the held lines older than age seconds (all: age < 0), in order. */
-static void err_flush(errmux_t *m, double age) {
+/* No other copy of h can come: each rank sent it or has exited, or it was
+ * held TRAIN_HOLD_S. */
+static bool err_complete(const errmux_t *m, const held_t *h, double now) {
+    if (now - h->t >= TRAIN_HOLD_S) return true;
+    for (int i = 0; i < m->n; i++)
+        if (!h->ranks[i] && m->fd[i] >= 0) return false;
+    return true;
+}
+
+/* Print the held lines that are complete (all: every one), in the order
+ * they came: a line waits for the ones before it. */
+static void err_flush(errmux_t *m, bool all) {
     double now = clock_now_s();
-    int k = 0;
-    for (int i = 0; i < m->nheld; i++) {
-        if (age < 0 || now - m->held[i].t >= age) err_print(m, &m->held[i]);
-        else m->held[k++] = m->held[i];
-    }
-    m->nheld = k;
+    int done = 0;
+    while (done < m->nheld && (all || err_complete(m, &m->held[done], now))) err_print(m, &m->held[done++]);
+    memmove(m->held, m->held + done, (size_t)(m->nheld - done) * sizeof *m->held);
+    m->nheld -= done;
 }
 
 static void err_line(errmux_t *m, int r, const char *line) {
@@ -557,7 +657,7 @@ static void err_pump(errmux_t *m, double wait_s) {
     int idx[TRAIN_MAX_NPROC], k = 0;
     for (int i = 0; i < m->n; i++)
         if (m->fd[i] >= 0) { pf[k] = (struct pollfd){ .fd = m->fd[i], .events = POLLIN }; idx[k++] = i; }
-    if (!k) { if (wait_s > 0) usleep((useconds_t)(wait_s * 1e6)); err_flush(m, TRAIN_MERGE_S); return; }
+    if (!k) { if (wait_s > 0) usleep((useconds_t)(wait_s * 1e6)); err_flush(m, false); return; }
     if (poll(pf, (nfds_t)k, (int)(wait_s * 1000)) > 0) {
         for (int j = 0; j < k; j++) {
             if (!(pf[j].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -583,11 +683,11 @@ static void err_pump(errmux_t *m, double wait_s) {
             if (m->len[i] == sizeof m->buf[i] - 1) { m->buf[i][m->len[i]] = 0; err_line(m, i, m->buf[i]); m->len[i] = 0; }
         }
     }
-    err_flush(m, TRAIN_MERGE_S);
+    err_flush(m, false);
 }
 
-/* Before the launcher speaks: what the workers said first, so "its message
- * is above" holds. Reads up to settle_s for the other ranks' copies. */
+/* Once the workers have exited: what their pipes still hold (up to settle_s
+ * for a pipe a grandchild keeps open), then every held line. */
 static void err_settle(errmux_t *m, double settle_s) {
     if (!m) return;
     double t0 = clock_now_s();
@@ -597,7 +697,7 @@ static void err_settle(errmux_t *m, double settle_s) {
         open = false;
         for (int i = 0; i < m->n; i++) open |= m->fd[i] >= 0;
     }
-    err_flush(m, -1);
+    err_flush(m, true);
 }
 
 /* Start this node's P workers for attempt `attempt` and watch them (and,
@@ -612,6 +712,7 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
     run_end_t end = RUN_OK;
     bool stopping = false, graceful = false; /* graceful: stopping on a signal, after the step */
     double stop_t = 0, abort_t = 0;
+    char note[2 * AGENT_ERR_LEN + 128] = ""; /* the launcher's line on the first failure, after the ranks' messages */
     *status = 0;
     cause[0] = 0;
     /* several workers: their stderr through the launcher, each distinct message once */
@@ -747,22 +848,25 @@ static run_end_t run_attempt(const launch_t *L, agent_t *ag, int attempt, char *
             continue;
         }
         end = RUN_FAILED;
-        err_settle(mx, 2.0); /* the ranks' own messages first, each once (the others' copies a moment later) */
         char msg[AGENT_ERR_LEN];
         describe_exit(L, r, p, st, msg, sizeof msg);
         kill_all(pids, nproc, SIGTERM);
         if (ag) agent_fail(ag, msg, cause, clen);
         else snprintf(cause, clen, "%s", msg);
+        /* with the ranks' stderr held, this line waits for their messages ("its message is above") */
         if (!strcmp(cause, msg))
-            fprintf(stderr, "ballast train: %s; stopping the other ranks\n", msg);
+            snprintf(note, sizeof note, "ballast train: %s; %s\n", msg,
+                     mx ? "the other ranks were stopped" : "stopping the other ranks");
         else
-            fprintf(stderr, "ballast train: node %d: %s; stopping this node's ranks (here %s after it)\n", L->node_rank,
-                    cause, msg);
+            snprintf(note, sizeof note, "ballast train: node %d: %s; %s this node's ranks (here %s after it)\n",
+                     L->node_rank, cause, mx ? "stopped" : "stopping", msg);
+        if (!mx) { fputs(note, stderr); note[0] = 0; }
         if (ag && agent_stopped(ag)) end = RUN_STOPPED;
     }
     free(pids);
     if (mx) {
         err_settle(mx, 2.0); /* every worker exited: their pipes are at EOF, or soon */
+        if (note[0]) fputs(note, stderr);
         for (int i = 0; i < nproc; i++) if (mux.fd[i] >= 0) close(mux.fd[i]);
         free(mux.fd);
         free(mux.buf);
@@ -995,7 +1099,10 @@ int cmd_train(int argc, char **argv) {
     }
     offload_flags_t of;
     offload_flags(wn, wargv, &of);
-    if (ballastd_ensure(&of, run_dir, pool, spill, spill_bytes, n > 0 ? self : NULL)) { free(wargv); return 1; }
+    if (ballastd_ensure(&of, run_dir, pool, spill, spill_bytes, n > 0 ? self : NULL, L.nnodes * L.nproc, L.nproc)) {
+        free(wargv);
+        return 1;
+    }
     if (L.nnodes > 1 || L.nproc > 1 || g_bd_pid || L.max_restarts > 0) {
         if (L.nnodes == 1 && !L.worker_port) {
             snprintf(L.master_addr, sizeof L.master_addr, "127.0.0.1");
