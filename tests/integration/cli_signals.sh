@@ -69,7 +69,9 @@ d=$D/abort; mkdir -p "$d"
 "$B" train "${RUN[@]}" --micro-batch 16 --seq-len 128 --steps 100000 --ckpt-dir "$d/ck" --ckpt-every 1 \
     --log-json "$d/run.jsonl" > /dev/null 2> "$d/err" &
 pid=$!
-wait_lines "$d/run.jsonl" 3 || true
+# step 2 logged: step 1's checkpoint is on disk (the checkpoint is written
+# before the next step starts), so the abort has a newest checkpoint to name
+wait_lines "$d/run.jsonl" 4 || true
 # the second signal once the first is acknowledged (two pending signals would merge into one)
 kill -INT $pid 2> /dev/null
 for _ in $(seq 1 1000); do grep -q "signal received" "$d/err" && break; sleep 0.01; done
