@@ -13,6 +13,7 @@ static struct {
     bool json;
     int rank;
     char prog[32];
+    int format_warned;  /* BALLAST_LOG_FORMAT was bad: said once */
 } g_log = { LOG_INFO, false, -1, "ballast" };
 
 static const char *level_names[] = { "debug", "info", "warn", "error", "off" };
@@ -28,8 +29,12 @@ void log_init(const char *prog, int rank) {
     g_log.rank = rank;
     const char *lv = getenv("BALLAST_LOG_LEVEL");
     if (lv && log_level_parse(lv) >= 0) g_log.level = (log_level_t)log_level_parse(lv);
-    const char *js = getenv("BALLAST_LOG_JSON");
-    if (js && (strcmp(js, "1") == 0 || strcasecmp(js, "true") == 0)) g_log.json = true;
+    /* the format of log lines; not BALLAST_LOG_JSON, which is the
+     * trainer's --log-json FILE */
+    const char *fm = getenv("BALLAST_LOG_FORMAT");
+    if (fm && strcasecmp(fm, "json") == 0) g_log.json = true;
+    else if (fm && *fm && strcasecmp(fm, "text") != 0 && !g_log.format_warned++)
+        fprintf(stderr, "%s: warning: BALLAST_LOG_FORMAT='%s' is not text or json; logging text\n", g_log.prog, fm);
 }
 
 void log_set_level(log_level_t level) { g_log.level = level; }

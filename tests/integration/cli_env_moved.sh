@@ -46,4 +46,16 @@ if BALLAST_LOG_JSON="$D/run/log.jsonl" BALLAST_THREADS=1 BALLAST_POOL_BYTES=1G t
         t_ok "ballast train with BALLAST_LOG_JSON=FILE: the trainer logs there, its ballastd sees no BALLAST_* variable"
     else t_fail "the launcher's ballastd gets no trainer variable" "$(grep BALLAST_ "$D/run/ballastd.log" | head -3)"; fi
 else t_fail "ballast train with offload and BALLAST_* set" "$(tail -3 "$D/train.out")"; fi
+
+# BALLAST_LOG_JSON is the step records' FILE: a boolean there (the old "log
+# lines as JSON") is refused naming BALLAST_LOG_FORMAT, and nothing is
+# written to a file named after it; BALLAST_LOG_FORMAT=json gives JSON lines
+b=$(shuf -n 1 -e 1 true TRUE yes on 0 false)
+mkdir -p "$D/lj" && (cd "$D/lj" && BALLAST_LOG_JSON=$b t_expect_fail "BALLAST_LOG_JSON=$b is refused, naming BALLAST_LOG_FORMAT" \
+    "looks like a boolean.*BALLAST_LOG_FORMAT=json" "$B" train --model tiny --data "$D/c.bin" --micro-batch 2 --seq-len 16 --steps 1)
+if [ -e "$D/lj/$b" ]; then t_fail "no file named $b" "$(ls "$D/lj")"; else t_ok "no step-record file named '$b'"; fi
+out=$(BALLAST_LOG_FORMAT=json "$B" train --model tiny --data "$D/c.bin" --micro-batch 2 --seq-len 16 --steps 1 \
+      --log-json "$D/no-such-dir/r.jsonl" 2>&1)
+if echo "$out" | grep -q '^{.*"level": *"error".*no-such-dir'; then t_ok "BALLAST_LOG_FORMAT=json: the error is a JSON line"
+else t_fail "BALLAST_LOG_FORMAT=json" "$(echo "$out" | tail -2)"; fi
 t_done

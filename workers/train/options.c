@@ -153,6 +153,18 @@ int train_parse(int argc, char **argv, train_opts_t *o) {
                        "usage: ballast-worker --data SHARDS [--model M | --init-from DIR] [options]", err, sizeof err);
     if (rc < 0) { fprintf(stderr, "%s: %s\n", g_prog, err); return -1; }
     if (rc == 0 && resume_resolve(&g_opts)) return -1;
+    /* BALLAST_LOG_JSON=1 once meant "log lines as JSON": a boolean here
+     * would write the step records to a file named 1 */
+    if (rc == 0 && g_opts.log_json) {
+        static const char *const flags[] = { "1", "0", "true", "false", "yes", "no", "on", "off", NULL };
+        for (const char *const *f = flags; *f; f++)
+            if (!strcasecmp(g_opts.log_json, *f)) {
+                fprintf(stderr, "%s: --log-json '%s' (or BALLAST_LOG_JSON) looks like a boolean; it takes the FILE "
+                        "the step records go to (- for stdout); for log lines as JSON set BALLAST_LOG_FORMAT=json\n",
+                        g_prog, g_opts.log_json);
+                return -1;
+            }
+    }
     *o = g_opts;
     return rc;
 }
