@@ -1114,11 +1114,11 @@ Test(store, job_quota_holds_across_sessions_and_restarts, .timeout = 60) {
     store_key_t kx = key_of(job, 0, 1000);
     pool_region_t r;
     status_t st = store_put_alloc(s, sid, &kx, blob, STORE_F_PERSISTENT, &r, err, sizeof err);
-    cr_assert_eq(st, STATUS_QUOTA_EXCEEDED, "put %d of a job over its quota: %s", fit + 1, status_word(st));
+    cr_assert_eq(st, STATUS_JOB_QUOTA_EXCEEDED, "put %d of a job over its quota: %s", fit + 1, status_word(st));
     cr_assert(strstr(err, "quota-job") && strstr(err, "--job-quota"), "%s", err);
     /* non-persistent blobs count too, while they live */
     store_key_t kn = key_of(job, 1, 2000);
-    cr_assert_eq(store_put_alloc(s, sid, &kn, blob, 0, &r, err, sizeof err), STATUS_QUOTA_EXCEEDED);
+    cr_assert_eq(store_put_alloc(s, sid, &kn, blob, 0, &r, err, sizeof err), STATUS_JOB_QUOTA_EXCEEDED);
     /* another job is not charged for this one */
     store_key_t ko = key_of(other, 0, 0);
     cr_assert_eq(put_gen(s, sid, &ko, 9, blob, STORE_F_PERSISTENT), STATUS_OK);
@@ -1132,7 +1132,7 @@ Test(store, job_quota_holds_across_sessions_and_restarts, .timeout = 60) {
     s = open_store(&c);
     cr_assert_eq(store_job_id(s, "quota-job", &job, err, sizeof err), STATUS_OK);
     cr_assert_eq(store_session_open(s, ++sid, 0), STATUS_OK);
-    cr_assert_eq(store_put_alloc(s, sid, &kx, blob, STORE_F_PERSISTENT, &r, err, sizeof err), STATUS_QUOTA_EXCEEDED,
+    cr_assert_eq(store_put_alloc(s, sid, &kx, blob, STORE_F_PERSISTENT, &r, err, sizeof err), STATUS_JOB_QUOTA_EXCEEDED,
                  "after a restart the job's persistent blobs were not charged");
     /* a free gives one blob's share back */
     store_key_t k1 = key_of(job, 0, 1);
