@@ -45,6 +45,7 @@ typedef struct {
     uint32_t id;        /* slot + POOL_MAX_SEGS * gen */
     uint32_t gen;       /* bumped when the slot is reused */
     uint64_t used;      /* bytes in allocated regions */
+    bool dedicated;     /* made for one blob of at least seg_unit bytes: holds only blobs of its size */
 } seg_t;
 
 struct pool {
@@ -135,6 +136,7 @@ static seg_t *seg_new(pool_t *p, uint64_t owner, uint64_t len, int *rc) {
     s->id = slot + POOL_MAX_SEGS * s->gen;
     s->owner = owner;
     s->used = 0;
+    s->dedicated = len >= p->seg_unit;
     p->assigned += s->shm.bytes;
     p->nsegs++;
     p->created++;
@@ -207,10 +209,16 @@ int pool_alloc(pool_t *p, uint64_t owner, uint64_t len, pool_region_t *r) {
     int rc = -ENOMEM;
     uint64_t off = 0;
     seg_t *s = NULL;
+    /* A blob of a segment's size or more gets a segment of exactly its size
+     * (page-rounded), reused only by a blob of that size: no segment is left
+     * with a tail nothing fits in. Smaller blobs share segments of seg_unit. */
+    bool big = alen >= p->seg_unit;
+    uint64_t exact = round_up(alen, p->page);
     for (uint32_t i = 0; i < POOL_MAX_SEGS; i++) {
         seg_t *c = &p->seg[i];
-        if (c->shm.base && c->owner == owner && c->shm.bytes - c->used >= alen &&
-            ext_alloc(c->ext, alen, &off) == 0) { s = c; rc = 0; break; }
+        if (!c->shm.base || c->owner != owner || c->dedicated != big) continue;
+        if (big && (c->used || c->shm.bytes != exact)) continue;
+        if (c->shm.bytes - c->used >= alen && ext_alloc(c->ext, alen, &off) == 0) { s = c; rc = 0; break; }
     }
     if (!s && (s = seg_new(p, owner, alen, &rc)) != NULL) rc = ext_alloc(s->ext, alen, &off);
     if (rc == 0) {

@@ -12,8 +12,11 @@
  * starts on a 4 KiB boundary and its length is a multiple of 4 KiB (O_DIRECT
  * and DMA need that); a region never crosses a segment boundary.
  *
- * A new segment is segment_bytes large (or as large as the blob that needs
- * it). An empty segment goes back to the budget when another allocation
+ * Blobs smaller than segment_bytes share segments of segment_bytes (or of
+ * what is left of the budget); a blob of segment_bytes or more gets a
+ * segment of exactly its page-rounded size, which later holds only another
+ * blob of that size, so no segment keeps a tail that nothing fits in. An
+ * empty segment goes back to the budget when another allocation
  * needs the room (pool_alloc), or at once with pool_trim (a job's last blob
  * and session are gone); its pages are punched out first, so a client that
  * still maps it keeps only an empty file of its own job.

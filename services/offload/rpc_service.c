@@ -361,7 +361,7 @@ static grpc_status_code h_put(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Protob
     if (req->data.len == 0 || req->data.len > max) {
         sess_count(svc->sessions, req->session_id, true, false);
         return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                            "blob length %zu must be in [1, %llu] bytes (the largest pool segment)",
+                            "blob length %zu must be in [1, %llu] bytes (the pool's --pool-bytes)",
                             req->data.len, (unsigned long long)max);
     }
     store_crc_t crc = { 0, false };

@@ -1279,8 +1279,8 @@ static void free_blobs(store_t *s, blob_t **v, size_t n, bool release_job, uint6
 status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint64_t len,
                          uint32_t flags, pool_region_t *region, char *err, size_t errlen) {
     if (len == 0 || len > pool_max_alloc(s->pool)) {
-        errbuf_set(err, errlen, "blob length %llu out of range: 1..%llu bytes (one pool segment; raise "
-               "--segment-bytes for larger blobs)", (unsigned long long)len,
+        errbuf_set(err, errlen, "blob length %llu out of range: 1..%llu bytes (the whole pool; raise "
+               "--pool-bytes for larger blobs)", (unsigned long long)len,
                (unsigned long long)pool_max_alloc(s->pool));
         return STATUS_INVALID_ARGUMENT;
     }

@@ -665,8 +665,10 @@ static status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **priv
 static status_t cpl_status(oc_client_t *c, const rp_cpl_t *p, const oc_key_t *k) {
     status_t st = status_from_grpc(p->status);
     if (st == STATUS_OK) return STATUS_OK;
-    const char *sep = st == STATUS_RESOURCE_EXHAUSTED ? "; " : "";
-    const char *hint = st == STATUS_RESOURCE_EXHAUSTED ? FULL_HINT : "";
+    /* a quota refusal's detail names its own fix */
+    bool quota = p->detail == RP_D_OVER_QUOTA || p->detail == RP_D_JOB_QUOTA;
+    const char *sep = st == STATUS_RESOURCE_EXHAUSTED && !quota ? "; " : "";
+    const char *hint = st == STATUS_RESOURCE_EXHAUSTED && !quota ? FULL_HINT : "";
     if (k)
         return fail(st, "ballastd at %s: %s of key (rank %u, kind %u, index %llu, step %llu) "
                     "failed: %s: %s%s%s", c->addr, rp_op_name(p->op), k->rank, k->kind,
@@ -757,8 +759,8 @@ status_t oc_put_alloc(oc_client_t *c, const oc_key_t *k, uint64_t len, bool pers
     if (st) return st;
     memset(b, 0, sizeof *b);
     if (len == 0 || (c->max_blob && len > c->max_blob))
-        return fail(STATUS_INVALID_ARGUMENT, "blob length %llu must be in [1, %llu] bytes (the largest pool segment): "
-                    "split the blob, or restart ballastd with a larger --pool-bytes / --segment-bytes",
+        return fail(STATUS_INVALID_ARGUMENT, "blob length %llu must be in [1, %llu] bytes (ballastd's --pool-bytes): "
+                    "split the blob, or restart ballastd with a larger --pool-bytes",
                     (unsigned long long)len, (unsigned long long)c->max_blob);
     if (!c->shared) {
         b->ptr = malloc(len);
