@@ -92,11 +92,11 @@ if bd_start V "$D" --pool-bytes 32M --mlock=false --spill-dir "$D/spillv" --spil
         # ---- memory: a hostile job maps every fd it is handed ----
         run_memory() {  # NAME [as_other]
             local name=$1 wrap=${2:-}
-            local rc=0
+            local rc=0 t0=$SECONDS
             $wrap "$TRUST" memory --addr "unix:$SV" --state "$D/v.state" --fd-socket "$SV.fd" --job "intruder-$name" \
                 --count 24 --seed "$SEED" --token "$TOKEN" > "$D/memory-$name.out" 2>&1 || rc=$?
             if [ $rc -eq 0 ]; then
-                t_ok "hostile job's memory ($name): $(grep -o 'attached with.*' "$D/memory-$name.out")"
+                t_ok "hostile job's memory ($name, $((SECONDS - t0)) s): $(grep -o 'attached with.*' "$D/memory-$name.out")"
             else
                 t_fail "hostile job's memory ($name)" "rc $rc: $(grep -E '^SUCCEEDED' "$D/memory-$name.out" | head -3) $(tail -2 "$D/memory-$name.out")"
             fi
