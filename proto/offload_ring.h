@@ -10,11 +10,18 @@
  *
  * Keys inside a ring are relative to the session's job: the service fills
  * in the job id, so a session can only name blobs of its own job. Regions are
- * (segment, offset, length) inside the pool the worker mapped; the service
- * accepts a region only when it lies inside the pool and inside the region
- * this session holds for that key (allocated by its PUT_ALLOC, or pinned by
- * its GET); another session's region, or one this session no longer holds,
- * is refused with RP_D_BAD_REGION.
+ * (segment id, offset, length) inside the job's segments the worker mapped;
+ * the service accepts a region only when it lies inside a segment of the
+ * session's job and inside the region this session holds for that key
+ * (allocated by its PUT_ALLOC, or pinned by its GET); another session's
+ * region, one this session no longer holds, or any offset in another job's
+ * segment, is refused with RP_D_BAD_REGION.
+ *
+ * Segments: each job has its own pool segments, created on demand. Attach
+ * hands over the job's segments that exist then; a completion may later name
+ * a segment id the worker has not mapped (the job grew): the worker then
+ * asks for that one segment on the fd socket (rp_segment_req_t) and maps it
+ * before it touches the region. Segment ids are never reused.
  *
  * Status codes are the wire values of proto/status.h, gRPC's numbers, so
  * that ring and RPC errors read the same. Both structs are plain
@@ -28,7 +35,7 @@
 
 #include "proto/status.h"
 
-#define RING_PROTO_VERSION      1u
+#define RING_PROTO_VERSION      2u
 #define RING_PROTO_ENTRY_BYTES  64u
 #define RING_PROTO_MAX_CAPACITY 4096u
 
@@ -79,6 +86,7 @@ typedef enum {
     RP_D_IO,              /* spill tier I/O error */
     RP_D_DRAINING,        /* the service is draining */
     RP_D_BAD_PAD,         /* reserved bytes not zero */
+    RP_D_JOB_QUOTA,       /* the job's quota (--job-quota) would be exceeded */
     RP_D_MAX_
 } rp_detail_t;
 
@@ -126,10 +134,18 @@ enum {
 };
 
 /* The fd socket handshake. The worker sends rp_attach_t (no fds); the
- * service answers with rp_attach_reply_t and, when status is STATUS_OK, the pool
- * segment fds (in chunks of at most 16 per message: each chunk is an
- * rp_fd_chunk_t carrying its fds) and then the RP_FD_COUNT ring fds in one
- * last rp_fd_chunk_t. */
+ * service answers with rp_attach_reply_t and, when status is STATUS_OK, the
+ * segment fds of the session's job only (nsegs of them, in chunks of at most
+ * 16 per message: each chunk is an rp_fd_chunk_t naming the segment ids and
+ * sizes of the fds it carries) and then the RP_FD_COUNT ring fds in one last
+ * rp_fd_chunk_t (ring = 1, no ids).
+ *
+ * A later segment: the worker connects again and sends rp_segment_req_t
+ * (session id, attach nonce, segment id); the service answers with an
+ * rp_attach_reply_t (nsegs 1 or 0) and, on STATUS_OK, one rp_fd_chunk_t
+ * carrying that segment's fd. It refuses (NOT_FOUND, naming no owner) a
+ * segment that is not of the session's job, and any caller but the
+ * session's attached owner uid. */
 #define RP_ATTACH_MAGIC 0x48435441504c42ull /* "BLPATCH" */
 typedef struct {
     uint64_t magic;       /* RP_ATTACH_MAGIC */
@@ -145,11 +161,23 @@ typedef struct {
     char msg[248];        /* why, when status != STATUS_OK */
 } rp_attach_reply_t;
 
+#define RP_SEGMENT_MAGIC 0x4d474553504c42ull /* "BLPSEGM" */
 typedef struct {
-    uint32_t first;       /* index of the first fd in this chunk (segment index, or 0 for ring fds) */
+    uint64_t magic;       /* RP_SEGMENT_MAGIC */
+    uint64_t session_id;
+    uint64_t nonce;       /* the session's attach nonce */
+    uint32_t version;     /* RING_PROTO_VERSION */
+    uint32_t seg;         /* the segment id a completion named */
+} rp_segment_req_t;
+
+_Static_assert(sizeof(rp_segment_req_t) == sizeof(rp_attach_t), "the two fd-socket requests share a size");
+
+#define RP_CHUNK_FDS 16   /* = SHM_MAX_FDS */
+typedef struct {
     uint32_t count;       /* fds in this chunk */
     uint32_t ring;        /* 1: this chunk carries the ring fds */
-    uint32_t reserved;
+    uint32_t seg[RP_CHUNK_FDS];   /* segment chunks: the id of each fd */
+    uint64_t bytes[RP_CHUNK_FDS]; /* segment chunks: the size of each */
 } rp_fd_chunk_t;
 
 /* Offset of the completion ring inside the ring memfd (page aligned). */
@@ -174,7 +202,9 @@ static inline const char *rp_detail_text(uint32_t d) {
         "pool full and nothing can be evicted", "key already exists: free it first",
         "no such key (never committed, freed, or lost in a crash before its ack)",
         "this session holds no region for the key", "crc32c mismatch on read-back",
-        "spill tier I/O error", "service is draining", "reserved bytes must be zero" };
+        "spill tier I/O error", "service is draining", "reserved bytes must be zero",
+        "job quota exceeded: the job's blobs together would pass ballastd's --job-quota; free "
+        "blobs of the job (persistent ones too) or raise --job-quota" };
     return d < RP_D_MAX_ ? n[d] : "unknown detail";
 }
 

@@ -58,6 +58,8 @@ typedef enum {
     STATUS_NO_SESSION,               /* FAILED_PRECONDITION: the store knows no such session id */
     STATUS_NOT_HELD,                 /* FAILED_PRECONDITION: get_done / unpin / commit by a session
                                         that does not hold the blob */
+    STATUS_JOB_QUOTA_EXCEEDED,       /* RESOURCE_EXHAUSTED: the job's quota (--job-quota) would be
+                                        exceeded */
     STATUS_END_                      /* one past the last value */
 } status_t;
 
@@ -72,6 +74,7 @@ static inline status_t status_wire(status_t st) {
     case STATUS_IO_ERROR:       return STATUS_INTERNAL;
     case STATUS_NO_SESSION:     return STATUS_FAILED_PRECONDITION;
     case STATUS_NOT_HELD:       return STATUS_FAILED_PRECONDITION;
+    case STATUS_JOB_QUOTA_EXCEEDED: return STATUS_RESOURCE_EXHAUSTED;
     default:
         return (unsigned)st < STATUS_WIRE_COUNT_ ? st : STATUS_UNKNOWN;
     }
@@ -117,6 +120,7 @@ static inline const char *status_name(status_t st) {
     case STATUS_IO_ERROR:            return "IO_ERROR";
     case STATUS_NO_SESSION:          return "NO_SESSION";
     case STATUS_NOT_HELD:            return "NOT_HELD";
+    case STATUS_JOB_QUOTA_EXCEEDED:  return "JOB_QUOTA_EXCEEDED";
     default:                         return "UNKNOWN_STATUS";
     }
 }
@@ -151,6 +155,7 @@ static inline const char *status_word(status_t st) {
     case STATUS_IO_ERROR:            return "io_error";
     case STATUS_NO_SESSION:          return "no_session";
     case STATUS_NOT_HELD:            return "not_held";
+    case STATUS_JOB_QUOTA_EXCEEDED:  return "job_quota_exceeded";
     default:                         return "unknown_status";
     }
 }

@@ -15,14 +15,17 @@
  * exact accounting and exact exhaustion with no metadata in memory that
  * clients map read-write.
  *
- * Segments come from common/shm.h (create, size, seal, map, mlock).
- *
- * Offsets: segment i occupies [base_i, base_i + bytes_i) of the allocator's
- * offset space, base_i = sum of the sizes before it. */
+ * Segments come from common/shm.h (create, size, seal, map, mlock). Each
+ * belongs to one owner (a job) and has an extent allocator of its own, so a
+ * region of one job can never be carved out of another job's memfd; the
+ * budget (cfg.pool_bytes) limits the sum of live segment sizes. An empty
+ * segment is retired (pages punched out, unmapped, fd closed) when another
+ * allocation needs its bytes or on pool_trim. */
 #include "pool.h"
 #include "errbuf.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -36,37 +39,113 @@
 #include "shm.h"
 
 typedef struct {
-    shm_seg_t shm;   /* sealed memfd and its mapping (common/shm.h) */
-    uint64_t start;  /* offset of the segment in the allocator's space, bytes */
+    shm_seg_t shm;      /* sealed memfd and its mapping (common/shm.h); shm.base NULL: slot free */
+    ext_alloc_t *ext;   /* regions inside it, offsets 0 .. shm.bytes */
+    uint64_t owner;     /* the job it belongs to */
+    uint32_t id;        /* slot + POOL_MAX_SEGS * gen */
+    uint32_t gen;       /* bumped when the slot is reused */
+    uint64_t used;      /* bytes in allocated regions */
+    bool dedicated;     /* made for one blob of at least seg_unit bytes: holds only blobs of its size */
 } seg_t;
 
 struct pool {
-    pthread_mutex_t mu;
-    ext_alloc_t *ext;          /* guarded by mu */
+    pthread_mutex_t mu;        /* guards everything below except cfg */
+    pool_config_t cfg;
+    char name[48];
     seg_t seg[POOL_MAX_SEGS];
-    uint32_t nsegs;
-    uint64_t seg_max;          /* largest segment, bytes */
-    uint64_t allocs, failures; /* guarded by mu */
-    bool mlocked, huge;
+    uint32_t nsegs;            /* live segments */
+    uint64_t budget;           /* total, bytes */
+    uint64_t assigned;         /* bytes in live segments */
+    uint64_t seg_unit;         /* size of a new segment, bytes */
+    uint64_t page;             /* segment size granule (page or 2 MiB) */
+    uint64_t allocs, failures, created, retired;
+    bool huge;                 /* segments use 2 MiB huge pages */
+    bool lock_ok;              /* no mlock refusal so far */
+    bool lock_warned;
 };
 
-/* ---- segments ---- */
+/* ---- segments (with mu held) ---- */
 
-/* mlock every segment; on refusal warn once with the limit and the fix
- * (shm_lock's message) and unlock what was locked. */
-static bool lock_segments(pool_t *p) {
-    for (uint32_t i = 0; i < p->nsegs; i++) {
-        char err[SHM_ERR_LEN];
-        if (shm_lock(&p->seg[i].shm, err, sizeof err) != 0) {
-            log_warn("pool: %s. Docker: docker run --ulimit memlock=-1; systemd: LimitMEMLOCK=infinity", err);
-            for (uint32_t j = 0; j < i; j++) {
-                munlock(p->seg[j].shm.base, p->seg[j].shm.bytes);
-                p->seg[j].shm.locked = false;
-            }
-            return false;
-        }
+static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+static void seg_retire(pool_t *p, seg_t *s) {
+    /* Free the pages now even if a client still maps the file: what is left
+     * is an empty memfd of the same job. */
+    fallocate(s->shm.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)s->shm.bytes);
+    p->assigned -= s->shm.bytes;
+    shm_destroy(&s->shm); /* munlocks too */
+    ext_destroy(s->ext);
+    s->ext = NULL;
+    s->owner = 0;
+    s->used = 0;
+    p->nsegs--;
+    p->retired++;
+}
+
+/* Retire empty segments (of any owner but keep) until want bytes of budget
+ * are unassigned. true when there are. */
+static bool make_budget(pool_t *p, uint64_t want) {
+    for (uint32_t i = 0; i < POOL_MAX_SEGS && p->budget - p->assigned < want; i++)
+        if (p->seg[i].shm.base && p->seg[i].used == 0) seg_retire(p, &p->seg[i]);
+    return p->budget - p->assigned >= want;
+}
+
+/* A new segment of at least len bytes for owner; NULL with -errno in *rc. */
+static seg_t *seg_new(pool_t *p, uint64_t owner, uint64_t len, int *rc) {
+    uint64_t bytes = round_up(len > p->seg_unit ? len : p->seg_unit, p->page);
+    uint64_t need = round_up(len, p->page);
+    uint64_t left = p->budget - p->assigned;
+    if (bytes > left) {
+        /* take what the budget has, down to what the blob needs */
+        if (!make_budget(p, bytes)) bytes = (p->budget - p->assigned) / p->page * p->page;
+        if (bytes < need) { *rc = -ENOMEM; return NULL; }
     }
-    return true;
+    uint32_t slot = POOL_MAX_SEGS;
+    for (uint32_t i = 0; i < POOL_MAX_SEGS; i++)
+        if (!p->seg[i].shm.base) { slot = i; break; }
+    if (slot == POOL_MAX_SEGS) { *rc = -EMFILE; return NULL; }
+    seg_t *s = &p->seg[slot];
+    char nm[64], err[SHM_ERR_LEN];
+    snprintf(nm, sizeof nm, "%s-%u", p->name, slot);
+    int r = shm_create(&s->shm, nm, bytes, p->huge ? SHM_HUGE : 0, err, sizeof err);
+    if (r && p->huge && p->cfg.huge == POOL_HUGE_TRY) {
+        log_warn("pool: 2 MiB huge pages unavailable (%s); using normal pages", err);
+        p->huge = false;
+        r = shm_create(&s->shm, nm, bytes, 0, err, sizeof err);
+    }
+    if (r) {
+        log_error("pool: creating a segment of %llu bytes: %s", (unsigned long long)bytes, err);
+        *rc = r;
+        return NULL;
+    }
+    s->ext = ext_new(POOL_ALIGN);
+    if (!s->ext || ext_add_span(s->ext, 0, s->shm.bytes) < 0) {
+        ext_destroy(s->ext);
+        s->ext = NULL;
+        shm_destroy(&s->shm);
+        *rc = -ENOMEM;
+        return NULL;
+    }
+    if (p->cfg.mlock && p->lock_ok && shm_lock(&s->shm, err, sizeof err) != 0) {
+        p->lock_ok = false;
+        if (!p->lock_warned)
+            log_warn("pool: %s. Docker: docker run --ulimit memlock=-1; systemd: LimitMEMLOCK=infinity", err);
+        p->lock_warned = true;
+    }
+    if (++s->gen >= UINT32_MAX / POOL_MAX_SEGS) s->gen = 1;
+    s->id = slot + POOL_MAX_SEGS * s->gen;
+    s->owner = owner;
+    s->used = 0;
+    s->dedicated = len >= p->seg_unit;
+    p->assigned += s->shm.bytes;
+    p->nsegs++;
+    p->created++;
+    return s;
+}
+
+static seg_t *seg_by_id(const pool_t *p, uint32_t id) {
+    const seg_t *s = &p->seg[id % POOL_MAX_SEGS];
+    return s->shm.base && s->id == id ? (seg_t *)s : NULL;
 }
 
 /* ---- lifetime ---- */
@@ -79,142 +158,224 @@ int pool_open(pool_t **out, const pool_config_t *cfg, char *err, size_t errlen) 
         errbuf_set(err, errlen, "pool size is 0: give --pool-bytes a size such as 256M");
         return -EINVAL;
     }
-    uint64_t segb = cfg->segment_bytes ? cfg->segment_bytes : cfg->pool_bytes;
-    if (segb > cfg->pool_bytes) segb = cfg->pool_bytes;
     pool_t *p = calloc(1, sizeof *p);
     if (!p) { errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
     pthread_mutex_init(&p->mu, NULL);
     for (int i = 0; i < POOL_MAX_SEGS; i++) p->seg[i].shm.fd = -1;
-    p->ext = ext_new(POOL_ALIGN);
-    if (!p->ext) { free(p); errbuf_set(err, errlen, "out of memory"); return -ENOMEM; }
-
-    bool huge = cfg->huge != POOL_HUGE_OFF;
-    const char *name = cfg->name ? cfg->name : "ballast-pool";
-    uint64_t left = cfg->pool_bytes;
-    uint64_t nseg_needed = (cfg->pool_bytes + segb - 1) / segb;
-    if (nseg_needed > POOL_MAX_SEGS) {
+    p->cfg = *cfg;
+    snprintf(p->name, sizeof p->name, "%s", cfg->name ? cfg->name : "ballast-pool");
+    p->cfg.name = NULL;
+    p->huge = cfg->huge != POOL_HUGE_OFF;
+    p->page = p->huge ? POOL_HUGE_2M : (uint64_t)pg;
+    p->budget = round_up(cfg->pool_bytes, p->page);
+    /* default: a sixteenth of the budget, at most POOL_DEFAULT_SEG, so that
+     * several jobs share a small pool; at least what POOL_MAX_SEGS allows */
+    uint64_t unit = cfg->segment_bytes;
+    if (!unit) {
+        unit = p->budget / 16 < POOL_DEFAULT_SEG ? p->budget / 16 : POOL_DEFAULT_SEG;
+        if (unit < (p->budget + POOL_MAX_SEGS - 1) / POOL_MAX_SEGS) unit = (p->budget + POOL_MAX_SEGS - 1) / POOL_MAX_SEGS;
+        if (unit < p->page) unit = p->page;
+    }
+    if (unit > p->budget) unit = p->budget;
+    p->seg_unit = round_up(unit, p->page);
+    if (p->budget / p->seg_unit > POOL_MAX_SEGS) {
         errbuf_set(err, errlen, "pool of %llu bytes in segments of %llu bytes needs %llu segments; "
-               "at most %d: raise --segment-bytes", (unsigned long long)cfg->pool_bytes,
-               (unsigned long long)segb, (unsigned long long)nseg_needed, POOL_MAX_SEGS);
+               "at most %d: raise --segment-bytes", (unsigned long long)p->budget,
+               (unsigned long long)p->seg_unit, (unsigned long long)(p->budget / p->seg_unit), POOL_MAX_SEGS);
         pool_close(p);
         return -EINVAL;
     }
-    int rc = 0;
-    while (left > 0) {
-        uint64_t want = left < segb ? left : segb;
-        uint64_t unit = huge ? POOL_HUGE_2M : (uint64_t)pg;
-        uint64_t bytes = (want + unit - 1) / unit * unit;
-        char nm[64];
-        snprintf(nm, sizeof nm, "%s-%u", name, p->nsegs);
-        seg_t *s = &p->seg[p->nsegs];
-        rc = shm_create(&s->shm, nm, bytes, huge ? SHM_HUGE : 0, err, errlen);
-        if (rc && huge && cfg->huge == POOL_HUGE_TRY) {
-            log_warn("pool: 2 MiB huge pages unavailable (%s); using normal pages", err);
-            huge = false;
-            /* Start over with normal pages so all segments are alike. */
-            for (uint32_t i = 0; i < p->nsegs; i++) shm_destroy(&p->seg[i].shm);
-            p->nsegs = 0;
-            left = cfg->pool_bytes;
-            continue;
-        }
-        if (rc) { pool_close(p); return rc; }
-        s->start = p->nsegs ? p->seg[p->nsegs - 1].start + p->seg[p->nsegs - 1].shm.bytes : 0;
-        p->nsegs++;
-        if (bytes > p->seg_max) p->seg_max = bytes;
-        left -= want;
-    }
-    /* Spans are added once all segments exist (a huge-page retry rebuilds them). */
-    for (uint32_t i = 0; i < p->nsegs; i++) {
-        rc = ext_add_span(p->ext, p->seg[i].start, p->seg[i].shm.bytes);
-        if (rc < 0) {
-            errbuf_set(err, errlen, "pool allocator: %s", strerror(-rc));
-            pool_close(p);
-            return rc;
-        }
-    }
-    p->huge = huge;
-    if (cfg->mlock) p->mlocked = lock_segments(p);
+    p->lock_ok = true;
     *out = p;
     return 0;
 }
 
 void pool_close(pool_t *p) {
     if (!p) return;
-    for (uint32_t i = 0; i < p->nsegs; i++) shm_destroy(&p->seg[i].shm); /* munlocks too */
-    ext_destroy(p->ext);
+    for (uint32_t i = 0; i < POOL_MAX_SEGS; i++) {
+        if (p->seg[i].shm.base) shm_destroy(&p->seg[i].shm); /* munlocks too */
+        ext_destroy(p->seg[i].ext);
+    }
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
 
 /* ---- allocation ---- */
 
-/* Segment holding allocator offset g (segments are few: linear search). */
-static uint32_t seg_of(const pool_t *p, uint64_t g) {
-    for (uint32_t i = 0; i < p->nsegs; i++)
-        if (g >= p->seg[i].start && g < p->seg[i].start + p->seg[i].shm.bytes) return i;
-    return UINT32_MAX;
+int pool_alloc(pool_t *p, uint64_t owner, uint64_t len, pool_region_t *r) {
+    if (len == 0 || owner == 0 || len > p->budget) return -EINVAL;
+    uint64_t alen = round_up(len, POOL_ALIGN);
+    pthread_mutex_lock(&p->mu);
+    int rc = -ENOMEM;
+    uint64_t off = 0;
+    seg_t *s = NULL;
+    /* A blob of a segment's size or more gets a segment of exactly its size
+     * (page-rounded), reused only by a blob of that size: no segment is left
+     * with a tail nothing fits in. Smaller blobs share segments of seg_unit. */
+    bool big = alen >= p->seg_unit;
+    uint64_t exact = round_up(alen, p->page);
+    for (uint32_t i = 0; i < POOL_MAX_SEGS; i++) {
+        seg_t *c = &p->seg[i];
+        if (!c->shm.base || c->owner != owner || c->dedicated != big) continue;
+        if (big && (c->used || c->shm.bytes != exact)) continue;
+        if (c->shm.bytes - c->used >= alen && ext_alloc(c->ext, alen, &off) == 0) { s = c; rc = 0; break; }
+    }
+    if (!s && (s = seg_new(p, owner, alen, &rc)) != NULL) rc = ext_alloc(s->ext, alen, &off);
+    if (rc == 0) {
+        s->used += alen;
+        p->allocs++;
+        r->seg = s->id;
+        r->_pad = 0;
+        r->off = off;
+        r->len = alen;
+    } else {
+        p->failures++;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc == -EMFILE ? -ENOMEM : rc;
 }
 
-int pool_alloc(pool_t *p, uint64_t len, pool_region_t *r) {
-    if (len == 0 || len > p->seg_max) return -EINVAL;
-    uint64_t g;
+void pool_explain(pool_t *p, uint64_t owner, uint64_t len, char *err, size_t errlen) {
     pthread_mutex_lock(&p->mu);
-    int rc = ext_alloc(p->ext, len, &g);
-    if (rc == 0) p->allocs++;
-    else p->failures++;
+    uint64_t mine = 0, mine_free = 0, largest = 0, others = 0;
+    for (uint32_t i = 0; i < POOL_MAX_SEGS; i++) {
+        seg_t *s = &p->seg[i];
+        if (!s->shm.base) continue;
+        if (s->owner != owner) { others += s->shm.bytes; continue; }
+        ext_stats_t es;
+        ext_stats(s->ext, &es);
+        mine += s->shm.bytes;
+        mine_free += es.free;
+        if (es.largest_free > largest) largest = es.largest_free;
+    }
+    uint64_t left = p->budget - p->assigned;
     pthread_mutex_unlock(&p->mu);
-    if (rc) return rc;
-    uint32_t s = seg_of(p, g);
-    r->seg = s;
-    r->_pad = 0;
-    r->off = g - p->seg[s].start;
-    r->len = (len + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
-    return 0;
+    errbuf_set(err, errlen, "no room for %llu bytes: this job's segments hold %llu bytes (%llu free, largest free "
+               "extent %llu), other jobs' segments %llu bytes, unassigned budget %llu of --pool-bytes %llu",
+               (unsigned long long)len, (unsigned long long)mine, (unsigned long long)mine_free,
+               (unsigned long long)largest, (unsigned long long)others, (unsigned long long)left,
+               (unsigned long long)p->budget);
 }
 
 int pool_free(pool_t *p, const pool_region_t *r) {
-    if (r->seg >= p->nsegs || r->off >= p->seg[r->seg].shm.bytes) return -EINVAL;
-    uint64_t g = p->seg[r->seg].start + r->off;
     pthread_mutex_lock(&p->mu);
+    seg_t *s = seg_by_id(p, r->seg);
     int rc = -EINVAL;
-    if (ext_used_len(p->ext, g) == r->len) rc = ext_free(p->ext, g, NULL);
+    if (s && r->off < s->shm.bytes && ext_used_len(s->ext, r->off) == r->len &&
+        (rc = ext_free(s->ext, r->off, NULL)) == 0)
+        s->used -= r->len;
     pthread_mutex_unlock(&p->mu);
     return rc;
 }
 
+uint32_t pool_trim(pool_t *p, uint64_t owner) {
+    uint32_t n = 0;
+    pthread_mutex_lock(&p->mu);
+    for (uint32_t i = 0; i < POOL_MAX_SEGS; i++) {
+        seg_t *s = &p->seg[i];
+        if (s->shm.base && s->used == 0 && (owner == 0 || s->owner == owner)) { seg_retire(p, s); n++; }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+/* A region is only ever used while it is allocated, and an allocated
+ * region's segment cannot be retired, so its slot is stable without mu. */
 void *pool_ptr(const pool_t *p, const pool_region_t *r) {
-    if (!pool_range_ok(p, r->seg, r->off, r->len ? r->len : 1)) return NULL;
-    return (char *)p->seg[r->seg].shm.base + r->off;
+    const seg_t *s = seg_by_id(p, r->seg);
+    uint64_t len = r->len ? r->len : 1;
+    if (!s || r->off >= s->shm.bytes || len > s->shm.bytes - r->off) return NULL;
+    return (char *)s->shm.base + r->off;
 }
 
-bool pool_range_ok(const pool_t *p, uint32_t seg, uint64_t off, uint64_t len) {
-    if (seg >= p->nsegs || len == 0) return false;
-    uint64_t b = p->seg[seg].shm.bytes;
-    return off < b && len <= b - off;
+bool pool_range_ok(pool_t *p, uint64_t owner, uint32_t seg, uint64_t off, uint64_t len) {
+    if (len == 0) return false;
+    pthread_mutex_lock(&p->mu);
+    const seg_t *s = seg_by_id(p, seg);
+    bool ok = s && s->owner == owner && off < s->shm.bytes && len <= s->shm.bytes - off;
+    pthread_mutex_unlock(&p->mu);
+    return ok;
 }
 
-uint32_t pool_nsegs(const pool_t *p) { return p->nsegs; }
-int pool_seg_fd(const pool_t *p, uint32_t seg) { return seg < p->nsegs ? p->seg[seg].shm.fd : -1; }
-void *pool_seg_base(const pool_t *p, uint32_t seg) { return seg < p->nsegs ? p->seg[seg].shm.base : NULL; }
-uint64_t pool_seg_bytes(const pool_t *p, uint32_t seg) { return seg < p->nsegs ? p->seg[seg].shm.bytes : 0; }
-uint64_t pool_max_alloc(const pool_t *p) { return p->seg_max; }
+static int info_of(const seg_t *s, pool_seg_info_t *o) {
+    int fd = fcntl(s->shm.fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    *o = (pool_seg_info_t){ s->id, fd, s->shm.bytes };
+    return 0;
+}
+
+int pool_owner_segs(pool_t *p, uint64_t owner, pool_seg_info_t *out, int max) {
+    int n = 0, rc = 0;
+    pthread_mutex_lock(&p->mu);
+    /* ids ascending: slot order within one generation is not id order, so sort after */
+    for (uint32_t i = 0; i < POOL_MAX_SEGS && n < max; i++) {
+        const seg_t *s = &p->seg[i];
+        if (!s->shm.base || s->owner != owner) continue;
+        if ((rc = info_of(s, &out[n])) != 0) break;
+        n++;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (rc) {
+        for (int i = 0; i < n; i++) close(out[i].fd);
+        return rc;
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && out[j - 1].id > out[j].id; j--) {
+            pool_seg_info_t t = out[j]; out[j] = out[j - 1]; out[j - 1] = t;
+        }
+    return n;
+}
+
+int pool_owner_seg(pool_t *p, uint64_t owner, uint32_t seg, pool_seg_info_t *out) {
+    pthread_mutex_lock(&p->mu);
+    const seg_t *s = seg_by_id(p, seg);
+    int rc = s && s->owner == owner ? info_of(s, out) : -ENOENT;
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+uint64_t pool_owner_bytes(pool_t *p, uint64_t owner) {
+    uint64_t b = 0;
+    pthread_mutex_lock(&p->mu);
+    for (uint32_t i = 0; i < POOL_MAX_SEGS; i++)
+        if (p->seg[i].shm.base && p->seg[i].owner == owner) b += p->seg[i].shm.bytes;
+    pthread_mutex_unlock(&p->mu);
+    return b;
+}
+
+uint64_t pool_max_alloc(const pool_t *p) { return p->budget; }
 
 void pool_stats(pool_t *p, pool_stats_t *out) {
     memset(out, 0, sizeof *out);
-    ext_stats_t es;
     pthread_mutex_lock(&p->mu);
-    ext_stats(p->ext, &es);
+    uint64_t owners[POOL_MAX_SEGS];
+    uint32_t nown = 0;
+    for (uint32_t i = 0; i < POOL_MAX_SEGS; i++) {
+        seg_t *s = &p->seg[i];
+        if (!s->shm.base) continue;
+        ext_stats_t es;
+        ext_stats(s->ext, &es);
+        out->used_bytes += es.used;
+        out->free_extents += es.free_extents;
+        out->used_regions += es.used_extents;
+        if (es.largest_free > out->largest_free) out->largest_free = es.largest_free;
+        uint32_t k = 0;
+        while (k < nown && owners[k] != s->owner) k++;
+        if (k == nown) owners[nown++] = s->owner;
+    }
+    uint64_t left = p->budget - p->assigned;
+    if (left > out->largest_free) out->largest_free = left;
+    out->total_bytes = p->budget;
+    out->segment_bytes = p->assigned;
+    out->free_bytes = p->budget - out->used_bytes;
     out->allocs = p->allocs;
     out->alloc_failures = p->failures;
-    pthread_mutex_unlock(&p->mu);
-    out->total_bytes = es.total;
-    out->used_bytes = es.used;
-    out->free_bytes = es.free;
-    out->largest_free = es.largest_free;
-    out->free_extents = es.free_extents;
-    out->used_regions = es.used_extents;
-    out->fragmentation = es.free ? 1.0 - (double)es.largest_free / (double)es.free : 0.0;
+    out->segs_created = p->created;
+    out->segs_retired = p->retired;
     out->nsegs = p->nsegs;
-    out->mlocked = p->mlocked;
+    out->owners = nown;
+    out->mlocked = p->cfg.mlock && p->lock_ok && p->created > 0;
     out->huge = p->huge;
+    pthread_mutex_unlock(&p->mu);
+    out->fragmentation = out->free_bytes ? 1.0 - (double)out->largest_free / (double)out->free_bytes : 0.0;
 }

@@ -91,17 +91,23 @@ static grpc_status_code h_open(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
                                  req->token, req->shared_memory, req->client_name, &info, err,
                                  sizeof err);
     if (code) return sess_fail(ctx, code, err);
-    pool_t *pool = store_pool(svc->store);
-    uint32_t nsegs = pool_nsegs(pool);
-    uint64_t *segs = rpc_ctx_alloc(ctx, nsegs * sizeof *segs);
+    /* the sizes of the job's segments now (informational: the attach sends
+     * the job's segments with their ids and sizes, and more may follow) */
+    pool_seg_info_t si[POOL_MAX_SEGS];
+    int nsegs = req->shared_memory ? pool_owner_segs(store_pool(svc->store), info.job_id, si, POOL_MAX_SEGS) : 0;
+    if (nsegs < 0) nsegs = 0;
+    uint64_t *segs = rpc_ctx_alloc(ctx, (size_t)(nsegs ? nsegs : 1) * sizeof *segs);
+    for (int i = 0; i < nsegs; i++) {
+        if (segs) segs[i] = si[i].bytes;
+        close(si[i].fd);
+    }
     if (!segs) return rpc_ctx_errf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    for (uint32_t i = 0; i < nsegs; i++) segs[i] = pool_seg_bytes(pool, i);
     resp->session_id = info.sid;
     resp->attach_nonce = info.nonce;
     resp->lease_seconds = sess_lease(svc->sessions);
     resp->quota_bytes = info.quota;
     resp->fd_socket = req->shared_memory ? (char *)svc->fd_socket : (char *)"";
-    resp->n_segment_bytes = nsegs;
+    resp->n_segment_bytes = (size_t)nsegs;
     resp->segment_bytes = segs;
     resp->ring_capacity = info.ring_capacity;
     resp->ring_entry_bytes = RING_PROTO_ENTRY_BYTES;
@@ -355,7 +361,7 @@ static grpc_status_code h_put(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Protob
     if (req->data.len == 0 || req->data.len > max) {
         sess_count(svc->sessions, req->session_id, true, false);
         return rpc_ctx_errf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                            "blob length %zu must be in [1, %llu] bytes (the largest pool segment)",
+                            "blob length %zu must be in [1, %llu] bytes (the pool's --pool-bytes)",
                             req->data.len, (unsigned long long)max);
     }
     store_crc_t crc = { 0, false };
@@ -364,7 +370,7 @@ static grpc_status_code h_put(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Protob
                                  err, sizeof err);
     resp->crc32c = crc.value;
     resp->crc32c_known = crc.known;
-    sess_count(svc->sessions, req->session_id, st != STATUS_OK, st == STATUS_QUOTA_EXCEEDED);
+    sess_count(svc->sessions, req->session_id, st != STATUS_OK, st == STATUS_QUOTA_EXCEEDED || st == STATUS_JOB_QUOTA_EXCEEDED);
     if (st != STATUS_OK) return store_fail(ctx, st, "put", &k, err);
     return GRPC_STATUS_OK;
 }

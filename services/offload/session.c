@@ -147,11 +147,18 @@ static void ring_teardown(sess_t *s, bool finish, bool running) {
     shm_destroy(&s->ringseg);
 }
 
-/* Tear down an unlinked session and drop it from the store. */
+/* Tear down an unlinked session and drop it from the store; when it was
+ * its job's last session, the job's empty segments go back to the pool. */
 static void sess_destroy(sess_mgr_t *m, sess_t *s, bool finish) {
     ring_teardown(s, finish, s->attached);
     store_drop_session(m->store, s->sid);
+    uint64_t job = s->job_id;
     free(s);
+    pthread_mutex_lock(&m->mu);
+    bool others = false;
+    for (sess_t *o = m->list; o && !others; o = o->next) others = o->job_id == job;
+    pthread_mutex_unlock(&m->mu);
+    if (!others) store_job_idle(m->store, job);
 }
 
 /* ---- ring processing ---- */
@@ -161,6 +168,7 @@ static uint32_t detail_of(status_t st) {
     case STATUS_NOT_FOUND: return RP_D_NO_KEY;
     case STATUS_ALREADY_EXISTS: return RP_D_EXISTS;
     case STATUS_QUOTA_EXCEEDED: return RP_D_OVER_QUOTA;
+    case STATUS_JOB_QUOTA_EXCEEDED: return RP_D_JOB_QUOTA;
     case STATUS_NO_SPACE: return RP_D_POOL_FULL;
     case STATUS_DATA_LOSS: return RP_D_CRC;
     case STATUS_IO_ERROR: return RP_D_IO;
@@ -182,7 +190,8 @@ static void cpl_store(rp_cpl_t *c, status_t st) {
 
 static bool region_held(sess_mgr_t *m, sess_t *s, const store_key_t *k, const rp_req_t *q) {
     if (q->length == 0 || q->offset + q->length < q->offset) return false;
-    if (!pool_range_ok(store_pool(m->store), q->seg, q->offset, q->length)) return false;
+    /* a segment of another job is refused before anything else is looked at */
+    if (!pool_range_ok(store_pool(m->store), s->job_id, q->seg, q->offset, q->length)) return false;
     return store_session_holds(m->store, s->sid, k, q->seg, q->offset, q->length);
 }
 
@@ -212,7 +221,8 @@ static void ring_process(sess_mgr_t *m, sess_t *s, const rp_req_t *q, rp_cpl_t *
         uint32_t fl = (q->flags & RP_FLAG_PERSISTENT) ? STORE_F_PERSISTENT : 0;
         st = store_put_alloc(m->store, s->sid, &k, q->length, fl, &r, err, sizeof err);
         if (st == STATUS_OK) { c->seg = r.seg; c->offset = r.off; c->length = q->length; }
-        else if (st == STATUS_QUOTA_EXCEEDED) atomic_fetch_add(&m->quota_refusals, 1);
+        else if (st == STATUS_QUOTA_EXCEEDED || st == STATUS_JOB_QUOTA_EXCEEDED)
+            atomic_fetch_add(&m->quota_refusals, 1);
         break;
     }
     case RP_OP_PUT_COMMIT: {
@@ -354,14 +364,74 @@ static int ring_create(sess_mgr_t *m, sess_t *s, char *err, size_t errlen) {
     return 0;
 }
 
-/* Serve one connection on the fd socket: read the attach message, check it,
- * send the pool and ring fds, start the ring thread. */
+/* Send the segments in v[0..n) in chunks of RP_CHUNK_FDS. 0 or -errno. */
+static int send_segments(int fd, const pool_seg_info_t *v, int n, char *err, size_t errlen) {
+    for (int first = 0; first < n; first += RP_CHUNK_FDS) {
+        int fds[RP_CHUNK_FDS];
+        rp_fd_chunk_t ch;
+        memset(&ch, 0, sizeof ch);
+        ch.count = (uint32_t)(n - first < RP_CHUNK_FDS ? n - first : RP_CHUNK_FDS);
+        for (uint32_t i = 0; i < ch.count; i++) {
+            fds[i] = v[first + (int)i].fd;
+            ch.seg[i] = v[first + (int)i].id;
+            ch.bytes[i] = v[first + (int)i].bytes;
+        }
+        int rc = shm_send_fds(fd, &ch, sizeof ch, fds, (int)ch.count, err, errlen);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* A later segment for an attached session (rp_segment_req_t): only a
+ * segment of the session's own job, only to the uid that owns the session. */
+static void handle_segment(sess_mgr_t *m, int fd, const shm_peer_t *peer, const rp_segment_req_t *q) {
+    char err[SHM_ERR_LEN] = "";
+    pthread_mutex_lock(&m->mu);
+    sess_t *s = find_locked(m, q->session_id);
+    const char *why = NULL;
+    status_t code = STATUS_OK;
+    uint64_t job = 0;
+    /* attaching too: the ring thread runs (and may have handed out a region
+     * in a new segment) before the handshake thread marks the session attached */
+    if (!s || s->detached || !(s->attached || s->attaching) || !s->shared) {
+        why = "unknown or unattached session id: attach first";
+        code = STATUS_NOT_FOUND;
+    }
+    else if (s->nonce != q->nonce) { why = "attach nonce does not match the session"; code = STATUS_PERMISSION_DENIED; }
+    else if (s->owner.local && s->owner.uid != (uint32_t)peer->uid) { why = "session was opened by another uid"; code = STATUS_PERMISSION_DENIED; }
+    else job = s->job_id;
+    if (code == STATUS_OK) touch(s);
+    pthread_mutex_unlock(&m->mu);
+    pool_seg_info_t si = { 0, -1, 0 };
+    if (code == STATUS_OK && pool_owner_seg(store_pool(m->store), job, q->seg, &si) != 0) {
+        why = "no such segment of this session's job";
+        code = STATUS_NOT_FOUND;
+    }
+    if (code != STATUS_OK) {
+        log_warn("fd socket: pid %d uid %d: segment %u refused: %s", (int)peer->pid, (int)peer->uid, q->seg, why);
+        send_reply(fd, code, 0, why);
+        return;
+    }
+    if (send_reply(fd, STATUS_OK, 1, NULL) == 0 && send_segments(fd, &si, 1, err, sizeof err) != 0)
+        log_warn("session %016llx: sending segment %u failed: %s", (unsigned long long)q->session_id, q->seg, err);
+    close(si.fd);
+}
+
+/* Serve one connection on the fd socket: read the attach (or segment)
+ * message, check it, send the job's segment fds and the ring fds, start the
+ * ring thread. */
 static void handle_attach(sess_mgr_t *m, int fd, const shm_peer_t *peer) {
     char err[SHM_ERR_LEN] = "";
+    union { rp_attach_t att; rp_segment_req_t seg; } u;
     rp_attach_t att;
     size_t len = 0;
-    int rc = shm_recv_fds(fd, &att, sizeof att, &len, NULL, 0, ATTACH_TIMEOUT_MS, err, sizeof err);
+    int rc = shm_recv_fds(fd, &u, sizeof u, &len, NULL, 0, ATTACH_TIMEOUT_MS, err, sizeof err);
     if (rc) { log_warn("fd socket: pid %d: %s", (int)peer->pid, err); return; }
+    if (len == sizeof u.seg && u.seg.magic == RP_SEGMENT_MAGIC && u.seg.version == RING_PROTO_VERSION) {
+        handle_segment(m, fd, peer, &u.seg);
+        return;
+    }
+    att = u.att;
     if (len != sizeof att || att.magic != RP_ATTACH_MAGIC || att.version != RING_PROTO_VERSION ||
         att.reserved) {
         log_warn("fd socket: pid %d sent a malformed attach message (%zu bytes)", (int)peer->pid, len);
@@ -388,25 +458,31 @@ static void handle_attach(sess_mgr_t *m, int fd, const shm_peer_t *peer) {
     }
 
     bool ok = false;
+    pool_seg_info_t *segs = NULL;
+    int nsegs = 0;
     if ((rc = ring_create(m, s, err, sizeof err))) {
         log_error("session %016llx: cannot create its ring: %s", (unsigned long long)s->sid, err);
         send_reply(fd, STATUS_RESOURCE_EXHAUSTED, 0, err);
         goto done;
     }
-    pool_t *pool = store_pool(m->store);
-    uint32_t nsegs = pool_nsegs(pool);
-    if (send_reply(fd, STATUS_OK, nsegs, NULL)) goto done;
-    for (uint32_t first = 0; first < nsegs; first += SHM_MAX_FDS) {
-        int fds[SHM_MAX_FDS];
-        uint32_t cnt = nsegs - first < SHM_MAX_FDS ? nsegs - first : SHM_MAX_FDS;
-        for (uint32_t i = 0; i < cnt; i++) fds[i] = pool_seg_fd(pool, first + i);
-        rp_fd_chunk_t ch = { first, cnt, 0, 0 };
-        if (shm_send_fds(fd, &ch, sizeof ch, fds, (int)cnt, err, sizeof err)) goto fail_send;
+    /* only the segments of the session's own job */
+    segs = calloc(POOL_MAX_SEGS, sizeof *segs);
+    nsegs = segs ? pool_owner_segs(store_pool(m->store), s->job_id, segs, POOL_MAX_SEGS) : -ENOMEM;
+    if (nsegs < 0) {
+        snprintf(err, sizeof err, "cannot hand over the job's segments: %s", strerror(-nsegs));
+        send_reply(fd, STATUS_RESOURCE_EXHAUSTED, 0, err);
+        nsegs = 0;
+        goto done;
     }
+    if (send_reply(fd, STATUS_OK, (uint32_t)nsegs, NULL)) goto done;
+    if (send_segments(fd, segs, nsegs, err, sizeof err)) goto fail_send;
     int rfds[RP_FD_COUNT];
     rfds[RP_FD_RING] = s->ringseg.fd;
     for (int i = 1; i < RP_FD_COUNT; i++) rfds[i] = s->efd[i];
-    rp_fd_chunk_t ch = { 0, RP_FD_COUNT, 1, 0 };
+    rp_fd_chunk_t ch;
+    memset(&ch, 0, sizeof ch);
+    ch.count = RP_FD_COUNT;
+    ch.ring = 1;
     if (shm_send_fds(fd, &ch, sizeof ch, rfds, RP_FD_COUNT, err, sizeof err)) goto fail_send;
     s->m = m;
     if (pthread_create(&s->thr, NULL, ring_main, s) != 0) {
@@ -414,12 +490,14 @@ static void handle_attach(sess_mgr_t *m, int fd, const shm_peer_t *peer) {
         goto done;
     }
     ok = true;
-    log_info("session %016llx (job %s rank %u) attached: pid %d, %u pool segment(s), ring of %u entries",
+    log_info("session %016llx (job %s rank %u) attached: pid %d, %d segment(s) of its job, ring of %u entries",
              (unsigned long long)s->sid, s->job, s->rank, (int)peer->pid, nsegs, m->cfg.ring_capacity);
     goto done;
 fail_send:
     log_warn("session %016llx: sending fds failed: %s", (unsigned long long)s->sid, err);
 done:
+    for (int i = 0; i < nsegs; i++) close(segs[i].fd);
+    free(segs);
     if (!ok) ring_teardown(s, false, false);
     pthread_mutex_lock(&m->mu);
     s->attached = ok;

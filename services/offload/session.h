@@ -7,7 +7,9 @@
  *   - authentication (token from --token-file; peer uid over the fd socket
  *     via SO_PEERCRED: the service's uid or root),
  *   - the fd socket: a worker sends {session id, attach nonce} and receives
- *     the pool segment fds, the ring memfd and four eventfds (SCM_RIGHTS),
+ *     the fds of its job's pool segments (no other job's), the ring memfd
+ *     and four eventfds (SCM_RIGHTS); later it may ask for one more segment
+ *     of its job by id (rp_segment_req_t) when a completion names it,
  *   - one thread per attached session that pops ring entries, validates
  *     every field, runs the op against the store and pushes a completion,
  *   - a reaper thread that expires sessions whose lease ran out (their

@@ -662,11 +662,11 @@ static void evict_kick(store_t *s) {
 /* Allocate alen bytes of pool, waiting (bounded by evict_wait_ms) while
  * the evictor makes room or pins drop. With mu held (dropped while
  * waiting). allow_evict false: no wait. */
-static status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, bool allow_evict,
+static status_t alloc_space(store_t *s, uint64_t job, uint64_t alen, pool_region_t *r, bool allow_evict,
                             char *err, size_t errlen) {
     uint64_t deadline = clock_now_ms() + s->cfg.evict_wait_ms;
     for (;;) {
-        if (pool_alloc(s->pool, alen, r) == 0) {
+        if (pool_alloc(s->pool, job, alen, r) == 0) {
             evict_kick(s);
             return STATUS_OK;
         }
@@ -685,13 +685,11 @@ static status_t alloc_space(store_t *s, uint64_t alen, pool_region_t *r, bool al
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         s->ev_waiting -= alen;
     }
-    pool_stats_t ps;
-    pool_stats(s->pool, &ps);
-    errbuf_set(err, errlen, "no room for %llu bytes: pool %llu/%llu bytes used, largest free extent %llu, "
-           "nothing evictable (pinned or uncommitted)%s", (unsigned long long)alen,
-           (unsigned long long)ps.used_bytes, (unsigned long long)ps.total_bytes,
-           (unsigned long long)ps.largest_free,
-           s->tier ? " and the NVMe tier full" : " and no --spill-dir to spill to");
+    char why[300];
+    pool_explain(s->pool, job, alen, why, sizeof why);
+    errbuf_set(err, errlen, "%s; nothing evictable (pinned or uncommitted)%s; other jobs' memory is never used: "
+               "free blobs, or give ballastd a larger --pool-bytes", why,
+               s->tier ? " and the NVMe tier full" : " and no --spill-dir to spill to");
     return STATUS_NO_SPACE;
 }
 
@@ -702,7 +700,7 @@ static status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *err, si
     b->state = STORE_LOADING;
     s->busy_ops++;
     pool_region_t r;
-    status_t st = alloc_space(s, b->alen, &r, allow_evict, err, errlen);
+    status_t st = alloc_space(s, b->key.job_id, b->alen, &r, allow_evict, err, errlen);
     if (st != STATUS_OK) {
         b->state = STORE_READY;
         s->busy_ops--;
@@ -908,20 +906,10 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
     rc = tier_open(&s->tier, &tc, err, errlen);
     if (rc) { free(rp.recs); return rc; }
 
-    struct iovec iov[POOL_MAX_SEGS];
-    uint32_t ns = pool_nsegs(s->pool);
-    for (uint32_t i = 0; i < ns; i++) {
-        iov[i].iov_base = pool_seg_base(s->pool, i);
-        iov[i].iov_len = pool_seg_bytes(s->pool, i);
-    }
     tier_stats_t ts;
     tier_stats(s->tier, &ts);
-    if (strcmp(ts.backend, "io_uring") == 0) {
-        int r = tier_register(s->tier, iov, ns);
-        if (r != 0)
-            log_info("store: io_uring refused to register the pool as fixed buffers (%s); spill I/O "
-                     "works without (raise RLIMIT_MEMLOCK to get them)", strerror(-r));
-    }
+    /* The pool's segments come and go with the jobs (pool.h), so they are
+     * not registered with io_uring as fixed buffers. */
 
     /* Serve the persistent blobs of earlier runs, newest record first: two
      * live records can only share space when a damaged DEL or RELEASE was
@@ -1136,7 +1124,10 @@ void store_job_forget(store_t *s, uint64_t job_id) {
     pthread_mutex_lock(&s->mu);
     if (!job_has_blobs(s, job_id)) job_drop(s, job_id);
     pthread_mutex_unlock(&s->mu);
+    pool_trim(s->pool, job_id);
 }
+
+void store_job_idle(store_t *s, uint64_t job_id) { pool_trim(s->pool, job_id); }
 
 status_t store_job_find(store_t *s, const char *name, uint64_t *job_id) {
     if (!job_name_ok(name)) return STATUS_INVALID_ARGUMENT;
@@ -1288,8 +1279,8 @@ static void free_blobs(store_t *s, blob_t **v, size_t n, bool release_job, uint6
 status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint64_t len,
                          uint32_t flags, pool_region_t *region, char *err, size_t errlen) {
     if (len == 0 || len > pool_max_alloc(s->pool)) {
-        errbuf_set(err, errlen, "blob length %llu out of range: 1..%llu bytes (one pool segment; raise "
-               "--segment-bytes for larger blobs)", (unsigned long long)len,
+        errbuf_set(err, errlen, "blob length %llu out of range: 1..%llu bytes (the whole pool; raise "
+               "--pool-bytes for larger blobs)", (unsigned long long)len,
                (unsigned long long)pool_max_alloc(s->pool));
         return STATUS_INVALID_ARGUMENT;
     }
@@ -1346,7 +1337,7 @@ status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint6
                "(free or release blobs of the job, or raise --job-quota)", jq->name,
                (unsigned long long)jq->used, (unsigned long long)s->cfg.job_quota,
                (unsigned long long)alen);
-        st = STATUS_QUOTA_EXCEEDED;
+        st = STATUS_JOB_QUOTA_EXCEEDED;
     }
     if (st != STATUS_OK) { pthread_mutex_unlock(&s->mu); return st; }
     if (old) free_blobs(s, &old, 1, false, 0);
@@ -1365,7 +1356,7 @@ status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint6
         b->refs = 1; /* hidden from others until it has space */
         index_add(s, b);
         job_charge(s, b);
-        st = alloc_space(s, alen, &b->region, true, err, errlen);
+        st = alloc_space(s, key->job_id, alen, &b->region, true, err, errlen);
         b->refs--;
         if (st == STATUS_OK && b->linked) {
             b->in_pool = true;

@@ -32,7 +32,9 @@
  *
  * Access control: the store does not check which job a session belongs to;
  * the service must only pass keys whose job_id is the session's job. A pin is
- * owned by the session that took it.
+ * owned by the session that took it. A blob's pool region always lies in a
+ * segment of its key's job (pool_alloc with the job id as owner), so only
+ * that job's clients can map it.
  *
  * Thread-safe: every function may be called from any thread. Calls that do
  * I/O (put_commit of a persistent blob, get of a spilled blob, put_alloc that
@@ -163,7 +165,7 @@ int store_open(store_t **out, const store_config_t *cfg, char *err, size_t errle
  * concurrently or afterwards. */
 void store_close(store_t *s);
 
-/* The pool (for handing its segments to clients). Owned by the store. */
+/* The pool (for handing a job's segments to its clients). Owned by the store. */
 pool_t *store_pool(store_t *s);
 
 /* ---- jobs ---- */
@@ -191,6 +193,10 @@ status_t store_job_claim(store_t *s, uint64_t job_id, bool local, uint32_t uid, 
  * its slot is reused; the manifest forgets it at the next compaction and
  * a restart does not re-register it. */
 void store_job_forget(store_t *s, uint64_t job_id);
+
+/* The job has no session left: its empty pool segments go back to the
+ * budget now (segments that still hold blobs stay; pool.h). */
+void store_job_idle(store_t *s, uint64_t job_id);
 
 /* The name of a known job id into name[JOB_NAME_MAX+1]; false if unknown. */
 bool store_job_name(store_t *s, uint64_t job_id, char *name);

@@ -206,7 +206,8 @@ int main(int argc, char **argv) {
             die("--phase read: %s holds %llu bytes, not the %llu of --bytes (use the --bytes and --block "
                 "of the write phase)", f0, (unsigned long long)sb.st_size, (unsigned long long)file_bytes);
     }
-    pool_config_t pc = { .pool_bytes = (uint64_t)o_depth * o_block, .mlock = true, .name = "bench-spill" };
+    pool_config_t pc = { .pool_bytes = (uint64_t)o_depth * o_block, .segment_bytes = (uint64_t)o_depth * o_block,
+                         .mlock = true, .name = "bench-spill" };
     pool_t *pool;
     if (pool_open(&pool, &pc, err, sizeof err) != 0) die("pool: %s", err);
     tier_config_t tc = { .dir = dir, .capacity = file_bytes, .file_bytes = file_bytes,
@@ -215,15 +216,16 @@ int main(int argc, char **argv) {
     if (tc.io.queue_depth < 32) tc.io.queue_depth = 32; /* the engine's floor; --depth still limits */
     tier_t *t;
     if (tier_open(&t, &tc, err, sizeof err) != 0) die("tier: %s", err);
-    struct iovec iov = { pool_seg_base(pool, 0), pool_seg_bytes(pool, 0) };
+    /* one region over the whole pool, cut into the buffers */
+    pool_region_t all;
+    if (pool_alloc(pool, 1, pc.pool_bytes, &all) != 0) die("pool of %llu bytes: no segment", (unsigned long long)pc.pool_bytes);
+    struct iovec iov = { pool_ptr(pool, &all), all.len };
     int reg = o_fixed ? tier_register(t, &iov, 1) : -1;
 
     slot_t *slots = calloc((size_t)o_depth, sizeof *slots);
     CHECK_ALLOC(slots);
     for (int i = 0; i < o_depth; i++) {
-        pool_region_t r;
-        if (pool_alloc(pool, o_block, &r) != 0) die("pool too small for %lld buffers", (long long)o_depth);
-        slots[i].buf = pool_ptr(pool, &r);
+        slots[i].buf = (char *)iov.iov_base + (size_t)i * o_block;
         slots[i].off = UINT64_MAX;
         memset(slots[i].buf, 0x5A + i, o_block);
     }

@@ -139,12 +139,6 @@ static int pool_open(pool_t *p, uint64_t pool, uint64_t seg, uint64_t bytes, cha
     snprintf(addr, sizeof addr, "unix:%s", sock);
     oc_options_t oo = { .addr = addr, .job = "gpu-pool-check", .rank = 0, .timeout_s = 30 };
     if (oc_open(&oo, &p->oc) != STATUS_OK) { snprintf(err, errlen, "oc_open: %s", oc_last_error()); return -1; }
-    const oc_segment_t *s = oc_segments(p->oc, &p->nsegs);
-    if (!s || p->nsegs == 0 || p->nsegs > 8) {
-        snprintf(err, errlen, "oc_segments: %u segments (shared-memory mode expected, 1..8)", p->nsegs);
-        return -1;
-    }
-    for (uint32_t i = 0; i < p->nsegs; i++) p->segs[i] = (be_range_t){ s[i].base, (size_t)s[i].bytes };
     p->bytes = bytes;
     for (int i = 0; i < 2; i++) {
         p->k[i] = (oc_key_t){ .rank = 0, .kind = OC_KIND_OTHER, .index = (uint64_t)i, .step = 1 };
@@ -154,6 +148,13 @@ static int pool_open(pool_t *p, uint64_t pool, uint64_t seg, uint64_t bytes, cha
         }
         p->region[i] = p->b[i].ptr;
     }
+    /* the job's segments exist once it has stored something (ballastd makes them on demand) */
+    const oc_segment_t *s = oc_segments(p->oc, &p->nsegs);
+    if (!s || p->nsegs == 0 || p->nsegs > 8) {
+        snprintf(err, errlen, "oc_segments: %u segments (shared-memory mode expected, 1..8)", p->nsegs);
+        return -1;
+    }
+    for (uint32_t i = 0; i < p->nsegs; i++) p->segs[i] = (be_range_t){ s[i].base, (size_t)s[i].bytes };
     return 0;
 }
 #else

@@ -2,7 +2,10 @@
 # ballastd keeps jobs apart: a hostile second job (uid 65534 on the Unix
 # socket, and a TCP client over TLS), with and without the token, tries
 # every RPC and an fd-socket attach on the first job's session, keys and
-# job; none may succeed and the first job's blobs stay byte-exact. Also:
+# job; none may succeed. A hostile job's client maps every fd it is handed
+# (attach, and every segment id it can guess), finds none of the first
+# job's bytes, writes garbage over all of it and punches holes in every fd;
+# the first job's blobs stay byte-exact. Also:
 # socket files 0660 with --socket-group, a token refused over plaintext
 # TCP, the job table reusing released slots while ListKeys registers
 # nothing, and --metrics-bind defaulting to 127.0.0.1.
@@ -86,6 +89,19 @@ if bd_start V "$D" --pool-bytes 32M --mlock=false --spill-dir "$D/spillv" --spil
             run_attack "tcp-tls-no-token" "127.0.0.1:$BD_LISTEN_V" ""
             run_attack "tcp-tls-with-token" "127.0.0.1:$BD_LISTEN_V" "$TOKEN"
         fi
+        # ---- memory: a hostile job maps every fd it is handed ----
+        run_memory() {  # NAME [as_other]
+            local name=$1 wrap=${2:-}
+            local rc=0 t0=$SECONDS
+            $wrap "$TRUST" memory --addr "unix:$SV" --state "$D/v.state" --fd-socket "$SV.fd" --job "intruder-$name" \
+                --count 24 --seed "$SEED" --token "$TOKEN" > "$D/memory-$name.out" 2>&1 || rc=$?
+            if [ $rc -eq 0 ]; then
+                t_ok "hostile job's memory ($name, $((SECONDS - t0)) s): $(grep -o 'attached with.*' "$D/memory-$name.out")"
+            else
+                t_fail "hostile job's memory ($name)" "rc $rc: $(grep -E '^SUCCEEDED' "$D/memory-$name.out" | head -3) $(tail -2 "$D/memory-$name.out")"
+            fi
+        }
+        if [ -n "$OTHER_UID" ]; then run_memory uid-65534 as_other; else run_memory same-uid; fi
         touch "$D/v.state.go"
         rc=0; wait $VPID || rc=$?
         [ $rc -eq 0 ] && t_ok "the victim's 24 blobs are byte-exact after the attacks" ||
@@ -164,6 +180,14 @@ if bd_start Q "$D" --pool-bytes 16M --mlock=false --spill-dir "$D/spillq" --spil
         t_ok "--job-quota 1M: 3 persistent blobs of $sz bytes from 3 sessions, the 4th session's put refused naming it"
     else
         t_fail "--job-quota across sessions" "$n puts; $(cat "$D/q.err")"
+    fi
+    # shared-memory mode: the ring's refusal names the job quota, not the session's
+    if "$BALLAST" store put --socket "$SQ" --job cycler --index 7 --file "$D/q.in" 2> "$D/q.ring.err"; then
+        t_fail "--job-quota over the ring" "a 4th blob of the job was taken"
+    elif grep -q -- "--job-quota" "$D/q.ring.err" && ! grep -q "session quota" "$D/q.ring.err"; then
+        t_ok "--job-quota over the ring: refused naming --job-quota ($(grep -o 'job quota exceeded[^;]*' "$D/q.ring.err" | head -1))"
+    else
+        t_fail "--job-quota over the ring" "$(cat "$D/q.ring.err")"
     fi
     t_check "another job is not charged for it" "$BALLAST" store put --socket "$SQ" --job bystander --persistent --file "$D/q.in"
     t_check "a removed blob gives its share back" bash -c "'$BALLAST' store rm --socket '$SQ' --job cycler --index 1 &&

@@ -15,6 +15,15 @@
  *       Release of the job; then ListKeys of N never-seen job names; every
  *       call must succeed (the job table must reuse released slots and a
  *       listing must register nothing); F is unused but required
+ *   offload_trust memory --addr A --state F --fd-socket P --job J --count N [--seed S] [--token T]
+ *       a hostile job (J, not the victim's) stores blobs of its own, opens a
+ *       shared-memory session, attaches, and asks the fd socket for every
+ *       segment id it can guess (slots 0..127 of generations 0..3); it maps
+ *       every fd it receives, searches them for the victim's blobs (N blobs
+ *       from seed S, as the victim made them) and for its own (the positive
+ *       control), then writes garbage over every mapping and punches holes
+ *       in every fd. Prints what it found; exits 0 only when no victim byte
+ *       pattern was visible, its own was, and it received at least one fd
  *   offload_trust stats --addr A --state F [--token T]
  *       exit 0 when Stats shows the victim's session id (and job), 1 when not
  *
@@ -24,7 +33,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -315,6 +327,154 @@ static int cmd_attack(void) {
     return g_won > 100 ? 100 : g_won;
 }
 
+/* ---- memory of another job ---- */
+
+typedef struct { int fd; uint8_t *base; size_t bytes; uint32_t id; } mapped_t;
+
+static int map_fd(mapped_t *v, int *n, int fd, uint32_t id) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0) { close(fd); return -1; }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) { close(fd); return -1; }
+    v[*n] = (mapped_t){ fd, p, (size_t)st.st_size, id };
+    (*n)++;
+    return 0;
+}
+
+/* Receive the chunks of nsegs segment fds (and, with ring, the ring chunk). */
+static void recv_segments(int fd, uint32_t nsegs, bool ring, mapped_t *v, int *n, int cap) {
+    char e[SHM_ERR_LEN];
+    for (uint32_t got = 0; got < nsegs;) {
+        rp_fd_chunk_t ch;
+        int fds[RP_CHUNK_FDS];
+        size_t len = 0;
+        uint32_t want = nsegs - got < RP_CHUNK_FDS ? nsegs - got : RP_CHUNK_FDS;
+        if (shm_recv_fds(fd, &ch, sizeof ch, &len, fds, (int)want, 10000, e, sizeof e)) return;
+        for (uint32_t i = 0; i < want; i++) {
+            if (*n < cap) map_fd(v, n, fds[i], ch.seg[i]);
+            else close(fds[i]);
+        }
+        got += want;
+    }
+    if (ring) {
+        rp_fd_chunk_t ch;
+        int fds[RP_FD_COUNT];
+        size_t len = 0;
+        if (shm_recv_fds(fd, &ch, sizeof ch, &len, fds, RP_FD_COUNT, 10000, e, sizeof e) == 0)
+            for (int i = 0; i < RP_FD_COUNT; i++) {
+                /* the ring memfd is mapped and searched too: it is memory this session was handed */
+                if (i == RP_FD_RING && *n < cap) map_fd(v, n, fds[i], UINT32_MAX);
+                else close(fds[i]);
+            }
+    }
+}
+
+static bool visible(const mapped_t *v, int n, const uint8_t *pat, size_t len) {
+    for (int i = 0; i < n; i++)
+        if (v[i].bytes >= len && memmem(v[i].base, v[i].bytes, pat, len)) return true;
+    return false;
+}
+
+static int cmd_memory(void) {
+    enum { CAP = 65536, MAXM = 1024, OWN = 3 };
+    static uint8_t buf[CAP];
+    static mapped_t v[MAXM];
+    int nm = 0;
+    char msg[1024], e[SHM_ERR_LEN];
+    ProtobufCMessage *r;
+    /* a shared-memory session of our own job */
+    Ballast__Offload__V1__OpenSessionRequest o = BALLAST__OFFLOAD__V1__OPEN_SESSION_REQUEST__INIT;
+    o.job = (char *)g_job;
+    o.token = (char *)g_token;
+    o.shared_memory = true;
+    o.client_name = "intruder";
+    grpc_status_code st = call("OpenSession", PB(&o), D(open_session_response), &r, msg, sizeof msg);
+    if (st) { fprintf(stderr, "memory: OpenSession of job %s: %s\n", g_job, msg); return 1; }
+    Ballast__Offload__V1__OpenSessionResponse *os = (void *)r;
+    uint64_t sid = os->session_id, nonce = os->attach_nonce;
+    protobuf_c_message_free_unpacked(r, NULL);
+    /* our own blobs, so that our job has a segment with known bytes in it */
+    uint64_t own_seed = g_seed ^ 0xa5a5a5a5a5a5ull;
+    for (int i = 0; i < OWN; i++) {
+        Ballast__Offload__V1__PutRequest p = BALLAST__OFFLOAD__V1__PUT_REQUEST__INIT;
+        Ballast__Offload__V1__Key k;
+        key_of(1000 + i, &k);
+        p.session_id = sid;
+        p.key = &k;
+        p.data.data = buf;
+        p.data.len = blob_bytes(own_seed, i, buf, CAP);
+        p.persistent = i % 2;
+        st = call("Put", PB(&p), D(put_response), &r, msg, sizeof msg);
+        if (st) { fprintf(stderr, "memory: own Put %d: %s\n", i, msg); return 1; }
+        protobuf_c_message_free_unpacked(r, NULL);
+    }
+    /* attach: every fd the service hands over */
+    int fd = -1;
+    if (shm_connect(g_fd_socket, &fd, e, sizeof e)) { fprintf(stderr, "memory: %s\n", e); return 1; }
+    rp_attach_t a = { RP_ATTACH_MAGIC, sid, nonce, RING_PROTO_VERSION, 0 };
+    rp_attach_reply_t rep;
+    size_t len = 0;
+    if (shm_send_fds(fd, &a, sizeof a, NULL, 0, e, sizeof e) ||
+        shm_recv_fds(fd, &rep, sizeof rep, &len, NULL, 0, 10000, e, sizeof e) || len != sizeof rep || rep.status) {
+        fprintf(stderr, "memory: attach: %s %.200s\n", e, rep.msg);
+        return 1;
+    }
+    recv_segments(fd, rep.nsegs, true, v, &nm, MAXM);
+    close(fd);
+    int attached = nm;
+    /* every segment id it can guess */
+    int asked = 0, handed = 0;
+    for (uint32_t gen = 0; gen < 4; gen++) {
+        for (uint32_t slot = 0; slot < 128; slot++) {
+            uint32_t id = slot + 1024 * gen;
+            if (shm_connect(g_fd_socket, &fd, e, sizeof e)) continue;
+            rp_segment_req_t q = { RP_SEGMENT_MAGIC, sid, nonce, RING_PROTO_VERSION, id };
+            asked++;
+            if (shm_send_fds(fd, &q, sizeof q, NULL, 0, e, sizeof e) == 0 &&
+                shm_recv_fds(fd, &rep, sizeof rep, &len, NULL, 0, 10000, e, sizeof e) == 0 && len == sizeof rep &&
+                rep.status == 0 && rep.nsegs == 1) {
+                handed++;
+                recv_segments(fd, 1, false, v, &nm, MAXM);
+            }
+            close(fd);
+        }
+    }
+    /* search for the victim's bytes (windows of up to 64 bytes at the start and the middle of each blob) */
+    int seen = 0, tried = 0;
+    for (int i = 0; i < g_count; i++) {
+        size_t n = blob_bytes(g_seed, i, buf, CAP);
+        if (n < 24) continue; /* too short to be a pattern nobody else could hold by chance */
+        size_t w = n < 64 ? n : 64;
+        tried++;
+        bool hit = visible(v, nm, buf, w) || visible(v, nm, buf + (n - w) / 2, w);
+        if (hit) printf("SUCCEEDED victim blob %d (%zu bytes) is visible in a mapping of job %s\n", i, n, g_job);
+        seen += hit;
+    }
+    int own = 0;
+    for (int i = 0; i < OWN; i++) {
+        size_t n = blob_bytes(own_seed, i, buf, CAP);
+        own += visible(v, nm, buf, n < 64 ? n : 64);
+    }
+    /* garbage over everything, then holes in every fd */
+    uint64_t s = g_seed * 31 + 7;
+    int punched = 0;
+    for (int i = 0; i < nm; i++) {
+        for (size_t k = 0; k + 8 <= v[i].bytes; k += 8) { uint64_t x = rnd(&s); memcpy(v[i].base + k, &x, 8); }
+        punched += fallocate(v[i].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)v[i].bytes) == 0;
+        munmap(v[i].base, v[i].bytes);
+        close(v[i].fd);
+    }
+    printf("memory: job %s attached with %d fd(s) (segments and ring), asked for %d segment ids, was handed %d; "
+           "mapped %d, wrote garbage over all, punched holes in %d; victim blobs visible: %d of %d searched; "
+           "own blobs visible: %d of %d\n", g_job, attached, asked, handed, nm, punched, seen, tried, own, OWN);
+    Ballast__Offload__V1__CloseSessionRequest c = BALLAST__OFFLOAD__V1__CLOSE_SESSION_REQUEST__INIT;
+    c.session_id = sid;
+    if (call("CloseSession", PB(&c), D(close_session_response), &r, msg, sizeof msg) == 0)
+        protobuf_c_message_free_unpacked(r, NULL);
+    if (own < OWN) { fprintf(stderr, "memory: positive control failed: own blobs not found in own mappings\n"); return 1; }
+    return seen || nm == 0 || tried == 0 ? 1 : 0;
+}
+
 static int cmd_jobs(void) {
     char msg[1024], job[64];
     ProtobufCMessage *r;
@@ -385,7 +545,7 @@ static int cmd_stats(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "usage: offload_trust victim|attack|stats [options]\n"); return 2; }
+    if (argc < 2) { fprintf(stderr, "usage: offload_trust victim|attack|memory|jobs|stats [options]\n"); return 2; }
     for (int i = 2; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "--addr")) g_addr = v;
@@ -407,7 +567,8 @@ int main(int argc, char **argv) {
     g_rpc = rpc_client_open(g_addr, &ro, err, sizeof err);
     if (!g_rpc) { fprintf(stderr, "offload_trust: %s\n", err); return 2; }
     int rc = !strcmp(argv[1], "victim") ? cmd_victim() : !strcmp(argv[1], "attack") ? cmd_attack()
-           : !strcmp(argv[1], "stats") ? cmd_stats() : !strcmp(argv[1], "jobs") ? cmd_jobs() : 2;
+           : !strcmp(argv[1], "stats") ? cmd_stats() : !strcmp(argv[1], "jobs") ? cmd_jobs()
+           : !strcmp(argv[1], "memory") ? cmd_memory() : 2;
     rpc_client_close(g_rpc);
     return rc;
 }

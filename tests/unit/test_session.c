@@ -414,3 +414,63 @@ Test(session, stats_report_the_service_heap) {
     rpc_client_close(rc);
     svc_stop(&t);
 }
+
+/* A job's segments are made as it grows, after the attach: the client
+ * fetches and maps each one the first time a completion names it, and the
+ * hook sees each once. Another job gets segments of its own; when a job's
+ * last session ends its empty segments go back to the pool. */
+static _Atomic int g_hook_calls;
+static void count_hook(void *arg, const oc_segment_t *seg) {
+    (void)arg;
+    cr_assert(seg->base && seg->bytes > 0);
+    g_hook_calls++;
+}
+
+Test(session, segments_grow_after_attach_per_job) {
+    svc_t t;
+    svc_start(&t, 30, 16, 0);
+    oc_client_t *c = client(&t, "grow", 0, 0, 0);
+    uint32_t n0 = 99;
+    oc_segments(c, &n0);
+    cr_assert_eq(n0, 0, "a job that stored nothing has %u segments", n0);
+    oc_set_segment_hook(c, count_hook, NULL);
+    enum { N = 10 };
+    size_t len[N];
+    for (int i = 0; i < N; i++) {
+        len[i] = (600u << 10) + (size_t)rand() % 4000; /* two do not fit one 1 MiB segment */
+        uint8_t *b = malloc(len[i]);
+        fill(b, len[i], (uint64_t)i + 500);
+        oc_key_t k = { 0, OC_KIND_OTHER, (uint64_t)i, 1 };
+        cr_assert_eq(oc_put_copy(c, &k, b, len[i], false), STATUS_OK, "%s", oc_last_error());
+        free(b);
+    }
+    uint32_t n = 0;
+    oc_segments(c, &n);
+    cr_assert_geq(n, N, "%d blobs of 600 KiB in %u segments", N, n);
+    cr_assert_eq(g_hook_calls, (int)n, "the hook saw %d of %u segments", (int)g_hook_calls, n);
+    oc_client_t *o = client(&t, "other-job", 0, 0, 0);
+    uint8_t small[5000];
+    fill(small, sizeof small, 77);
+    oc_key_t ko = { 0, OC_KIND_OTHER, 0, 1 };
+    cr_assert_eq(oc_put_copy(o, &ko, small, sizeof small, false), STATUS_OK, "%s", oc_last_error());
+    uint32_t no = 0;
+    oc_segments(o, &no);
+    cr_assert_eq(no, 1, "the other job maps %u segments (its own one expected)", no);
+    for (int i = 0; i < N; i++) {
+        uint8_t *b = malloc(len[i]), *w = malloc(len[i]);
+        fill(w, len[i], (uint64_t)i + 500);
+        uint64_t got = 0;
+        oc_key_t k = { 0, OC_KIND_OTHER, (uint64_t)i, 1 };
+        cr_assert_eq(oc_get_copy(c, &k, b, len[i], &got), STATUS_OK, "%s", oc_last_error());
+        cr_assert(got == len[i] && memcmp(b, w, len[i]) == 0, "blob %d differs", i);
+        free(b); free(w);
+    }
+    store_stats_t st;
+    store_stats(t.store, &st);
+    cr_assert_eq(st.pool.nsegs, n + no);
+    cr_assert_eq(oc_close(c, false), STATUS_OK, "%s", oc_last_error());
+    store_stats(t.store, &st);
+    cr_assert_eq(st.pool.nsegs, no, "the closed job's empty segments were not given back (%u left)", st.pool.nsegs);
+    cr_assert_eq(oc_close(o, false), STATUS_OK, "%s", oc_last_error());
+    svc_stop(&t);
+}

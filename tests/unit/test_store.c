@@ -287,7 +287,7 @@ Test(store, concurrent_random_traffic_through_a_small_pool, .timeout = 60) {
     store_stats(s, &st);
     cr_assert_eq(st.blobs, 0);
     cr_assert_eq(st.pool.used_bytes, 0);
-    cr_assert_eq(st.pool.free_extents, 1, "pool did not coalesce back to one extent");
+    cr_assert_eq(st.pool.free_extents, st.pool.nsegs, "pool did not coalesce back to one extent per segment");
     cr_assert_eq(st.spilled_bytes, 0);
     store_close(s);
     remove_dir();
@@ -749,10 +749,12 @@ Test(store, bad_requests_are_refused_with_reasons) {
     cr_assert(!store_session_holds(s, 1, &k, r.seg, r.off, 10), "committed blob still writable");
     /* Without a spill dir a full pool is NO_SPACE right away. */
     store_key_t big = key_of(1, 0, 2);
-    cr_assert_eq(put_gen(s, 1, &big, 5, (2u << 20) - 8192, 0), STATUS_OK);
+    /* (k sits in a segment of 128 KiB, a sixteenth of the pool; big takes the rest) */
+    cr_assert_eq(put_gen(s, 1, &big, 5, (2u << 20) - (128u << 10), 0), STATUS_OK);
     store_key_t more = key_of(1, 0, 3);
-    cr_assert_eq(store_put_alloc(s, 1, &more, 8192, 0, &r, err, sizeof err), STATUS_NO_SPACE);
+    cr_assert_eq(store_put_alloc(s, 1, &more, 128u << 10, 0, &r, err, sizeof err), STATUS_NO_SPACE);
     cr_assert(strstr(err, "--spill-dir") != NULL, "%s", err);
+    cr_assert(strstr(err, "unassigned budget 0"), "the message does not give the budget: %s", err);
     store_stats_t st;
     store_stats(s, &st);
     cr_assert_str_eq(st.io_backend, "none");
@@ -1114,11 +1116,11 @@ Test(store, job_quota_holds_across_sessions_and_restarts, .timeout = 60) {
     store_key_t kx = key_of(job, 0, 1000);
     pool_region_t r;
     status_t st = store_put_alloc(s, sid, &kx, blob, STORE_F_PERSISTENT, &r, err, sizeof err);
-    cr_assert_eq(st, STATUS_QUOTA_EXCEEDED, "put %d of a job over its quota: %s", fit + 1, status_word(st));
+    cr_assert_eq(st, STATUS_JOB_QUOTA_EXCEEDED, "put %d of a job over its quota: %s", fit + 1, status_word(st));
     cr_assert(strstr(err, "quota-job") && strstr(err, "--job-quota"), "%s", err);
     /* non-persistent blobs count too, while they live */
     store_key_t kn = key_of(job, 1, 2000);
-    cr_assert_eq(store_put_alloc(s, sid, &kn, blob, 0, &r, err, sizeof err), STATUS_QUOTA_EXCEEDED);
+    cr_assert_eq(store_put_alloc(s, sid, &kn, blob, 0, &r, err, sizeof err), STATUS_JOB_QUOTA_EXCEEDED);
     /* another job is not charged for this one */
     store_key_t ko = key_of(other, 0, 0);
     cr_assert_eq(put_gen(s, sid, &ko, 9, blob, STORE_F_PERSISTENT), STATUS_OK);
@@ -1132,7 +1134,7 @@ Test(store, job_quota_holds_across_sessions_and_restarts, .timeout = 60) {
     s = open_store(&c);
     cr_assert_eq(store_job_id(s, "quota-job", &job, err, sizeof err), STATUS_OK);
     cr_assert_eq(store_session_open(s, ++sid, 0), STATUS_OK);
-    cr_assert_eq(store_put_alloc(s, sid, &kx, blob, STORE_F_PERSISTENT, &r, err, sizeof err), STATUS_QUOTA_EXCEEDED,
+    cr_assert_eq(store_put_alloc(s, sid, &kx, blob, STORE_F_PERSISTENT, &r, err, sizeof err), STATUS_JOB_QUOTA_EXCEEDED,
                  "after a restart the job's persistent blobs were not charged");
     /* a free gives one blob's share back */
     store_key_t k1 = key_of(job, 0, 1);
@@ -1185,4 +1187,58 @@ Test(store, a_pool_copy_changed_after_commit_is_data_loss) {
     cr_assert_eq(ss.crc_errors, 1);
     store_close(s);
     remove_dir();
+}
+
+/* ---- the parent directory of a new spill directory is fsynced ----
+ *
+ * fsync is interposed for this program: the executable's definition wins
+ * over libc's, so the store's own calls land here. Every call on the
+ * watched directory is counted and, when asked, fails with EIO. */
+#include <sys/syscall.h>
+
+static char g_watch[512];
+static _Atomic int g_watch_syncs;
+static _Atomic int g_watch_fail;
+
+int fsync(int fd) {
+    char lp[64], path[600];
+    snprintf(lp, sizeof lp, "/proc/self/fd/%d", fd);
+    ssize_t n = g_watch[0] ? readlink(lp, path, sizeof path - 1) : -1;
+    if (n > 0) {
+        path[n] = 0;
+        if (strcmp(path, g_watch) == 0) {
+            g_watch_syncs++;
+            if (g_watch_fail) { errno = EIO; return -1; }
+        }
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
+
+Test(store, new_spill_dir_parent_is_fsynced_before_use) {
+    make_dir();
+    char real[512];
+    cr_assert_not_null(realpath(dir, real));
+    snprintf(g_watch, sizeof g_watch, "%s", real);
+    char sub[600];
+    snprintf(sub, sizeof sub, "%s/spill-new-%d", dir, (int)(getpid() % 100000));
+    store_config_t c = small_cfg(8u << 20, true);
+    c.spill_dir = sub;
+    store_t *s = open_store(&c);
+    int first = g_watch_syncs;
+    cr_assert_geq(first, 1, "the new spill directory's parent %s was never fsynced", real);
+    store_close(s);
+    /* an existing directory: its entry is durable already, no parent sync needed */
+    s = open_store(&c);
+    cr_assert_eq(g_watch_syncs, first, "the parent was fsynced again for an existing spill directory");
+    store_close(s);
+    /* the parent's fsync fails: the store refuses to start, naming it */
+    snprintf(sub, sizeof sub, "%s/spill-fail-%d", dir, (int)(getpid() % 100000));
+    c.spill_dir = sub;
+    g_watch_fail = 1;
+    char err[STORE_ERR_LEN] = "";
+    int rc = store_open(&s, &c, err, sizeof err);
+    g_watch_fail = 0;
+    cr_assert_lt(rc, 0, "store_open succeeded although the parent's fsync failed");
+    cr_assert(strstr(err, "fsync") && strstr(err, real), "message does not name the fsync of %s: %s", real, err);
+    g_watch[0] = 0;
 }

@@ -361,8 +361,13 @@ static void tier_round_trip(io_backend_t be, bool direct) {
     cr_assert_eq(tier_open(&t, &tc, err, sizeof err), 0, "%s", err);
     if (direct) cr_assert_eq(tier_direct(t), direct_ok(dir), "O_DIRECT detection disagrees with a probe");
     else cr_assert(!tier_direct(t));
-    struct iovec iov[2] = { { pool_seg_base(p, 0), pool_seg_bytes(p, 0) },
-                            { pool_seg_base(p, 1), pool_seg_bytes(p, 1) } };
+    /* one 4 MiB segment for each of two owners */
+    pool_region_t s0, s1;
+    cr_assert_eq(pool_alloc(p, 1, 4096, &s0), 0);
+    cr_assert_eq(pool_alloc(p, 2, 4096, &s1), 0);
+    pool_region_t w0 = { s0.seg, 0, 0, 4u << 20 }, w1 = { s1.seg, 0, 0, 4u << 20 };
+    struct iovec iov[2] = { { pool_ptr(p, &w0), 4u << 20 }, { pool_ptr(p, &w1), 4u << 20 } };
+    cr_assert(iov[0].iov_base && iov[1].iov_base);
     int reg = tier_register(t, iov, 2);
     tier_stats_t ts;
     tier_stats(t, &ts);
@@ -387,7 +392,7 @@ static void tier_round_trip(io_backend_t be, bool direct) {
     int n = 0;
     for (; n < N; n++) {
         len[n] = 4096 * (1 + rnd() % 24);
-        if (pool_alloc(p, len[n], &src[n]) != 0) break;
+        if (pool_alloc(p, 1 + (uint64_t)(n % 2), len[n], &src[n]) != 0) break;
         if (tier_alloc(t, len[n], &off[n]) != 0) { pool_free(p, &src[n]); break; }
         fill(pool_ptr(p, &src[n]), len[n]);
         cr_assert_eq(tier_rw(t, IO_WRITE, pool_ptr(p, &src[n]), len[n], off[n]), (int64_t)len[n]);
@@ -397,7 +402,7 @@ static void tier_round_trip(io_backend_t be, bool direct) {
     cr_assert_eq(tier_sync(t, true), 0);
     pool_region_t back;
     for (int i = 0; i < n; i++) {
-        cr_assert_eq(pool_alloc(p, len[i], &back), 0);
+        cr_assert_eq(pool_alloc(p, 2 - (uint64_t)(i % 2), len[i], &back), 0);
         memset(pool_ptr(p, &back), 0, len[i]);
         cr_assert_eq(tier_rw(t, IO_READ, pool_ptr(p, &back), len[i], off[i]), (int64_t)len[i]);
         cr_assert_eq(memcmp(pool_ptr(p, &back), pool_ptr(p, &src[i]), len[i]), 0, "extent %d differs", i);

@@ -31,6 +31,7 @@
 
 #define SVC "/ballast.offload.v1.Offload/"
 #define MAX_SLOTS 4096u
+#define MAX_SEGS 1024u   /* segments of one job mapped at once (ballastd's POOL_MAX_SEGS) */
 
 typedef Ballast__Offload__V1__Key pb_key_t;
 
@@ -52,10 +53,17 @@ struct oc_client {
     rpc_client_t *rpc;
     uint64_t sid, job_id, quota, max_blob;
     double lease_s, timeout_s;
-    /* shared memory */
+    /* shared memory: the job's segments mapped so far (MAX_SEGS entries
+     * allocated at attach; entries are only appended, under seg_mu) */
+    pthread_mutex_t seg_mu;
     uint32_t nsegs;
     shm_seg_t *segs;
+    uint32_t *seg_id;                /* (nsegs) ballastd's id of each */
     oc_segment_t *segview;           /* (nsegs) base and bytes of segs, for oc_segments */
+    oc_segment_hook_t seg_hook;
+    void *seg_hook_arg;
+    char fd_socket[108];             /* for fetching later segments */
+    uint64_t nonce;
     shm_seg_t ringseg;
     ring_t req, cpl;
     int efd[RP_FD_COUNT];
@@ -184,9 +192,11 @@ static status_t attach(oc_client_t *c, const Ballast__Offload__V1__OpenSessionRe
         return fail(STATUS_FAILED_PRECONDITION, "ballastd at %s speaks ring protocol %u with %u-byte entries; "
                     "this client speaks %u with %u: use matching versions", c->addr, r->protocol_version,
                     r->ring_entry_bytes, RING_PROTO_VERSION, RING_PROTO_ENTRY_BYTES);
-    if (r->n_segment_bytes == 0 || r->n_segment_bytes > 4096 || r->ring_capacity < 2 ||
-        r->ring_capacity > RING_PROTO_MAX_CAPACITY)
+    if (r->n_segment_bytes > MAX_SEGS || r->ring_capacity < 2 || r->ring_capacity > RING_PROTO_MAX_CAPACITY ||
+        strlen(r->fd_socket) >= sizeof c->fd_socket)
         return fail(STATUS_INTERNAL, "ballastd at %s sent an implausible session layout", c->addr);
+    snprintf(c->fd_socket, sizeof c->fd_socket, "%s", r->fd_socket);
+    c->nonce = r->attach_nonce;
     int fd = -1;
     int rc = shm_connect(r->fd_socket, &fd, err, sizeof err);
     if (rc) return fail(STATUS_UNAVAILABLE, "ballastd at %s: fd socket %s: %s; %s", c->addr, r->fd_socket, err, HINT);
@@ -208,38 +218,39 @@ static status_t attach(oc_client_t *c, const Ballast__Offload__V1__OpenSessionRe
         st = fail(status_from_grpc(rep.status), "ballastd at %s refused to attach the session: %s", c->addr, rep.msg);
         goto out;
     }
-    if (rep.nsegs != r->n_segment_bytes) {
-        st = fail(STATUS_INTERNAL, "ballastd at %s: %u segments announced, %zu in OpenSession", c->addr,
-                  rep.nsegs, r->n_segment_bytes);
+    if (rep.nsegs > MAX_SEGS) {
+        st = fail(STATUS_INTERNAL, "ballastd at %s announced %u segments, at most %u expected", c->addr, rep.nsegs,
+                  MAX_SEGS);
         goto out;
     }
-    c->nsegs = rep.nsegs;
-    c->segs = calloc(c->nsegs, sizeof *c->segs);
-    if (!c->segs) { st = fail(STATUS_RESOURCE_EXHAUSTED, "out of memory"); goto out; }
-    for (uint32_t i = 0; i < c->nsegs; i++) c->segs[i].fd = -1;
-    for (uint32_t got = 0; got < c->nsegs;) {
+    c->segs = calloc(MAX_SEGS, sizeof *c->segs);
+    c->seg_id = calloc(MAX_SEGS, sizeof *c->seg_id);
+    c->segview = calloc(MAX_SEGS, sizeof *c->segview);
+    if (!c->segs || !c->seg_id || !c->segview) { st = fail(STATUS_RESOURCE_EXHAUSTED, "out of memory"); goto out; }
+    for (uint32_t i = 0; i < MAX_SEGS; i++) c->segs[i].fd = -1;
+    for (uint32_t got = 0; got < rep.nsegs;) {
         rp_fd_chunk_t ch;
-        int fds[SHM_MAX_FDS];
-        uint32_t want = c->nsegs - got < SHM_MAX_FDS ? c->nsegs - got : SHM_MAX_FDS;
+        int fds[RP_CHUNK_FDS];
+        uint32_t want = rep.nsegs - got < RP_CHUNK_FDS ? rep.nsegs - got : RP_CHUNK_FDS;
         rc = shm_recv_fds(fd, &ch, sizeof ch, &len, fds, (int)want, tmo, err, sizeof err);
-        if (rc || len != sizeof ch || ch.first != got || ch.count != want || ch.ring) {
+        if (rc || len != sizeof ch || ch.count != want || ch.ring) {
             st = fail(STATUS_INTERNAL, "ballastd at %s: receiving pool fds: %s", c->addr, rc ? err : "bad chunk");
             if (!rc) for (uint32_t i = 0; i < want; i++) close(fds[i]);
             goto out;
         }
         for (uint32_t i = 0; i < want; i++) {
-            rc = shm_map_fd(&c->segs[got + i], fds[i], r->segment_bytes[got + i], err, sizeof err);
+            rc = shm_map_fd(&c->segs[c->nsegs], fds[i], ch.bytes[i], err, sizeof err);
             if (rc) {
                 for (uint32_t j = i + 1; j < want; j++) close(fds[j]);
-                st = fail(STATUS_INTERNAL, "ballastd at %s: mapping pool segment %u: %s", c->addr, got + i, err);
+                st = fail(STATUS_INTERNAL, "ballastd at %s: mapping pool segment %u: %s", c->addr, ch.seg[i], err);
                 goto out;
             }
+            c->seg_id[c->nsegs] = ch.seg[i];
+            c->segview[c->nsegs] = (oc_segment_t){ c->segs[c->nsegs].base, c->segs[c->nsegs].bytes };
+            c->nsegs++;
         }
         got += want;
     }
-    c->segview = calloc(c->nsegs, sizeof *c->segview);
-    if (!c->segview) { st = fail(STATUS_RESOURCE_EXHAUSTED, "out of memory"); goto out; }
-    for (uint32_t i = 0; i < c->nsegs; i++) c->segview[i] = (oc_segment_t){ c->segs[i].base, c->segs[i].bytes };
     rp_fd_chunk_t ch;
     int rfds[RP_FD_COUNT];
     rc = shm_recv_fds(fd, &ch, sizeof ch, &len, rfds, RP_FD_COUNT, tmo, err, sizeof err);
@@ -279,7 +290,9 @@ static void client_free(oc_client_t *c) {
     }
     for (uint32_t i = 0; i < c->nsegs && c->segs; i++) shm_destroy(&c->segs[i]);
     free(c->segs);
+    free(c->seg_id);
     free(c->segview);
+    pthread_mutex_destroy(&c->seg_mu);
     shm_destroy(&c->ringseg);
     for (int i = 1; i < RP_FD_COUNT; i++) if (c->efd[i] >= 0) close(c->efd[i]);
     if (c->slots) {
@@ -318,6 +331,7 @@ status_t oc_open(const oc_options_t *o, oc_client_t **out) {
     if (!c) return fail(STATUS_RESOURCE_EXHAUSTED, "out of memory");
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->push_mu, NULL);
+    pthread_mutex_init(&c->seg_mu, NULL);
     clock_cond_init(&c->cv);
     clock_cond_init(&c->hb_cv);
     c->ringseg.fd = -1;
@@ -454,8 +468,64 @@ uint64_t oc_max_blob(const oc_client_t *c) { return c->max_blob; }
 const char *oc_addr(const oc_client_t *c) { return c->addr; }
 
 const oc_segment_t *oc_segments(const oc_client_t *c, uint32_t *n) {
+    pthread_mutex_lock((pthread_mutex_t *)&c->seg_mu);
     *n = c->shared && c->segview ? c->nsegs : 0;
+    pthread_mutex_unlock((pthread_mutex_t *)&c->seg_mu);
     return *n ? c->segview : NULL;
+}
+
+void oc_set_segment_hook(oc_client_t *c, oc_segment_hook_t fn, void *arg) {
+    pthread_mutex_lock(&c->seg_mu);
+    c->seg_hook = fn;
+    c->seg_hook_arg = arg;
+    for (uint32_t i = 0; fn && i < c->nsegs; i++) fn(arg, &c->segview[i]);
+    pthread_mutex_unlock(&c->seg_mu);
+}
+
+/* Fetch segment id over the fd socket and map it as entry c->nsegs. With
+ * seg_mu held. */
+static status_t fetch_segment(oc_client_t *c, uint32_t id) {
+    if (c->nsegs >= MAX_SEGS)
+        return fail(STATUS_RESOURCE_EXHAUSTED, "ballastd at %s: the job has more than %u segments mapped", c->addr, MAX_SEGS);
+    char err[SHM_ERR_LEN];
+    int fd = -1;
+    if (shm_connect(c->fd_socket, &fd, err, sizeof err))
+        return fail(STATUS_UNAVAILABLE, "ballastd at %s: fd socket %s: %s; %s", c->addr, c->fd_socket, err, HINT);
+    rp_segment_req_t q = { RP_SEGMENT_MAGIC, c->sid, c->nonce, RING_PROTO_VERSION, id };
+    status_t st = STATUS_OK;
+    rp_attach_reply_t rep;
+    size_t len = 0;
+    int tmo = (int)(c->timeout_s * 1000);
+    if (shm_send_fds(fd, &q, sizeof q, NULL, 0, err, sizeof err) ||
+        shm_recv_fds(fd, &rep, sizeof rep, &len, NULL, 0, tmo, err, sizeof err) || len != sizeof rep) {
+        st = fail(STATUS_UNAVAILABLE, "ballastd at %s: fetching pool segment %u: %s", c->addr, id, err);
+        goto out;
+    }
+    rep.msg[sizeof rep.msg - 1] = 0;
+    if (rep.status != STATUS_OK || rep.nsegs != 1) {
+        st = fail(rep.status != STATUS_OK ? status_from_grpc(rep.status) : STATUS_INTERNAL,
+                  "ballastd at %s refused pool segment %u: %s", c->addr, id, rep.msg);
+        goto out;
+    }
+    rp_fd_chunk_t ch;
+    int sfd = -1;
+    if (shm_recv_fds(fd, &ch, sizeof ch, &len, &sfd, 1, tmo, err, sizeof err) || len != sizeof ch ||
+        ch.count != 1 || ch.ring || ch.seg[0] != id) {
+        if (sfd >= 0) close(sfd);
+        st = fail(STATUS_INTERNAL, "ballastd at %s: receiving pool segment %u: %s", c->addr, id, err);
+        goto out;
+    }
+    if (shm_map_fd(&c->segs[c->nsegs], sfd, ch.bytes[0], err, sizeof err)) {
+        st = fail(STATUS_INTERNAL, "ballastd at %s: mapping pool segment %u: %s", c->addr, id, err);
+        goto out;
+    }
+    c->seg_id[c->nsegs] = id;
+    c->segview[c->nsegs] = (oc_segment_t){ c->segs[c->nsegs].base, c->segs[c->nsegs].bytes };
+    c->nsegs++;
+    if (c->seg_hook) c->seg_hook(c->seg_hook_arg, &c->segview[c->nsegs - 1]);
+out:
+    close(fd);
+    return st;
 }
 
 /* ---- slots ---- */
@@ -595,8 +665,10 @@ static status_t wait_cpl(oc_client_t *c, uint64_t id, rp_cpl_t *out, void **priv
 static status_t cpl_status(oc_client_t *c, const rp_cpl_t *p, const oc_key_t *k) {
     status_t st = status_from_grpc(p->status);
     if (st == STATUS_OK) return STATUS_OK;
-    const char *sep = st == STATUS_RESOURCE_EXHAUSTED ? "; " : "";
-    const char *hint = st == STATUS_RESOURCE_EXHAUSTED ? FULL_HINT : "";
+    /* a quota refusal's detail names its own fix */
+    bool quota = p->detail == RP_D_OVER_QUOTA || p->detail == RP_D_JOB_QUOTA;
+    const char *sep = st == STATUS_RESOURCE_EXHAUSTED && !quota ? "; " : "";
+    const char *hint = st == STATUS_RESOURCE_EXHAUSTED && !quota ? FULL_HINT : "";
     if (k)
         return fail(st, "ballastd at %s: %s of key (rank %u, kind %u, index %llu, step %llu) "
                     "failed: %s: %s%s%s", c->addr, rp_op_name(p->op), k->rank, k->kind,
@@ -630,10 +702,18 @@ static status_t ring_op(oc_client_t *c, rp_req_t *q, const oc_key_t *k, rp_cpl_t
     return cpl_status(c, out, k);
 }
 
+/* The bytes of a region a completion named, mapping its segment first when
+ * it is new to this session; NULL (with the error set when fetching failed)
+ * when the region lies outside it. */
 static void *region_ptr(oc_client_t *c, const rp_cpl_t *p) {
-    if (p->seg >= c->nsegs) return NULL;
-    if (p->offset > c->segs[p->seg].bytes || p->length > c->segs[p->seg].bytes - p->offset) return NULL;
-    return (uint8_t *)c->segs[p->seg].base + p->offset;
+    pthread_mutex_lock(&c->seg_mu);
+    uint32_t i = 0;
+    while (i < c->nsegs && c->seg_id[i] != p->seg) i++;
+    if (i == c->nsegs && fetch_segment(c, p->seg) != STATUS_OK) i = UINT32_MAX;
+    const shm_seg_t *sg = i < c->nsegs ? &c->segs[i] : NULL;
+    pthread_mutex_unlock(&c->seg_mu);
+    if (!sg || p->offset > sg->bytes || p->length > sg->bytes - p->offset) return NULL;
+    return (uint8_t *)sg->base + p->offset;
 }
 
 /* ---- remote-mode calls ---- */
@@ -679,8 +759,8 @@ status_t oc_put_alloc(oc_client_t *c, const oc_key_t *k, uint64_t len, bool pers
     if (st) return st;
     memset(b, 0, sizeof *b);
     if (len == 0 || (c->max_blob && len > c->max_blob))
-        return fail(STATUS_INVALID_ARGUMENT, "blob length %llu must be in [1, %llu] bytes (the largest pool segment): "
-                    "split the blob, or restart ballastd with a larger --pool-bytes / --segment-bytes",
+        return fail(STATUS_INVALID_ARGUMENT, "blob length %llu must be in [1, %llu] bytes (ballastd's --pool-bytes): "
+                    "split the blob, or restart ballastd with a larger --pool-bytes",
                     (unsigned long long)len, (unsigned long long)c->max_blob);
     if (!c->shared) {
         b->ptr = malloc(len);
@@ -696,7 +776,9 @@ status_t oc_put_alloc(oc_client_t *c, const oc_key_t *k, uint64_t len, bool pers
     q.length = len;
     rp_cpl_t p;
     if ((st = ring_op(c, &q, k, &p))) return st;
+    g_err[0] = 0;
     b->ptr = region_ptr(c, &p);
+    if (!b->ptr && g_err[0]) return STATUS_UNAVAILABLE; /* the segment could not be fetched: g_err says why */
     if (!b->ptr || p.length != len)
         return fail(STATUS_INTERNAL, "ballastd at %s returned a region outside the pool", c->addr);
     b->len = len;
@@ -924,7 +1006,9 @@ status_t oc_wait(oc_client_t *c, oc_handle_t h, oc_buf_t *b, double timeout_s) {
     if (p.status != STATUS_OK) return cpl_status(c, &p, NULL);
     if (b && p.op == RP_OP_GET) {
         memset(b, 0, sizeof *b);
+        g_err[0] = 0;
         b->ptr = region_ptr(c, &p);
+        if (!b->ptr && g_err[0]) return STATUS_UNAVAILABLE; /* the segment could not be fetched: g_err says why */
         if (!b->ptr) return fail(STATUS_INTERNAL, "ballastd at %s returned a region outside the pool", c->addr);
         b->len = p.length;
         b->crc32c = p.crc32c;

@@ -105,11 +105,21 @@ typedef struct {
     uint64_t bytes;  /* length of the mapping, bytes */
 } oc_segment_t;
 
-/* The pool segments this session has mapped (shared-memory mode), valid
- * until oc_close: *n gets their count (0 in remote mode, where regions are
- * private heap buffers). For registering the pool with a GPU driver once
- * (workers/backend/cuda/pool_register.cu). Returns the array or NULL. */
+/* The pool segments of this session's job that it has mapped so far
+ * (shared-memory mode), valid until oc_close: *n gets their count (0 in
+ * remote mode, where regions are private heap buffers, and 0 for a job that
+ * has stored nothing yet). The job's segments are created by ballastd on
+ * demand: one named by a later completion is fetched over the fd socket and
+ * mapped then, and handed to the segment hook. For registering the pool with
+ * a GPU driver once per segment (workers/backend/cuda/pool_register.cu).
+ * Returns the array or NULL. */
 const oc_segment_t *oc_segments(const oc_client_t *c, uint32_t *n);
+
+/* Called once for every segment mapped after oc_set_segment_hook (from the
+ * thread whose request named it, before that request returns), and at once
+ * for the segments already mapped. NULL fn removes the hook. */
+typedef void (*oc_segment_hook_t)(void *arg, const oc_segment_t *seg);
+void oc_set_segment_hook(oc_client_t *c, oc_segment_hook_t fn, void *arg);
 
 /* ---- two-step put/get ---- */
 

@@ -86,6 +86,8 @@ const char *offload_link_addr(const offload_link_t *l) { return oc_addr(l->c); }
 
 const oc_segment_t *offload_link_segments(const offload_link_t *l, uint32_t *n) { return oc_segments(l->c, n); }
 
+void offload_link_on_segment(offload_link_t *l, oc_segment_hook_t fn, void *arg) { oc_set_segment_hook(l->c, fn, arg); }
+
 /* ---- accounting ---- */
 
 void offload_link_count(offload_link_t *l, uint64_t to, uint64_t from) {

@@ -74,6 +74,10 @@ const char *offload_link_addr(const offload_link_t *l);
  * NULL in remote mode), valid until close: for pinning them with the
  * backend (host_register). */
 const oc_segment_t *offload_link_segments(const offload_link_t *l, uint32_t *n);
+/* Call fn for every segment of the job the session maps: those mapped now
+ * at once, later ones (ballastd adds segments as the job grows) when they
+ * are mapped (oc_set_segment_hook). */
+void offload_link_on_segment(offload_link_t *l, oc_segment_hook_t fn, void *arg);
 
 /* Whether the savers may compute on pool memory in place (read a block
  * input there, run AdamW on moments there): only on a backend whose memory

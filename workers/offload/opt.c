@@ -119,7 +119,7 @@ opt_offload_t *opt_offload_create(fsdp_t *f, offload_link_t *link, opt_offload_m
     for (int u = 0; u < f->n_units; u++) {
         if (blob_bytes(f, u) > offload_link_max_blob(link)) {
             errbuf_set(err, errlen, "--optimizer-offload: unit %d needs blobs of %zu bytes but ballastd at %s takes at most "
-                       "%llu (raise its --segment-bytes, or shard more with --hybrid-shard-degree)", u, blob_bytes(f, u),
+                       "%llu (raise its --pool-bytes, or shard more with --hybrid-shard-degree)", u, blob_bytes(f, u),
                        offload_link_addr(link), (unsigned long long)offload_link_max_blob(link));
             return NULL;
         }

@@ -9,25 +9,35 @@
 #include "log.h"
 #include "options.h"
 
-/* Register the session's pool segments with the backend when it pins host
- * memory (a GPU) and the session maps the pool; a failure warns and
- * training goes on with pageable copies. */
+/* Register one pool segment of the job with the backend when it pins host
+ * memory (a GPU); called by the client for every segment it maps, the
+ * first ones at open and later ones as ballastd adds them. A failure warns
+ * once and those copies stay pageable. */
+static void register_segment(void *arg, const oc_segment_t *seg) {
+    offload_run_t *r = arg;
+    if (r->nregs == r->cap_regs) {
+        uint32_t nc = r->cap_regs ? r->cap_regs * 2 : 8;
+        struct be_pinned **nr = realloc(r->regs, nc * sizeof *nr);
+        if (!nr) return;
+        r->regs = nr;
+        r->cap_regs = nc;
+    }
+    be_range_t range = { seg->base, (size_t)seg->bytes };
+    char e[512];
+    struct be_pinned *p = r->be->host_register(&range, 1, e, sizeof e); /* it logs the outcome */
+    if (p) r->regs[r->nregs++] = p;
+    else if (!r->reg_warned) {
+        r->reg_warned = true;
+        log_warn("rank %d: registering a ballastd pool segment with the %s backend failed (%s); device<->pool "
+                 "copies stay pageable", r->rank, r->be->name, e);
+    }
+}
+
 static void register_pool(offload_run_t *r, const backend_t *be, int rank) {
     if (!be->host_register || !offload_link_is_shared(&r->link)) return;
-    uint32_t n = 0;
-    const oc_segment_t *segs = offload_link_segments(&r->link, &n);
-    if (!segs || n == 0) return;
-    be_range_t *ranges = calloc(n, sizeof *ranges);
-    if (!ranges) return;
-    for (uint32_t i = 0; i < n; i++) ranges[i] = (be_range_t){ segs[i].base, (size_t)segs[i].bytes };
-    char e[512];
-    r->reg = be->host_register(ranges, (int)n, e, sizeof e); /* it logs the outcome (or why copies stay pageable) */
-    free(ranges);
-    if (!r->reg)
-        log_warn("rank %d: registering ballastd's pool with the %s backend failed (%s); device<->pool copies stay "
-                 "pageable", rank, be->name, e);
-    else
-        r->be = be;
+    r->be = be;
+    r->rank = rank;
+    offload_link_on_segment(&r->link, register_segment, r);
 }
 
 bool offload_run_opt_durable(const offload_opts_t *o) {
@@ -151,7 +161,9 @@ void offload_run_close(offload_run_t *r, fsdp_t *f) {
     }
     opt_offload_destroy(r->oo);
     /* before the session unmaps the segments */
-    if (r->reg) r->be->host_unregister(r->reg);
+    if (r->on && r->be) offload_link_on_segment(&r->link, NULL, NULL);
+    for (uint32_t i = 0; i < r->nregs; i++) r->be->host_unregister(r->regs[i]);
+    free(r->regs);
     offload_link_close(&r->link);
     memset(r, 0, sizeof *r);
 }

@@ -38,8 +38,11 @@ typedef struct {
     offload_link_t link;
     act_offload_t *ao;         /* --activation-offload, or NULL (also set as f->ao) */
     opt_offload_t *oo;         /* --optimizer-offload, or NULL */
-    struct be_pinned *reg;     /* ballastd's pool pinned by the backend (host_register), or NULL */
-    const backend_t *be;       /* the backend that pinned it */
+    struct be_pinned **regs;   /* the job's pool segments pinned by the backend (host_register), one each */
+    uint32_t nregs, cap_regs;
+    const backend_t *be;       /* the backend that pins them (NULL: none does) */
+    int rank;                  /* for messages */
+    bool reg_warned;           /* a failed registration was reported */
 } offload_run_t;
 
 /* Whether the flags make the optimizer state durable
@@ -51,9 +54,9 @@ int offload_run_check(const offload_opts_t *o, char *err, size_t errlen);
 
 /* Open the session and the savers the flags ask for, on f (built by
  * fsdp_create) of global rank `rank` among world. On a GPU backend in
- * shared-memory mode the pool segments are registered with the driver once
- * (pinned for DMA); a failed registration warns and the copies stay
- * pageable. Collective when the
+ * shared-memory mode every pool segment of the job is registered with the
+ * driver once, when the session maps it (pinned for DMA); a failed
+ * registration warns and the copies stay pageable. Collective when the
  * optimizer is offloaded: *start gets the step to continue after (0 for a
  * fresh run; the resumed step with --resume-from-service). With no saver
  * on, it does nothing and leaves *start alone. */
