@@ -351,6 +351,8 @@ int main(int argc, char **argv) {
     int rc = opt_parse(options, N_OPTS, argc, argv, pos, 1, &npos, "usage: gpu_train check|bench [options]", err, sizeof err);
     if (rc < 0) { fprintf(stderr, "gpu_train: %s\n", err); return 2; }
     if (rc > 0) return 0;
+    static const model_ckpt_t ckpt_modes[] = { MODEL_CKPT_NONE, MODEL_CKPT_FULL, MODEL_CKPT_FULL, MODEL_CKPT_SELECTIVE };
+    g.act_ckpt = ckpt_modes[g.act_ckpt_choice];
     if (npos != 1 || (strcmp(pos[0], "check") && strcmp(pos[0], "bench"))) {
         fprintf(stderr, "gpu_train: say what to run: gpu_train check|bench [options] (--help lists them)\n");
         return 2;
