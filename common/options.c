@@ -180,6 +180,29 @@ int opt_warn_moved_env(const opt_t *opts, size_t n, const char *old_prefix, cons
 static bool bounded(const opt_t *o) { return !(o->min == 0 && o->max == 0); }
 
 /* Parse text into o->dst; origin says where the text came from. */
+static size_t edit_distance(const char *a, size_t la, const char *b);
+
+/* The choice of "a|b|c" nearest to text when it looks like a slip (as
+ * nearest() judges names), else NULL; a static buffer. */
+static const char *nearest_choice(const char *choices, const char *text) {
+    static char best[64];
+    size_t tl = strlen(text), bd = (tl / 3 > 2 ? tl / 3 : 2) + 1;
+    bool found = false;
+    for (const char *c = choices; c && *c;) {
+        const char *bar = strchr(c, '|');
+        size_t cl = bar ? (size_t)(bar - c) : strlen(c);
+        char one[64];
+        if (cl < sizeof one) {
+            memcpy(one, c, cl);
+            one[cl] = 0;
+            size_t d = edit_distance(text, tl, one);
+            if (d < bd) { bd = d; snprintf(best, sizeof best, "%s", one); found = true; }
+        }
+        c = bar ? bar + 1 : NULL;
+    }
+    return found ? best : NULL;
+}
+
 static int set_value(const opt_t *o, const char *text, const char *origin, char *err, size_t errlen) {
     char why[256];
     why[0] = 0;
@@ -249,7 +272,12 @@ static int set_value(const opt_t *o, const char *text, const char *origin, char 
             idx++;
             c = bar ? bar + 1 : NULL;
         }
-        if (rc) snprintf(why, sizeof why, "'%s' is not one of %s", text ? text : "", o->choices);
+        if (rc) {
+            const char *near = nearest_choice(o->choices, text ? text : "");
+            char hint[96] = "";
+            if (near) snprintf(hint, sizeof hint, " (did you mean %s?)", near);
+            snprintf(why, sizeof why, "'%s' is not one of %s%s", text ? text : "", o->choices, hint);
+        }
         break;
     }
     }
@@ -337,7 +365,10 @@ void opt_print_help(const opt_t *opts, size_t n, const char *usage, FILE *out) {
     for (size_t i = 0; i < n; i++) {
         const opt_t *o = &opts[i];
         char flag[96];
-        snprintf(flag, sizeof flag, "--%s%s%s", o->name, o->type == OPT_BOOL ? "" : " ", type_name(o));
+        if (o->type == OPT_ENUM && o->bare)
+            snprintf(flag, sizeof flag, "--%s [%s]", o->name, type_name(o));
+        else
+            snprintf(flag, sizeof flag, "--%s%s%s", o->name, o->type == OPT_BOOL ? "" : " ", type_name(o));
         fprintf(out, "  %-34s %s (default: %s)\n", flag, o->help ? o->help : "",
                 o->def ? (o->def[0] ? o->def : "\"\"") : "unset");
     }
@@ -372,6 +403,18 @@ int opt_print_changed(const opt_t *opts, size_t n, FILE *out) {
         fprintf(out, "%s--%s %s", shown++ ? " " : "", o->name, now);
     }
     return shown;
+}
+
+/* Whether text is one of o's choices (OPT_ENUM). */
+static bool is_choice(const opt_t *o, const char *text) {
+    size_t tl = strlen(text);
+    for (const char *c = o->choices; c && *c;) {
+        const char *bar = strchr(c, '|');
+        size_t cl = bar ? (size_t)(bar - c) : strlen(c);
+        if (cl == tl && strncmp(c, text, cl) == 0) return true;
+        c = bar ? bar + 1 : NULL;
+    }
+    return false;
 }
 
 int opt_parse(const opt_t *opts, size_t n, int argc, char **argv,
@@ -421,6 +464,7 @@ int opt_parse(const opt_t *opts, size_t n, int argc, char **argv,
         if (!o && len > 3 && strncmp(name, "no-", 3) == 0) {
             const opt_t *b = find(opts, n, name + 3, len - 3);
             if (b && b->type == OPT_BOOL && !eq) { *(bool *)b->dst = false; continue; }
+            if (b && b->type == OPT_ENUM && b->bare && !eq) { *(int *)b->dst = 0; continue; }
         }
         if (!o) {
             const char *near = nearest(opts, n, name, len);
@@ -432,6 +476,13 @@ int opt_parse(const opt_t *opts, size_t n, int argc, char **argv,
         char origin[128];
         snprintf(origin, sizeof origin, "the command line");
         if (o->type == OPT_BOOL && !val) { *(bool *)o->dst = true; continue; }
+        if (o->type == OPT_ENUM && o->bare && !val) {
+            /* the next argument is the value when it is a choice, or (a
+             * program without positional arguments) any word, so that a
+             * slip gets its message; otherwise the flag stands alone */
+            const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+            val = next && next[0] != '-' && (max_pos == 0 || is_choice(o, next)) ? argv[++i] : o->bare;
+        }
         if (!val) {
             if (i + 1 >= argc) return errbuf_set(err, errlen, "option --%s needs a value (%s)", o->name, type_name(o));
             val = argv[++i];

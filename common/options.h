@@ -34,6 +34,9 @@ typedef struct {
     const char *help;    /* one line */
     void *dst;           /* where the value goes; type per opt_type_t */
     const char *alias;   /* an older spelling still accepted (hidden from --help, no environment variable); NULL = none */
+    const char *bare;    /* OPT_ENUM only: the choice meant by the flag alone (--x last, before another --flag, or
+                            before a word that is no choice where the program takes positional arguments);
+                            --no-x then means the first choice. NULL = the flag needs a value */
 } opt_t;
 
 #define OPT_ERR_LEN 512

@@ -38,7 +38,9 @@ static struct {
     const char *model, *dir, *json;
     int64_t seq, batch, steps, warmup, seed, threads;
     double lr, tol, peak;
-    bool act_ckpt, profile;
+    int act_ckpt_choice; /* index into "false|true|full|selective" */
+    model_ckpt_t act_ckpt;
+    bool profile;
     int backend;
     int precision;       /* bench: 0 bf16, 1 fp8 */
 } g;
@@ -52,7 +54,8 @@ static const opt_t options[] = {
     { "seed", OPT_INT, "1", 0, 9.2e18, NULL, "weights and data seed", &g.seed },
     { "lr", OPT_DOUBLE, "1e-3", 0, 1, NULL, "AdamW learning rate", &g.lr },
     { "tol", OPT_DOUBLE, "1e-2", 0, 1, NULL, "check: max relative loss difference per step", &g.tol },
-    { "activation-checkpointing", OPT_BOOL, "false", 0, 0, NULL, "keep only block inputs; recompute in backward", &g.act_ckpt },
+    { "activation-checkpointing", OPT_ENUM, "false", 0, 0, "false|true|full|selective",
+      "full (the flag alone, or true): keep only block inputs, recompute in backward; selective: keep the attention output and log-sum-exp too", &g.act_ckpt_choice, NULL, "full" },
     { "profile", OPT_BOOL, "true", 0, 0, NULL, "bench: one extra step timed per op", &g.profile },
     { "peak-tflops", OPT_DOUBLE, "989", 1, 1e6, NULL, "bench: dense bf16 peak for MFU (H100/H200 SXM: 989)", &g.peak },
     { "dir", OPT_STRING, "/tmp", 0, 0, NULL, "check: where the shared safetensors file goes", &g.dir },
@@ -289,7 +292,7 @@ static int run_bench(const llama_config_t *cfg) {
     CHECK_ALLOC(tgt);
     cuda_sync();
     printf("bench: %s, %zu params, B=%d T=%d%s, %s GEMMs, set-up %.1f s\n", cfg->name, m.n_params, B, T,
-           g.act_ckpt ? ", activation checkpointing" : "", g.precision ? "fp8" : "bf16", clock_now_s() - t0);
+           g.act_ckpt == MODEL_CKPT_SELECTIVE ? ", selective activation checkpointing" : g.act_ckpt ? ", activation checkpointing" : "", g.precision ? "fp8" : "bf16", clock_now_s() - t0);
     double norm, loss = 0;
     for (int s = 0; s < g.warmup; s++) {
         make_batch(tok, tgt, B, T, cfg->vocab, (uint64_t)g.seed, s);
@@ -327,9 +330,10 @@ static int run_bench(const llama_config_t *cfg) {
     if (g.json) {
         FILE *f = fopen(g.json, "a");
         if (f) {
-            fprintf(f, "{\"kind\":\"bench\",\"impl\":\"%s\",\"model\":\"%s\",\"seq\":%d,\"batch\":%d,\"act_ckpt\":%s,"
+            fprintf(f, "{\"kind\":\"bench\",\"impl\":\"%s\",\"model\":\"%s\",\"seq\":%d,\"batch\":%d,\"act_ckpt\":%s,\"ckpt_mode\":\"%s\","
                        "\"s_per_step\":%.4f,\"tokens_per_s\":%.1f,\"tflops\":%.2f,\"mfu\":%.4f}\n",
-                    g.precision ? "ballast-fp8" : "ballast", cfg->name, T, B, g.act_ckpt ? "true" : "false", dt, tps, flops, flops / g.peak);
+                    g.precision ? "ballast-fp8" : "ballast", cfg->name, T, B, g.act_ckpt ? "true" : "false",
+                    g.act_ckpt == MODEL_CKPT_SELECTIVE ? "selective" : g.act_ckpt ? "full" : "none", dt, tps, flops, flops / g.peak);
             fclose(f);
         }
     }
@@ -347,6 +351,8 @@ int main(int argc, char **argv) {
     int rc = opt_parse(options, N_OPTS, argc, argv, pos, 1, &npos, "usage: gpu_train check|bench [options]", err, sizeof err);
     if (rc < 0) { fprintf(stderr, "gpu_train: %s\n", err); return 2; }
     if (rc > 0) return 0;
+    static const model_ckpt_t ckpt_modes[] = { MODEL_CKPT_NONE, MODEL_CKPT_FULL, MODEL_CKPT_FULL, MODEL_CKPT_SELECTIVE };
+    g.act_ckpt = ckpt_modes[g.act_ckpt_choice];
     if (npos != 1 || (strcmp(pos[0], "check") && strcmp(pos[0], "bench"))) {
         fprintf(stderr, "gpu_train: say what to run: gpu_train check|bench [options] (--help lists them)\n");
         return 2;

@@ -8,7 +8,7 @@
 #   2. every GPU check (tests/gpu/check_*.c) against the CPU oracle, on the
 #      emulated device; each prints its seed (BALLAST_EMU_SEED replays it)
 #   3. gpu_train check: 20 training steps on the emulated GPU against the
-#      CPU backend, with and without activation checkpointing
+#      CPU backend, without activation checkpointing and with the selective kind
 # `make test T=emu` runs this tier alone. Leak checking is off: the checks
 # keep their buffers to the end, and the tier is about races and bounds.
 # The programs are independent processes: they run BALLAST_EMU_JOBS at a
@@ -84,9 +84,12 @@ report_train() {
 if [ -x "$E/gpu_train" ]; then
     d=$(t_tmpdir)
     cp "$ROOT/tests/emu/config.json" "$d/config.json"  # head_dim 64, as the GPU kernels need
-    for ck in false true; do
+    # (selective checkpointing runs every op full checkpointing does but the
+    # attention forward; gpu_emu_train checks both against no checkpointing
+    # to the bit)
+    for ck in false selective; do
         steps=20 seq=64 flag=()
-        [ "$ck" = true ] && steps=8 seq=32 flag=(--activation-checkpointing)
+        [ "$ck" = selective ] && steps=8 seq=32 flag=(--activation-checkpointing selective)
         start_tap "train:emu/gpu_train $steps steps track the CPU backend (activation checkpointing $ck)" \
             "$E/gpu_train" check --model "$d/config.json" --steps $steps --seq-len $seq \
             --micro-batch 2 --threads 1 "${flag[@]}" --dir "$d"
@@ -108,7 +111,7 @@ for src in "$ROOT"/tests/gpu/check_*.c; do
     if [ ! -x "$prog" ]; then t_fail "emu/$name" "$prog was not built"; continue; fi
     args=()
     [ "$name" = check_pool ] && args=(--max-mib 16)
-    # the fused paths are opt-in in the table (docs/cuda.md): the checks take them
+    # the fused paths (on by default, docs/cuda.md) are what the checks take
     start_tap "$name" env BALLAST_CUDA_FUSED=1 BALLAST_NCCL_LIB="$ROOT/$BUILD/emu/lib/libnccl.so.2" "$prog" "${args[@]}"
 done
 wait

@@ -2,10 +2,17 @@
 # gpu_emu_train.sh: ballast-worker's CUDA backend on the emulated GPU
 # (tests/emu), through ballastd: activation offload (out and back a
 # horizon ahead), optimizer state offloaded to host (double buffered), and
-# two ranks sharing the one emulated device with staged collectives; each
-# must give the losses of one process without savers, to the bit (the
-# kernels are deterministic, so random thread and stream orders may not
-# change a single bit unless an ordering is missing).
+# selective activation checkpointing (no offload), and two ranks sharing
+# the one emulated device with staged collectives. The
+# savers run the same ops in the same order as one process without them,
+# so they must give its losses to the bit (the kernels are deterministic,
+# so random thread and stream orders may not change a single bit unless an
+# ordering is missing). Two sharding ranks (S 2) sum each weight gradient
+# in another order (two half-batch GEMMs added by the reduce-scatter, the
+# norm over two shards) and so differ from one process in the last fp32
+# bits of the master weights (about 1% of them after one step, with the
+# fused paths or without); those reach the bf16 working copy only where a
+# rounding flips, so the losses agree within LOSS_TOL, not to the bit.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/ballastd.lib"
 E=$ROOT/$BUILD/tests/emu/bin
@@ -33,6 +40,20 @@ if len(ref) != 4 or ref != run:
     sys.exit("losses differ: %s vs %s" % (ref, run))
 PY
 }
+# 5e-4: the S 2 losses of 4 steps come within 1e-4 of one process (with
+# the fused paths and without); a missing or doubled shard of a gradient
+# moves them by 1e-2 or more
+LOSS_TOL=5e-4
+near() {  # NAME: its losses within LOSS_TOL of ref's, every step
+    /usr/bin/python3 - "$D/ref.jsonl" "$D/$1.jsonl" "$LOSS_TOL" <<'PY'
+import sys
+import jsonlog
+ref, run = jsonlog.by_step(sys.argv[1], "loss"), jsonlog.by_step(sys.argv[2], "loss")
+tol = float(sys.argv[3])
+if len(ref) != 4 or sorted(ref) != sorted(run) or any(abs(ref[s] - run[s]) > tol for s in ref):
+    sys.exit("losses differ by more than %g: %s vs %s" % (tol, ref, run))
+PY
+}
 cd "$ROOT"
 if ! run ref 1 2; then t_fail "emu: one process on the emulated GPU trains" "$(tail -4 "$D/ref.out")"; t_done; exit; fi
 t_ok "emu: one process on the emulated GPU trains 4 steps"
@@ -42,6 +63,7 @@ t_ok "emu: one process on the emulated GPU trains 4 steps"
 # counted and waited for)
 JOBS=$(nproc 2>/dev/null || echo 1)
 NAMES=() LABELS=() PIDS=()
+declare -A CMP
 running() { local n=0 p; for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && n=$((n + 1)); done; echo $n; }
 start() {  # NAME LABEL NPROC MICRO flags...
     local name=$1 label=$2; shift 2
@@ -54,15 +76,20 @@ start() {  # NAME LABEL NPROC MICRO flags...
 start act "activation offload, horizon 1" 1 2 --activation-offload --activation-loading-horizon 1
 start actck "activation offload, horizon 0, with checkpointing" 1 2 --activation-offload --activation-loading-horizon 0 \
     --activation-checkpointing
+start actsel "selective checkpointing (attention output and log-sum-exp kept)" 1 2 --activation-checkpointing selective
 start opt "optimizer state offloaded to host" 1 2 --optimizer-offload host
 start w2 "two ranks on one emulated GPU (S 2), staged collectives" 2 1 --hybrid-shard-degree 2
+CMP=([act]=same [actck]=same [actsel]=same [opt]=same [w2]=near)
 wait "${PIDS[@]}"
 for i in "${!NAMES[@]}"; do
     name=${NAMES[$i]} label=${LABELS[$i]}
     if [ "$(cat "$D/$name.rc" 2>/dev/null)" != 0 ]; then
         t_fail "emu: $label" "$(grep -E 'gpu-emu|error|ERROR' "$D/$name.out" | head -4)"; continue
     fi
-    if why=$(same "$name" 2>&1); then t_ok "emu: $label: the losses of one process, to the bit"
+    cmp=${CMP[$name]}
+    what="the losses of one process, to the bit"
+    [ "$cmp" = near ] && what="the losses of one process within $LOSS_TOL"
+    if why=$($cmp "$name" 2>&1); then t_ok "emu: $label: $what"
     else t_fail "emu: $label" "$why"; fi
 done
 t_done

@@ -173,6 +173,18 @@ t_expect_fail "bad tp" "--tensor-parallel-degree must be" $B plan --model llama2
 t_expect_fail "bad cp" "--cp must be" $B plan --model llama2-7b --cp 3
 t_expect_fail "offload without checkpointing" "needs checkpointing" $B plan --model llama2-7b --ckpt off --act-offload on
 t_expect_fail "unknown flag" "unknown option" $B plan --model llama2-7b --frobnicate
+# selective checkpointing: listed only when asked for, and its command line is the trainer's
+out=$($B plan --model llama2-7b --nodes 2 --gpu h100 --seq-len 4096 --global-batch-tokens 1M --top 0 \
+    --activation-checkpointing selective 2>&1)
+rows=$(echo "$out" | awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF > 10')
+if [ -n "$rows" ] && ! echo "$rows" | awk '{ print $6 }' | grep -qv '^sel$' &&
+   echo "$out" | grep -q -- '--activation-checkpointing selective'; then
+    t_ok "--activation-checkpointing selective: only selective layouts, the command says selective"
+else t_fail "--activation-checkpointing selective" "$(echo "$out" | head -8)"; fi
+t_check "--activation-checkpointing any lists no selective layout" bash -c \
+    "! $B plan --model llama2-7b --nodes 2 --gpu h100 --top 0 | awk '\$1 ~ /^[0-9]+\$/ && \$2 ~ /^[0-9]+\$/ { print \$6 }' | grep -q sel"
+t_expect_fail "a misspelt --activation-checkpointing value is named" "did you mean selective" \
+    $B plan --model llama2-7b --activation-checkpointing selectiv
 t_check "--help lists every flag" bash -c "$B plan --help | grep -q -- '--sweep-nodes' && $B plan --help | grep -q -- '--show-excluded' && $B plan --help | grep -q -- '--calibrate' && $B plan --help | grep -q -- '--explain'"
 
 t_done

@@ -153,3 +153,51 @@ Test(options, help_lists_every_option_with_default) {
     }
     free(buf);
 }
+
+/* An enum with a bare form (--activation-checkpointing [MODE]): alone it
+ * means its bare choice, before a choice it takes it, --no-x is the first
+ * choice; a program without positionals takes any word as the value, so a
+ * slip is named with the nearest choice. */
+static int mode_val;
+static const opt_t bare_table[] = {
+    { "mode", OPT_ENUM, "false", 0, 0, "false|true|full|selective", "mode", &mode_val, NULL, "full" },
+    { "verbose", OPT_BOOL, "false", 0, 0, NULL, "talk more", &b_flag },
+};
+
+static int parse_bare(char *err, int argc, char **argv, int max_pos, int *npos) {
+    const char *pos[4];
+    return opt_parse(bare_table, 2, argc, argv, pos, max_pos, npos, "usage: t", err, OPT_ERR_LEN);
+}
+
+Test(options, enum_with_a_bare_form) {
+    unsetenv("BALLAST_MODE");
+    char err[OPT_ERR_LEN];
+    int npos = 0;
+    char *a1[] = { "t", "--mode", NULL };
+    cr_assert_eq(parse_bare(err, 2, a1, 0, &npos), 0, "%s", err);
+    cr_assert_eq(mode_val, 2, "the flag alone is its bare choice");
+    char *a2[] = { "t", "--mode", "selective", "--verbose", NULL };
+    cr_assert_eq(parse_bare(err, 4, a2, 0, &npos), 0, "%s", err);
+    cr_assert_eq(mode_val, 3);
+    char *a3[] = { "t", "--mode", "--verbose", NULL };
+    cr_assert_eq(parse_bare(err, 3, a3, 0, &npos), 0, "%s", err);
+    cr_assert_eq(mode_val, 2, "before another flag: bare");
+    char *a4[] = { "t", "--mode=true", "--no-mode", NULL };
+    cr_assert_eq(parse_bare(err, 3, a4, 0, &npos), 0, "%s", err);
+    cr_assert_eq(mode_val, 0, "--no-mode is the first choice");
+    char *a5[] = { "t", "--mode", "selectve", NULL };
+    cr_assert_eq(parse_bare(err, 3, a5, 0, &npos), -1);
+    cr_assert(strstr(err, "'selectve' is not one of false|true|full|selective (did you mean selective?)"), "%s", err);
+    /* with positionals, a word that is no choice stays a positional */
+    char *a6[] = { "t", "--mode", "bench", NULL };
+    cr_assert_eq(parse_bare(err, 3, a6, 1, &npos), 0, "%s", err);
+    cr_assert_eq(mode_val, 2);
+    cr_assert_eq(npos, 1);
+    char *a7[] = { "t", "--mode", "selective", "bench", NULL };
+    cr_assert_eq(parse_bare(err, 4, a7, 1, &npos), 0, "%s", err);
+    cr_assert_eq(mode_val, 3);
+    cr_assert_eq(npos, 1);
+    /* an enum without a bare form still needs its value */
+    char *a8[] = { "t", "--io-backend", NULL };
+    cr_assert_eq(parse(err, 2, a8), -1);
+}

@@ -153,6 +153,58 @@ Test(plan, savers_reduce_memory) {
     cr_expect(ao.time.offload > 0 && ck.time.offload == 0);
 }
 
+/* Selective checkpointing: on random clusters and layouts, its activations
+ * lie strictly between full checkpointing's and none's, by exactly the kept
+ * attention outputs and log-sum-exp rows over full; its recompute is full's
+ * GEMMs without the attention forward; an enumeration lists it only when
+ * asked for. */
+Test(plan, selective_checkpointing_between_full_and_none) {
+    rng_seed(0x5e1ec7);
+    static const char *models[] = { "llama2-7b", "llama2-13b", "llama3.2-1b" };
+    static const int Ss[] = { 1, 2, 4, 8 }, Ts[] = { 1, 2, 4 }, mbs[] = { 1, 2 };
+    plan_params_t p = plan_default_params();
+    for (int iter = 0; iter < 100; iter++) {
+        plan_cluster_t c = random_cluster();
+        const llama_config_t *cfg = llama_preset(models[rng_next() % 3]);
+        plan_layout_t l = { .S = rng_pick(Ss, 4), .T = rng_pick(Ts, 3), .micro_batch = rng_pick(mbs, 2) };
+        if (l.S * l.T > c.nodes * c.gpus_per_node) l.S = 1;
+        plan_result_t none, full, sel;
+        plan_evaluate(cfg, &c, &p, &l, &none);
+        l.ckpt = true;
+        plan_evaluate(cfg, &c, &p, &l, &full);
+        l.ckpt_sel = true;
+        plan_evaluate(cfg, &c, &p, &l, &sel);
+        if (none.mem.capacity <= 0 || sel.mem.capacity <= 0) continue; /* excluded before the memory model */
+        double tl = (double)l.micro_batch * c.seq_len, q = (double)cfg->n_heads * cfg->head_dim;
+        double kept = cfg->n_layers * tl * (2 * q + 4 * cfg->n_heads) / l.T;
+        cr_expect(full.mem.acts < sel.mem.acts && sel.mem.acts < none.mem.acts, "iter %d: full %.3f sel %.3f none %.3f GiB",
+                  iter, full.mem.acts / GIB, sel.mem.acts / GIB, none.mem.acts / GIB);
+        cr_expect(fabs(sel.mem.acts - full.mem.acts - kept) <= 1e-9 * kept, "iter %d: %.6g vs %.6g", iter,
+                  sel.mem.acts - full.mem.acts, kept);
+        cr_expect(sel.time.recompute > 0 && sel.time.recompute < full.time.recompute, "iter %d", iter);
+        cr_expect(sel.time.attn_fwd < full.time.attn_fwd && fabs(sel.time.attn_fwd - none.time.attn_fwd) <=
+                  1e-9 * none.time.attn_fwd, "iter %d: attention forward %.6g %.6g %.6g", iter, none.time.attn_fwd,
+                  sel.time.attn_fwd, full.time.attn_fwd);
+    }
+    plan_cluster_t c = plan_published_cluster(16);
+    char err[256];
+    for (int mode = PLAN_CKPT_FULL; mode <= PLAN_CKPT_BOTH; mode++) {
+        plan_options_t o = { .ckpt = PLAN_ON, .ckpt_mode = (plan_ckpt_mode_t)mode };
+        plan_list_t list;
+        cr_assert_eq(plan_enumerate(llama_preset("llama2-13b"), &c, &p, &o, &list, err, sizeof err), 0, "%s", err);
+        size_t nsel = 0;
+        for (size_t i = 0; i < list.n_feasible; i++) {
+            cr_expect(list.feasible[i].layout.ckpt);
+            nsel += list.feasible[i].layout.ckpt_sel;
+        }
+        cr_expect(list.n_feasible > 0);
+        if (mode == PLAN_CKPT_FULL) cr_expect_eq(nsel, 0);
+        if (mode == PLAN_CKPT_SELECTIVE) cr_expect_eq(nsel, list.n_feasible);
+        if (mode == PLAN_CKPT_BOTH) cr_expect(nsel > 0 && nsel < list.n_feasible);
+        plan_list_free(&list);
+    }
+}
+
 Test(plan, llama2_70b_without_sharding_does_not_fit_on_40gb) {
     plan_cluster_t c = plan_published_cluster(16);
     for (int T = 1; T <= 8; T *= 2)

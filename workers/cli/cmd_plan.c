@@ -41,7 +41,9 @@ static const opt_t options[] = {
     { "global-batch-tokens", OPT_SIZE, "4M", 0, 0, NULL, "tokens per optimizer step over the cluster (4M = 4194304)", &o_batch },
     { "tensor-parallel-degree", OPT_INT, "0", 0, 8, NULL, "only this tensor-parallel degree (0 = try 1, 2, 4, 8)", &o_tp, "tp" },
     { "cp", OPT_INT, "0", 0, 32, NULL, "only this context-parallel degree (0 = try 1, 2, 4, ..., 32)", &o_cp },
-    { "activation-checkpointing", OPT_ENUM, "any", 0, 0, "any|on|off", "activation checkpointing", &o_ckpt, "ckpt" },
+    { "activation-checkpointing", OPT_ENUM, "any", 0, 0, "any|on|off|full|selective|all",
+      "activation checkpointing: any (none or full), on or full, off, selective (only), all (none, full or selective)",
+      &o_ckpt, "ckpt" },
     { "activation-offload", OPT_ENUM, "any", 0, 0, "any|on|off", "activation offload (needs checkpointing)", &o_aoff, "act-offload" },
     { "optimizer-offload", OPT_ENUM, "any", 0, 0, "any|on|off", "optimizer-state offload (on: the trainer's --optimizer-offload host)", &o_ooff, "opt-offload" },
     { "no-grad-accum", OPT_BOOL, "false", 0, 0, NULL, "one micro-batch per step (micro-batch = sequences per rank)", &o_no_accum },
@@ -69,11 +71,14 @@ static const char *usage_text =
 /* ---- helpers ---- */
 
 static const char *yes_no(bool b) { return b ? "yes" : "no"; }
+/* The ckpt column: no, yes (full) or sel (selective). */
+static const char *ckpt_word(const plan_layout_t *l) { return !l->ckpt ? "no" : l->ckpt_sel ? "sel" : "yes"; }
 
 static json_t *layout_json(const plan_result_t *r) {
     const plan_layout_t *l = &r->layout;
-    json_t *o = json_pack("{s:i,s:i,s:i,s:i,s:b,s:b,s:b,s:i,s:i,s:i}", "S", l->S, "T", l->T, "C", l->C ? l->C : 1,
-                          "R", l->R, "ckpt", l->ckpt, "act_offload", l->act_offload, "opt_offload", l->opt_offload,
+    json_t *o = json_pack("{s:i,s:i,s:i,s:i,s:b,s:b,s:b,s:b,s:i,s:i,s:i}", "S", l->S, "T", l->T, "C", l->C ? l->C : 1,
+                          "R", l->R, "ckpt", l->ckpt, "ckpt_selective", l->ckpt_sel, "act_offload", l->act_offload,
+                          "opt_offload", l->opt_offload,
                           "micro_batch", l->micro_batch, "n_micro", l->n_micro, "seqs_per_rank", l->seqs_per_rank);
     if (r->feasible || r->mem.capacity > 0) {
         const plan_mem_t *m = &r->mem;
@@ -132,7 +137,7 @@ static void print_row(int rank, const plan_result_t *r, const plan_cluster_t *c)
     const plan_layout_t *l = &r->layout;
     const plan_mem_t *m = &r->mem;
     printf("%4d %5d %2d %2d %5d %4s %4s %4s %4d %4d  %8.2f %6.1f %8.0f %8.3f  %7.2f %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f\n",
-           rank, l->S, l->T, l->C, l->R, yes_no(l->ckpt), yes_no(l->act_offload), yes_no(l->opt_offload), l->micro_batch,
+           rank, l->S, l->T, l->C, l->R, ckpt_word(l), yes_no(l->act_offload), yes_no(l->opt_offload), l->micro_batch,
            l->n_micro, r->time.tflops, 100.0 * r->time.tflops / c->gpu->bf16_tflops, r->time.tokens_per_gpu_s,
            r->time.step, m->params / GIB,
            m->grads / GIB, m->optim / GIB, m->acts / GIB, m->comm / GIB, m->overhead / GIB, m->total / GIB);
@@ -175,6 +180,7 @@ static void train_command(const plan_result_t *r, const plan_cluster_t *c, const
     FLAG("--tensor-parallel-degree", "%d", l->T);
     if (l->C > 1) FLAG("--context-parallel-degree", "%d", l->C);
     if (l->ckpt) cmd_word(buf, len, "--activation-checkpointing");
+    if (l->ckpt_sel) cmd_word(buf, len, "selective");
     if (l->act_offload) cmd_word(buf, len, "--activation-offload");
     if (l->opt_offload) { cmd_word(buf, len, "--optimizer-offload"); cmd_word(buf, len, "host"); }
 #undef FLAG
@@ -293,7 +299,7 @@ static int run_fit(void) {
             printf("%-11s %5d %4d %3d %5s %8s  %9.2f %9.2f %+7.2f%% %5d  mb %d, ckpt %s\n", rows[i].model,
                    rows[i].nodes, rows[i].S, rows[i].T, yes_no(rows[i].act_offload), rows[i].fitted ? "fitted" : "held-out",
                    rows[i].tflops, ch[i].predicted, 100 * ch[i].residual, ch[i].rank, ch[i].best.layout.micro_batch,
-                   yes_no(ch[i].best.layout.ckpt));
+                   ckpt_word(&ch[i].best.layout));
     }
     free(ch);
     return 0;
@@ -338,7 +344,7 @@ static int run_sweep(const llama_config_t *cfg, plan_cluster_t c, const plan_par
         } else {
             const plan_layout_t *x = &b->layout;
             printf("%6d %8d %6d %3d %4s %4s %4s %4d %4d  %9.2f %8.3f %8.1f%%\n", nodes[i], x->S, x->T, x->C,
-                   yes_no(x->ckpt), yes_no(x->act_offload), yes_no(x->opt_offload), x->micro_batch, x->n_micro, b->time.tflops,
+                   ckpt_word(x), yes_no(x->act_offload), yes_no(x->opt_offload), x->micro_batch, x->n_micro, b->time.tflops,
                    b->time.step, 100 * eff);
         }
         plan_list_free(&l);
@@ -400,7 +406,7 @@ static int run_list(const llama_config_t *cfg, const plan_cluster_t *c, const pl
             printf("\nexcluded:\n%5s %2s %4s %4s %4s  %s\n", "S", "T", "ckpt", "aoff", "ooff", "reason");
             for (size_t i = 0; i < l.n_excluded; i++) {
                 const plan_layout_t *x = &l.excluded[i].layout;
-                printf("%5d %2d %4s %4s %4s  %s\n", x->S, x->T, yes_no(x->ckpt), yes_no(x->act_offload), yes_no(x->opt_offload),
+                printf("%5d %2d %4s %4s %4s  %s\n", x->S, x->T, ckpt_word(x), yes_no(x->act_offload), yes_no(x->opt_offload),
                        l.excluded[i].reason);
             }
         }
@@ -500,8 +506,13 @@ int cmd_plan(int argc, char **argv) {
 
     plan_params_t p = plan_default_params();
     if (o_calib && calibrate_from(o_calib, &cfg, &c, &p)) return 2;
-    plan_options_t po = { .T = (int)o_tp, .C = (int)o_cp, .no_accumulation = o_no_accum, .ckpt = (plan_choice_t)o_ckpt,
-                          .act_offload = (plan_choice_t)o_aoff, .opt_offload = (plan_choice_t)o_ooff };
+    /* any|on|off|full|selective|all */
+    static const plan_choice_t ck_choice[] = { PLAN_ANY, PLAN_ON, PLAN_OFF, PLAN_ON, PLAN_ON, PLAN_ANY };
+    static const plan_ckpt_mode_t ck_mode[] = { PLAN_CKPT_FULL, PLAN_CKPT_FULL, PLAN_CKPT_FULL, PLAN_CKPT_FULL,
+                                                PLAN_CKPT_SELECTIVE, PLAN_CKPT_BOTH };
+    plan_options_t po = { .T = (int)o_tp, .C = (int)o_cp, .no_accumulation = o_no_accum, .ckpt = ck_choice[o_ckpt],
+                          .ckpt_mode = ck_mode[o_ckpt], .act_offload = (plan_choice_t)o_aoff,
+                          .opt_offload = (plan_choice_t)o_ooff };
     if (o_published) {
         plan_options_t pub = plan_published_options();
         po.no_accumulation = pub.no_accumulation;

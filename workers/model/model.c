@@ -172,13 +172,24 @@ static void acts_alloc(alloc_ctx_t *ac, block_acts_t *a, const model_t *m) {
     a->up = a->gate ? be_act_at(ac->be, a->gate, N * F) : NULL;
 }
 
+/* Free a's attention output and state (selective checkpointing keeps them
+ * per block instead), taking their bytes off ac's count. */
+static void acts_free_attention(block_acts_t *a, alloc_ctx_t *ac, const model_t *m) {
+    size_t N = (size_t)m->B * m->T, qd = (size_t)m->tp.H * m->cfg.head_dim;
+    if (a->ao) ac->be->free(a->ao);
+    if (a->att) ac->be->free(a->att);
+    ac->bytes -= N * qd * (size_t)ac->be->act_bytes + ac->be->attention_state_numel(m->B, m->T, m->tp.H) * sizeof(float);
+    a->ao = NULL;
+    a->att = NULL;
+}
+
 static void acts_free(const backend_t *be, block_acts_t *a) {
     float *ps[] = { a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->ao, a->xmid, a->xn2, a->rstd2,
                     a->gate, a->h }; /* up lies in gate's buffer */
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) if (ps[i]) be->free(ps[i]);
 }
 
-uint64_t model_memory_bytes(const llama_config_t *c, int B, int T, bool act_ckpt) {
+uint64_t model_memory_bytes(const llama_config_t *c, int B, int T, model_ckpt_t act_ckpt) {
     uint64_t N = (uint64_t)B * T, D = c->dim, F = c->ffn_dim, V = c->vocab, L = c->n_layers,
              qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
     uint64_t params = (uint64_t)llama_total_params(c);
@@ -186,6 +197,7 @@ uint64_t model_memory_bytes(const llama_config_t *c, int B, int T, bool act_ckpt
     uint64_t floats = 4 * params                            /* params, grads, AdamW m and v */
                       + (L + 1) * N * D                     /* block inputs */
                       + (act_ckpt ? 1 : L) * acts
+                      + (act_ckpt == MODEL_CKPT_SELECTIVE ? L * (N * qd + (uint64_t)B * c->n_heads * T) : 0)
                       + N * (D + 1 + V + 1)                 /* final norm, logits, losses */
                       + N * (3 * D + 3 * qd + 4 * kvd + 3 * F); /* backward scratch, the packed qkv */
     return floats * 4;
@@ -201,7 +213,7 @@ int model_layout(model_t *m, const llama_config_t *cfg, char *err, size_t errlen
     return 0;
 }
 
-int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, model_ckpt_t act_ckpt,
                  char *err, size_t errlen) {
     return model_create_tp(m, cfg, be, B, T, act_ckpt, 1, 0, NULL, err, errlen);
 }
@@ -239,20 +251,20 @@ static int tp_check(const llama_config_t *c, const backend_t *be, int B, int T, 
     return 0;
 }
 
-static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, model_ckpt_t act_ckpt,
                   int tp_size, int tp_rank, comm_t *comm, bool with_params, char *err, size_t errlen);
 
-int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, model_ckpt_t act_ckpt,
                     int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen) {
     return create(m, cfg, be, B, T, act_ckpt, tp_size, tp_rank, comm, true, err, errlen);
 }
 
-int model_create_acts(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+int model_create_acts(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, model_ckpt_t act_ckpt,
                       int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen) {
     return create(m, cfg, be, B, T, act_ckpt, tp_size, tp_rank, comm, false, err, errlen);
 }
 
-static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, model_ckpt_t act_ckpt,
                   int tp_size, int tp_rank, comm_t *comm, bool with_params, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     if (llama_config_validate(cfg, err, errlen)) return -1;
@@ -302,6 +314,21 @@ static int create(model_t *m, const llama_config_t *cfg, const backend_t *be, in
     CHECK_ALLOC(m->acts);
     for (int l = 0; l <= c->n_layers; l++) m->xs[l] = m->xs_own[l] = aalloc(&ac, Nl * D);
     for (int l = 0; l < nacts; l++) acts_alloc(&ac, &m->acts[l], m);
+    if (act_ckpt == MODEL_CKPT_SELECTIVE) {
+        /* the attention output and state of every block stay; the scratch
+         * set's own are not needed (model_block_acts points them here) */
+        acts_free_attention(&m->acts[0], &ac, m);
+        m->sel_ao = calloc((size_t)c->n_layers, sizeof *m->sel_ao);
+        m->sel_att = calloc((size_t)c->n_layers, sizeof *m->sel_att);
+        CHECK_ALLOC(m->sel_ao);
+        CHECK_ALLOC(m->sel_att);
+        for (int l = 0; l < c->n_layers; l++) {
+            m->sel_ao[l] = aalloc(&ac, N * qd);
+            m->sel_att[l] = falloc(&ac, be->attention_state_numel(B, T, m->tp.H));
+        }
+        m->acts[0].ao = m->sel_ao[0];
+        m->acts[0].att = m->sel_att[0];
+    }
     m->xf = aalloc(&ac, N * D); m->rstdf = falloc(&ac, Nl);
     m->logits = aalloc(&ac, N * V);
     m->losses = falloc(&ac, N);
@@ -345,6 +372,17 @@ void model_destroy(model_t *m) {
     if (m->targets) be->free(m->targets);
     /* the model's own block-input buffers, wherever the inputs point now */
     if (m->xs_own) for (int l = 0; l <= m->cfg.n_layers; l++) if (m->xs_own[l]) be->free(m->xs_own[l]);
+    if (m->sel_ao) {
+        /* the scratch set's attention buffers are one of the kept ones */
+        m->acts[0].ao = NULL;
+        m->acts[0].att = NULL;
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            if (m->sel_ao[l]) be->free(m->sel_ao[l]);
+            if (m->sel_att[l]) be->free(m->sel_att[l]);
+        }
+    }
+    free(m->sel_ao);
+    free(m->sel_att);
     if (m->acts) for (int l = 0; l < (m->act_ckpt ? 1 : m->cfg.n_layers); l++) acts_free(be, &m->acts[l]);
     free(m->xs);
     free(m->xs_own);
@@ -479,9 +517,18 @@ int model_set_cp(model_t *m, int cp_size, int cp_rank, comm_t *comm, char *err, 
     /* the attention state becomes the log-sum-exp rows (N, H) */
     int nacts = m->act_ckpt ? 1 : c->n_layers;
     size_t old = be->attention_state_numel(m->B, m->T, m->tp.H) * sizeof(float);
-    for (int l = 0; l < nacts; l++) {
-        be->free(m->acts[l].att);
-        m->acts[l].att = falloc(&ac, N * H);
+    if (m->sel_att) {
+        nacts = c->n_layers; /* selective: every block keeps its state */
+        for (int l = 0; l < nacts; l++) {
+            be->free(m->sel_att[l]);
+            m->sel_att[l] = falloc(&ac, N * H);
+        }
+        m->acts[0].att = m->sel_att[0];
+    } else {
+        for (int l = 0; l < nacts; l++) {
+            be->free(m->acts[l].att);
+            m->acts[l].att = falloc(&ac, N * H);
+        }
     }
     m->act_bytes += ac.bytes - (size_t)nacts * old;
     if (ac.failed) {
@@ -662,7 +709,10 @@ static const act_t *rows_gathered(model_t *m, const act_t *dx) {
     return m->dtmp;
 }
 
-void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *x_out, block_acts_t *a) {
+/* The block's forward; without `attention` a->ao and a->att are taken as
+ * they are (selective checkpointing's recompute: they were kept). */
+static void block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *x_out, block_acts_t *a,
+                          bool attention) {
     const backend_t *be = m->be;
     const llama_config_t *c = &m->cfg;
     const model_tp_t *tp = &m->tp;
@@ -687,8 +737,10 @@ void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *
         rope_rows(m, a->q, H, false);
         rope_rows(m, a->k, Hkv, false);
     }
-    if (m->cp.size > 1) ring_attention_fwd(m, a);
-    else be->attention_fwd(a->ao, a->att, a->q, a->k, a->v, B, T, H, Hkv, Dh);
+    if (attention) {
+        if (m->cp.size > 1) ring_attention_fwd(m, a);
+        else be->attention_fwd(a->ao, a->att, a->q, a->k, a->v, B, T, H, Hkv, Dh);
+    }
     /* the residual add inside the GEMM where the backend can (no TP: the sum is local) */
     bool res = tp->size == 1 && be->matmul_fwd_res;
     if (res) {
@@ -713,6 +765,25 @@ void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *
         be->matmul_fwd(m->ftmp, a->h, wd, N, F, D);
         be->add(x_out, a->xmid, rows_summed(m, m->ftmp), (size_t)Nl * D);
     }
+}
+
+void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *x_out, block_acts_t *a) {
+    block_forward(m, bp, x_in, x_out, a, true);
+}
+
+block_acts_t *model_block_acts(model_t *m, int l) {
+    if (m->act_ckpt == MODEL_CKPT_NONE) return &m->acts[l];
+    block_acts_t *a = &m->acts[0];
+    if (m->act_ckpt == MODEL_CKPT_SELECTIVE) {
+        a->ao = m->sel_ao[l];
+        a->att = m->sel_att[l];
+    }
+    return a;
+}
+
+void model_block_recompute(model_t *m, int l, const act_t *bp, const act_t *x_in, act_t *x_out) {
+    if (m->act_ckpt == MODEL_CKPT_NONE) return;
+    block_forward(m, bp, x_in, x_out, model_block_acts(m, l), m->act_ckpt != MODEL_CKPT_SELECTIVE);
 }
 
 void model_block_backward(model_t *m, const act_t *bp, float *bg, const act_t *x_in, block_acts_t *a, act_t *dx) {
@@ -813,7 +884,7 @@ double model_forward(model_t *m, const int32_t *tokens, const int32_t *targets) 
     int L = m->cfg.n_layers;
     model_embed_forward(m, be_act_at(m->be, m->params, m->embed_off), tokens, targets);
     for (int l = 0; l < L; l++)
-        model_block_forward(m, model_block_params(m, l), m->xs[l], m->xs[l + 1], &m->acts[m->act_ckpt ? 0 : l]);
+        model_block_forward(m, model_block_params(m, l), m->xs[l], m->xs[l + 1], model_block_acts(m, l));
     return model_head_forward(m, be_act_at(m->be, m->params, m->norm_off), be_act_at(m->be, m->params, m->lm_head_off));
 }
 
@@ -823,12 +894,12 @@ void model_backward(model_t *m, float loss_scale) {
                         m->grads + m->norm_off,
                         m->grads + m->lm_head_off, loss_scale);
     for (int l = L - 1; l >= 0; l--) {
-        block_acts_t *a = &m->acts[m->act_ckpt ? 0 : l];
         /* recompute this block from its input; the output rewrites xs[l+1]
          * with the same values (ops are deterministic), which block l+1's
          * backward has finished with */
-        if (m->act_ckpt) model_block_forward(m, model_block_params(m, l), m->xs[l], m->xs[l + 1], a);
-        model_block_backward(m, model_block_params(m, l), model_block_grads(m, l), m->xs[l], a, m->dx);
+        model_block_recompute(m, l, model_block_params(m, l), m->xs[l], m->xs[l + 1]);
+        model_block_backward(m, model_block_params(m, l), model_block_grads(m, l), m->xs[l], model_block_acts(m, l),
+                             m->dx);
     }
     model_embed_backward(m, m->grads + m->embed_off);
 }

@@ -30,7 +30,10 @@
  * One training micro-step is model_forward() then model_backward(); each
  * block's forward and backward need only the block's input, so with
  * activation checkpointing the model keeps the L+1 block inputs and
- * recomputes a block's internals just before its backward. */
+ * recomputes a block's internals just before its backward (full), or keeps
+ * each block's attention output and its log-sum-exp rows too and recomputes
+ * everything but the attention (selective; docs/training.md weighs the
+ * trade). */
 #ifndef BALLAST_MODEL_H
 #define BALLAST_MODEL_H
 
@@ -77,11 +80,18 @@ typedef struct {
     float *lb;                 /* (Tc, H) its log-sum-exp rows */
 } model_cp_t;
 
+/* Activation checkpointing (--activation-checkpointing). */
+typedef enum {
+    MODEL_CKPT_NONE = 0,       /* keep every block's internals */
+    MODEL_CKPT_FULL = 1,       /* keep block inputs; recompute each block before its backward */
+    MODEL_CKPT_SELECTIVE = 2,  /* full, but keep each block's attention output and state: no attention recompute */
+} model_ckpt_t;
+
 typedef struct model {
     llama_config_t cfg;
     const backend_t *be;
     int B, T;                  /* micro-batch rows and sequence length */
-    bool act_ckpt;             /* keep only block inputs; recompute in backward */
+    model_ckpt_t act_ckpt;     /* what the backward recomputes (MODEL_CKPT_NONE: nothing) */
     model_tp_t tp;             /* tensor parallelism; tp.size == 1 without */
     model_cp_t cp;             /* context parallelism; cp.size == 1 without */
     size_t act_bytes;          /* backend bytes of activations and scratch (everything but params, master, grads) */
@@ -103,7 +113,9 @@ typedef struct model {
                                   Outside model.c through model_block_input / model_set_block_input */
     act_t **xs_own;            /* L+1 the block-input buffers the model allocated (freed by model_destroy);
                                   NULL where model_drop_block_inputs freed one */
-    block_acts_t *acts;        /* L sets, or 1 scratch set with act_ckpt */
+    block_acts_t *acts;        /* L sets, or 1 scratch set with act_ckpt (model_block_acts picks) */
+    act_t **sel_ao;            /* selective: L kept attention outputs (N, H*Dh); else NULL */
+    float **sel_att;           /* selective: L kept attention states (attention_state_numel); else NULL */
     act_t *xf; float *rstdf;   /* (N, D) final RMSNorm (all rows, gathered), (N/tp) */
     act_t *logits;             /* (N, tp.V) this rank's vocab columns; becomes dlogits in backward */
     float *losses;             /* (N) per-token loss */
@@ -120,7 +132,7 @@ typedef struct model {
 /* Build the layout and allocate parameters, gradients and activations for
  * micro-batches of B rows of T tokens. Parameters start at zero. Returns 0,
  * or -1 with a message (bad config, T > max_seq, out of memory). */
-int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, model_ckpt_t act_ckpt,
                  char *err, size_t errlen);
 
 /* model_create for rank tp_rank of a TP group of tp_size ranks (comm: the
@@ -130,7 +142,7 @@ int model_create(model_t *m, const llama_config_t *cfg, const backend_t *be, int
  * tp_size > 1 needs H, Hkv, F and B*T divisible by
  * tp_size; otherwise -1 with a message naming the numbers. The whole-model
  * model_forward / model_backward need tp_size == 1. */
-int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, model_ckpt_t act_ckpt,
                     int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen);
 
 /* The same without the full parameter, master and gradient buffers
@@ -138,7 +150,7 @@ int model_create_tp(model_t *m, const llama_config_t *cfg, const backend_t *be, 
  * parameters live in fsdp's chunks, so a rank never holds the whole model
  * on its device (initial weights come from model_init_random_host or
  * ckpt_read_hf_host in host memory). */
-int model_create_acts(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, bool act_ckpt,
+int model_create_acts(model_t *m, const llama_config_t *cfg, const backend_t *be, int B, int T, model_ckpt_t act_ckpt,
                       int tp_size, int tp_rank, comm_t *comm, char *err, size_t errlen);
 
 /* The flat index in the full tensor full (of the model's tensor table) of
@@ -168,7 +180,7 @@ static inline int model_cp_chunk(int C, int i, int j) { return j == 0 ? i : 2 * 
 
 /* Bytes model_create would allocate (parameters, gradients, activations
  * and scratch), plus the optimizer's two moment buffers. */
-uint64_t model_memory_bytes(const llama_config_t *cfg, int B, int T, bool act_ckpt);
+uint64_t model_memory_bytes(const llama_config_t *cfg, int B, int T, model_ckpt_t act_ckpt);
 
 /* Only the layout and tensor table (no backend, no memory beyond the
  * table): for tools that move weights between files. Free with
@@ -262,5 +274,16 @@ void model_reset_block_inputs(model_t *m);
  * block's parameter gradients accumulated into grads (block_numel floats). */
 void model_block_forward(model_t *m, const act_t *bp, const act_t *x_in, act_t *x_out, block_acts_t *a);
 void model_block_backward(model_t *m, const act_t *bp, float *bg, const act_t *x_in, block_acts_t *a, act_t *dx);
+
+/* Checkpointing: the activation set block l runs with (its own without
+ * checkpointing; the one scratch set otherwise, whose attention output and
+ * state point at block l's kept ones with selective checkpointing). */
+block_acts_t *model_block_acts(model_t *m, int l);
+/* Before block l's backward under checkpointing: its internals again from
+ * x_in (x_out gets the values it already holds), skipping the attention
+ * whose output and state were kept (selective); nothing without
+ * checkpointing. The ops are deterministic, so the backward sees the
+ * forward's bits either way. */
+void model_block_recompute(model_t *m, int l, const act_t *bp, const act_t *x_in, act_t *x_out);
 
 #endif

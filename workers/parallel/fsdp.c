@@ -390,7 +390,7 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
         if (l + 1 < L && (rc = fetch_block(f, l + 1, &g, err, errlen))) return rc;
         if (f->ao && f->ao->produced(f->ao->ctx, l, err, errlen)) { rc = -EIO; goto fail; }
         if (be->op_scope) be->op_scope(l); /* per-block FP8 scaling state in the shared buffers */
-        model_block_forward(m, block_params(f, l), model_block_input(m, l), model_block_input(m, l + 1), &m->acts[m->act_ckpt ? 0 : l]);
+        model_block_forward(m, block_params(f, l), model_block_input(m, l), model_block_input(m, l + 1), model_block_acts(m, l));
     }
     if (be->op_scope) be->op_scope(-1);
     *loss_sum = model_head_forward(m, norm, lm);
@@ -408,11 +408,11 @@ int fsdp_micro_step(fsdp_t *f, const int32_t *tokens, const int32_t *targets, fl
         if ((rc = use_req(f, &g, err, errlen))) goto fail;
         if (l - 1 >= 0 && (rc = fetch_block(f, l - 1, &g, err, errlen))) goto fail;
         const act_t *bp = block_params(f, l);
-        block_acts_t *a = &m->acts[m->act_ckpt ? 0 : l];
         /* activation offload: xs[l] back from ballastd, l - H requested */
         if (f->ao && f->ao->fetch(f->ao->ctx, l, err, errlen)) { rc = -EIO; goto fail; }
         if (be->op_scope) be->op_scope(l);
-        if (m->act_ckpt) model_block_forward(m, bp, model_block_input(m, l), model_block_input(m, l + 1), a);
+        model_block_recompute(m, l, bp, model_block_input(m, l), model_block_input(m, l + 1));
+        block_acts_t *a = model_block_acts(m, l);
         if (f->direct) {
             /* S = 1: the block's gradient accumulates in its chunk over the
              * step; the TP sum of its norms waits for fsdp_end_step */
@@ -478,7 +478,7 @@ int fsdp_forward_loss(fsdp_t *f, const int32_t *tokens, const int32_t *targets, 
         if (l + 1 < L && (rc = fetch_block(f, l + 1, &g, err, errlen))) goto fail;
         if (be->op_scope) be->op_scope(l);
         model_block_forward(m, block_params(f, l), model_block_input(m, l), model_block_input(m, l + 1),
-                            &m->acts[m->act_ckpt ? 0 : l]);
+                            model_block_acts(m, l));
     }
     if (be->op_scope) be->op_scope(-1);
     *loss_sum = model_head_forward(m, norm, lm);

@@ -177,6 +177,9 @@ static void model_memory(const llama_config_t *cfg, const plan_cluster_t *c, con
     } else {
         double kept = l->act_offload ? dmin(L, LOAD_HORIZON + 1) : L;
         m->acts = kept * tl * 2 * D / T + 2 * tl * a_full + logits + m->attn_ws;
+        /* selective: every block's attention output (bf16) and fp32
+         * log-sum-exp stay on the GPU (offload moves block inputs only) */
+        if (l->ckpt_sel) m->acts += L * tl * (2 * q + 4 * H) / T;
     }
     int comms = (l->S > 1) + (l->R > 1 || C > 1) + (l->T > 1) + (C > 1);
     m->comm = 2 * 2 * Pu + comms * NCCL_BUF_BYTES;
@@ -190,7 +193,7 @@ static void model_memory(const llama_config_t *cfg, const plan_cluster_t *c, con
 typedef struct { double gemm, rec_gemm, attn_f, attn_b, attn_rec, elem; } block_terms_t;
 
 static void block_terms(const llama_config_t *cfg, const plan_gpu_t *g, const plan_params_t *p, double tl,
-                        double seq, double T, bool ckpt, block_terms_t *b) {
+                        double seq, double T, bool ckpt, bool sel, block_terms_t *b) {
     double D = cfg->dim, F = cfg->ffn_dim;
     double q = (double)cfg->n_heads * cfg->head_dim;
     double Pblk = (double)llama_block_params(cfg);
@@ -204,7 +207,7 @@ static void block_terms(const llama_config_t *cfg, const plan_gpu_t *g, const pl
     double f_fwd = 2.0 * seq * q * tl / T;
     b->attn_f = f_fwd / (g->attn_fwd_tflops * 1e12);
     b->attn_b = ATTN_BWD_RATIO * f_fwd / (g->attn_bwd_tflops * 1e12);
-    b->attn_rec = ckpt ? b->attn_f : 0;
+    b->attn_rec = ckpt && !sel ? b->attn_f : 0; /* selective keeps the attention output */
     double passes = 3.0 + (ckpt ? 1.0 : 0.0);
     b->elem = (14 * D + 3 * F) * 2 * passes * tl / T / (g->hbm_tbs * 1e12 * HBM_EFF);
 }
@@ -237,7 +240,7 @@ static void model_time(const llama_config_t *cfg, const plan_cluster_t *c, const
      * causal attention at the kernel's rate, HBM-bound element-wise passes),
      * the output projection, TP all-reduces in line */
     block_terms_t bt;
-    block_terms(cfg, g, p, tl, seq, T, l->ckpt, &bt);
+    block_terms(cfg, g, p, tl, seq, T, l->ckpt, l->ckpt_sel, &bt);
     double eff = p->gemm_eff * gemm_scale(D / T) * tl / (tl + GEMM_MHALF);
     double t_head = 6.0 * V * D * tl / T / (g->bf16_tflops * 1e12 * eff);
     double t_blocks = L * block_sum(&bt) * scale;
@@ -262,7 +265,7 @@ static void model_time(const llama_config_t *cfg, const plan_cluster_t *c, const
         double a_f = bt.attn_f * scale, a_b = bt.attn_b * scale;
         double exp_f = dmax(0, pass_f - a_f) + p->interference * dmin(pass_f, a_f);
         double exp_b = dmax(0, pass_b - a_b) + p->interference * dmin(pass_b, a_b);
-        int n_f = l->ckpt ? 2 : 1;
+        int n_f = l->ckpt && !l->ckpt_sel ? 2 : 1; /* the recompute's ring pass, unless selective */
         t_cp = L * (n_f * pass_f + pass_b);
         t_cp_exp = L * (n_f * exp_f + exp_b);
     }
@@ -337,7 +340,7 @@ double plan_block_time_estimate(const llama_config_t *cfg, const plan_cluster_t 
                                 const plan_measured_t *m) {
     block_terms_t bt;
     int C = m->C > 0 ? m->C : 1;
-    block_terms(cfg, c->gpu, p, (double)m->micro_batch * m->seq_len / C, m->seq_len, m->T, m->ckpt, &bt);
+    block_terms(cfg, c->gpu, p, (double)m->micro_batch * m->seq_len / C, m->seq_len, m->T, m->ckpt, false, &bt);
     return block_sum(&bt);
 }
 
@@ -364,6 +367,7 @@ void plan_evaluate(const llama_config_t *cfg, const plan_cluster_t *c, const pla
     if (dp % l->S) EXCLUDE("S=%d does not divide world/(T x C) = %d", l->S, dp);
     l->R = dp / l->S;
     if (l->act_offload && !l->ckpt) EXCLUDE("activation offload needs activation checkpointing");
+    if (l->ckpt_sel && !l->ckpt) EXCLUDE("selective checkpointing is a kind of activation checkpointing");
     int64_t per_rank_tokens = c->global_batch_tokens / ((int64_t)l->R * l->S);
     if (per_rank_tokens < c->seq_len)
         EXCLUDE("batch too small per rank: %lld tokens / (R=%d x S=%d) = %lld < seq len %d (a larger T or C shares "
@@ -387,17 +391,20 @@ void plan_evaluate(const llama_config_t *cfg, const plan_cluster_t *c, const pla
 
 /* ---- enumeration ---- */
 
-typedef struct { bool ckpt, aoff, ooff; } savers_t;
+typedef struct { bool ckpt, aoff, ooff, sel; } savers_t;
 static const savers_t saver_sets[] = {
-    { 0, 0, 0 }, { 1, 0, 0 }, { 1, 1, 0 }, { 0, 0, 1 }, { 1, 0, 1 }, { 1, 1, 1 },
+    { 0, 0, 0, 0 }, { 1, 0, 0, 0 }, { 1, 1, 0, 0 }, { 0, 0, 1, 0 }, { 1, 0, 1, 0 }, { 1, 1, 1, 0 },
+    { 1, 0, 0, 1 }, { 1, 1, 0, 1 }, { 1, 0, 1, 1 }, { 1, 1, 1, 1 }, /* selective checkpointing */
 };
 #define N_SAVERS (sizeof saver_sets / sizeof saver_sets[0])
 
 static bool choice_ok(plan_choice_t c, bool on) { return c == PLAN_ANY || (c == PLAN_ON) == on; }
 
-static int saver_index(bool ckpt, bool aoff, bool ooff) {
+static int saver_index(bool ckpt, bool aoff, bool ooff, bool sel) {
     for (size_t i = 0; i < N_SAVERS; i++)
-        if (saver_sets[i].ckpt == ckpt && saver_sets[i].aoff == aoff && saver_sets[i].ooff == ooff) return (int)i;
+        if (saver_sets[i].ckpt == ckpt && saver_sets[i].aoff == aoff && saver_sets[i].ooff == ooff &&
+            saver_sets[i].sel == sel)
+            return (int)i;
     return -1;
 }
 
@@ -442,15 +449,18 @@ static int enumerate_st(const llama_config_t *cfg, const plan_cluster_t *c, cons
     if (!res) { free(mbs); return -1; }
     for (size_t s = 0; s < N_SAVERS; s++)
         for (int i = 0; i < nb; i++) {
-            plan_layout_t li = { .S = S, .T = T, .C = C, .ckpt = saver_sets[s].ckpt, .act_offload = saver_sets[s].aoff,
+            plan_layout_t li = { .S = S, .T = T, .C = C, .ckpt = saver_sets[s].ckpt, .ckpt_sel = saver_sets[s].sel,
+                                 .act_offload = saver_sets[s].aoff,
                                  .opt_offload = saver_sets[s].ooff, .micro_batch = mbs[i] };
             plan_evaluate(cfg, c, p, &li, &res[s * nb + i]);
         }
     bool allowed[N_SAVERS];
     for (size_t s = 0; s < N_SAVERS; s++) {
         const savers_t *sv = &saver_sets[s];
+        bool mode_ok = !sv->ckpt || opt->ckpt_mode == PLAN_CKPT_BOTH ||
+                       (opt->ckpt_mode == PLAN_CKPT_SELECTIVE) == sv->sel;
         allowed[s] = choice_ok(opt->ckpt, sv->ckpt) && choice_ok(opt->act_offload, sv->aoff) &&
-                     choice_ok(opt->opt_offload, sv->ooff);
+                     choice_ok(opt->opt_offload, sv->ooff) && mode_ok;
     }
     int rc = 0;
     for (size_t s = 0; s < N_SAVERS && rc == 0; s++) {
@@ -458,9 +468,9 @@ static int enumerate_st(const llama_config_t *cfg, const plan_cluster_t *c, cons
         if (!allowed[s]) continue;
         /* the same set with one saver removed */
         int without[3] = { -1, -1, -1 };
-        if (sv->ckpt) without[0] = saver_index(false, false, sv->ooff);
-        if (sv->aoff) without[1] = saver_index(true, false, sv->ooff);
-        if (sv->ooff) without[2] = saver_index(sv->ckpt, sv->aoff, false);
+        if (sv->ckpt) without[0] = saver_index(false, false, sv->ooff, false);
+        if (sv->aoff) without[1] = saver_index(true, false, sv->ooff, sv->sel);
+        if (sv->ooff) without[2] = saver_index(sv->ckpt, sv->aoff, false, sv->sel);
         int listed = 0, fitting = 0, dropped = -1;
         for (int i = 0; i < nb && rc == 0; i++) {
             plan_result_t *x = &res[s * nb + i];

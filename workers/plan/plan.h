@@ -78,6 +78,7 @@ typedef struct {
     int C;             /* context-parallel degree: ranks one sequence is split over (ring attention); 0 = 1 */
     int R;             /* replicas = world / (S * T * C) */
     bool ckpt;         /* activation checkpointing */
+    bool ckpt_sel;     /* selective checkpointing (needs ckpt): attention outputs and log-sum-exp kept, not recomputed */
     bool act_offload;  /* checkpointed block inputs live in host memory (needs ckpt) */
     bool opt_offload;  /* fp32 master + AdamW moments live in host memory */
     int micro_batch;   /* sequences per micro-batch per data-parallel rank */
@@ -137,12 +138,15 @@ void plan_evaluate(const llama_config_t *cfg, const plan_cluster_t *c, const pla
                    const plan_layout_t *l, plan_result_t *out);
 
 typedef enum { PLAN_ANY = 0, PLAN_ON, PLAN_OFF } plan_choice_t;
+/* Checkpointing layouts: full only (the default, and the published runs'), selective only, or both. */
+typedef enum { PLAN_CKPT_FULL = 0, PLAN_CKPT_SELECTIVE, PLAN_CKPT_BOTH } plan_ckpt_mode_t;
 
 typedef struct {
     int T;                     /* only this tensor-parallel degree; 0 = any of 1, 2, 4, 8 */
     int C;                     /* only this context-parallel degree; 0 = any of 1, 2, 4, ..., 32 */
     bool no_accumulation;      /* one micro-batch per step: micro-batch = sequences per rank */
     plan_choice_t ckpt;        /* activation checkpointing: either, forced on, forced off */
+    plan_ckpt_mode_t ckpt_mode; /* which checkpointing the layouts with it use */
     plan_choice_t act_offload; /* activation offload */
     plan_choice_t opt_offload; /* optimizer offload */
 } plan_options_t;

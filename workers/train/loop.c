@@ -460,12 +460,14 @@ static void announce(run_t *r) {
                      "(the whole model's: %s)", st, state, wh);
     }
     if (r->orun.oo) fprintf(con, ", less what ballastd holds, plus %zu bytes of optimizer staging", staging);
-    if (r->job.world == 1) fprintf(con, ", the rest activations%s", o->act_ckpt ? " (checkpointed)" : "");
+    const char *ck = o->act_ckpt == MODEL_CKPT_SELECTIVE ? "selectively checkpointed"
+                     : o->act_ckpt == MODEL_CKPT_FULL    ? "checkpointed" : NULL;
+    if (r->job.world == 1) fprintf(con, ", the rest activations%s%s%s", ck ? " (" : "", ck ? ck : "", ck ? ")" : "");
     fprintf(con, "\n");
     char ab[32];
     format_size(r->model.act_bytes, ab, sizeof ab);
-    fprintf(con, "activations: %s (%zu bytes) per rank for %d rows x %d tokens%s%s\n", ab, r->model.act_bytes, r->B,
-            r->T / r->C, r->C > 1 ? " (two chunks of each sequence)" : "", o->act_ckpt ? ", checkpointed" : "");
+    fprintf(con, "activations: %s (%zu bytes) per rank for %d rows x %d tokens%s%s%s\n", ab, r->model.act_bytes, r->B,
+            r->T / r->C, r->C > 1 ? " (two chunks of each sequence)" : "", ck ? ", " : "", ck ? ck : "");
     offload_run_describe(&r->orun, &r->fs, con);
     fflush(con);
 }

@@ -19,6 +19,13 @@
 /* ---- options ---- */
 
 static train_opts_t g_opts;
+
+/* --activation-checkpointing: its spellings, and what each means */
+#define CKPT_CHOICES "false|true|full|selective|none|0|1|no|yes"
+static int g_ckpt_choice;
+static const model_ckpt_t ckpt_modes[] = { MODEL_CKPT_NONE, MODEL_CKPT_FULL, MODEL_CKPT_FULL, MODEL_CKPT_SELECTIVE,
+                                           MODEL_CKPT_NONE, MODEL_CKPT_NONE, MODEL_CKPT_FULL, MODEL_CKPT_NONE,
+                                           MODEL_CKPT_FULL };
 static const char *g_prog = "ballast-worker"; /* the name messages go under */
 
 void train_set_program(const char *name) { if (name && *name) g_prog = name; }
@@ -60,7 +67,7 @@ static const opt_t train_options[] = {
     { "log-json", OPT_STRING, NULL, 0, 0, NULL, "write one JSON object per step to FILE (- for stdout)", &g_opts.log_json },
     { "tensorboard-dir", OPT_STRING, NULL, 0, 0, NULL, "write TensorBoard event files of the step scalars (loss, lr, grad norm, tokens/s, offload) into DIR", &g_opts.tensorboard_dir },
     { "log-every", OPT_INT, "1", 1, 9.2e18, NULL, "print a progress line every N steps", &g_opts.log_every },
-    { "activation-checkpointing", OPT_BOOL, "false", 0, 0, NULL, "keep only block inputs; recompute blocks in backward", &g_opts.act_ckpt },
+    { "activation-checkpointing", OPT_ENUM, "false", 0, 0, CKPT_CHOICES, "full (the flag alone; also true, 1, yes): keep only block inputs and recompute blocks in backward; selective: keep each block's attention output and log-sum-exp too, recompute the rest; false (none, 0, no): keep everything", &g_ckpt_choice, NULL, "full" },
     { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads (0: all cores)", &g_opts.threads },
     { "backend", OPT_ENUM, "cpu", 0, 0, "cpu|cuda", "compute backend: cpu (fp32) or cuda (bf16 on GPU --device)", &g_opts.backend },
     { "device", OPT_INT, "0", 0, 1024, NULL, "GPU index for --backend cuda", &g_opts.device },
@@ -153,6 +160,7 @@ int train_parse(int argc, char **argv, train_opts_t *o) {
                        "usage: ballast-worker --data SHARDS [--model M | --init-from DIR] [options]", err, sizeof err);
     if (rc < 0) { fprintf(stderr, "%s: %s\n", g_prog, err); return -1; }
     if (rc == 0 && resume_resolve(&g_opts)) return -1;
+    g_opts.act_ckpt = ckpt_modes[g_ckpt_choice];
     /* BALLAST_LOG_JSON=1 once meant "log lines as JSON": a boolean here
      * would write the step records to a file named 1 */
     if (rc == 0 && g_opts.log_json) {

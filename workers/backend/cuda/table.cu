@@ -268,6 +268,34 @@ void cuda_ring_fill(backend_t *t);     /* ring.cu: ring attention (context paral
 
 /* ---- start-up ---- */
 
+enum { CUDA_FUSED_QKV = 1, CUDA_FUSED_GU = 2, CUDA_FUSED_RES = 4, CUDA_FUSED_ADAMW = 8, CUDA_FUSED_ALL = 15 };
+
+/* BALLAST_CUDA_FUSED: unset or "1" all fused paths, "0" none, or a comma
+ * list of qkv, gu, res, adamw. Returns 0, or -1 with the message in err. */
+static int cuda_fused_parse(const char *v, unsigned *out, char *err, size_t errlen) {
+    static const char *const names[] = { "qkv", "gu", "res", "adamw" };
+    *out = CUDA_FUSED_ALL;
+    if (!v || strcmp(v, "1") == 0) return 0;
+    *out = 0;
+    if (strcmp(v, "0") == 0) return 0;
+    const char *s = v;
+    do {
+        size_t len = strcspn(s, ",");
+        int k = -1;
+        for (int i = 0; i < 4; i++)
+            if (strlen(names[i]) == len && strncmp(s, names[i], len) == 0) k = i;
+        if (k < 0) {
+            snprintf(err, errlen,
+                     "BALLAST_CUDA_FUSED='%s': expected 1 (all fused paths, the default), 0 (the separate ops) "
+                     "or a comma list of qkv, gu, res, adamw", v);
+            return -1;
+        }
+        *out |= 1u << k;
+        s += len;
+    } while (*s++ == ',');
+    return 0;
+}
+
 extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     if (g_device >= 0) {
         if (device != g_device) {
@@ -323,21 +351,14 @@ extern "C" const backend_t *backend_cuda(int device, char *err, size_t errlen) {
     t.xent_fwd = cu_xent_fwd; t.xent_bwd = cu_xent_bwd;
     t.adamw = cu_adamw;
     /* The fused paths (packed QKV and gate|up GEMMs, the GEMM with the
-     * residual add, multi-tensor AdamW) only with BALLAST_CUDA_FUSED=1: each
-     * passes its op check, but with them two ranks sharding one model (S 2)
-     * do not yet give one process's losses to the bit (gpu_emu_train), which
-     * every layout must; until that is found they are opt-in. */
-    const char *fz = getenv("BALLAST_CUDA_FUSED");
-    if (fz && strcmp(fz, "0") != 0 && strcmp(fz, "1") != 0) {
-        snprintf(err, errlen, "BALLAST_CUDA_FUSED='%s': expected 1 (the fused paths) or 0 (unset means 0)", fz);
-        return NULL;
-    }
-    if (fz && strcmp(fz, "1") == 0) {
-        t.qkv_split_rope = cu_qkv_split_rope; t.qkv_pack_rope = cu_qkv_pack_rope;
-        t.swiglu_gu_fwd = cu_swiglu_gu_fwd; t.swiglu_gu_bwd = cu_swiglu_gu_bwd;
-        t.matmul_fwd_res = cu_matmul_fwd_res;
-        t.adamw_spans = cu_adamw_spans;
-    }
+     * residual add, multi-tensor AdamW): all of them by default; 0 runs the
+     * separate ops; a comma list (qkv,gu,res,adamw) picks some, for bisecting. */
+    unsigned fused;
+    if (cuda_fused_parse(getenv("BALLAST_CUDA_FUSED"), &fused, err, errlen)) return NULL;
+    if (fused & CUDA_FUSED_QKV) { t.qkv_split_rope = cu_qkv_split_rope; t.qkv_pack_rope = cu_qkv_pack_rope; }
+    if (fused & CUDA_FUSED_GU) { t.swiglu_gu_fwd = cu_swiglu_gu_fwd; t.swiglu_gu_bwd = cu_swiglu_gu_bwd; }
+    if (fused & CUDA_FUSED_RES) t.matmul_fwd_res = cu_matmul_fwd_res;
+    if (fused & CUDA_FUSED_ADAMW) t.adamw_spans = cu_adamw_spans;
     cuda_parallel_fill(&t);
     cuda_ring_fill(&t);
     t.xfer_to_host = cuda_xfer_to_host; t.xfer_from_host = cuda_xfer_from_host;
