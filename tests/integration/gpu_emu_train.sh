@@ -6,6 +6,17 @@
 # must give the losses of one process without savers, to the bit (the
 # kernels are deterministic, so random thread and stream orders may not
 # change a single bit unless an ordering is missing).
+# Context parallelism (C 2): two ranks on one emulated device (staged shm)
+# and on two (the emulated NCCL, a process per rank), with the ring's
+# shifts waited for by the GPU (--cp-overlap, the default) and by the host:
+# those two to the bit, and every C 2 run within CP_TOL of the CPU
+# backend's C 1 (and of the CUDA backend's C 1) at every step. CP_TOL is
+# 2^-9, bf16's relative rounding of one value: the CUDA runs keep every
+# activation in bf16 and the ring only reorders attention's fp32 sums and
+# rounds each partial output once more before the merge, so a loss that
+# moves by more than one bf16 rounding of itself is not explained by
+# storage (measured: under 1e-4 over these 4 steps). A chunk attended at
+# the wrong position or a pair left out moves it by more.
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/ballastd.lib"
 E=$ROOT/$BUILD/tests/emu/bin
@@ -24,6 +35,19 @@ run() {  # NAME NPROC MICRO [flags...]
     timeout 300 "$E/ballast" train --nproc "$np" --micro-batch "$mb" "${COMMON[@]}" --offload-job "$name" \
         --log-json "$D/$name.jsonl" "$@" > "$D/$name.out" 2>&1
 }
+near() {  # NAME REF TOL: NAME's losses within TOL relative of REF's, every step
+    /usr/bin/python3 - "$D/$2.jsonl" "$D/$1.jsonl" "$3" <<'PY'
+import sys
+import jsonlog
+ref, run, tol = jsonlog.by_step(sys.argv[1], "loss"), jsonlog.by_step(sys.argv[2], "loss"), float(sys.argv[3])
+if len(ref) != 4 or sorted(ref) != sorted(run):
+    sys.exit("steps differ: %s vs %s" % (sorted(ref), sorted(run)))
+worst = max(abs(run[s] - ref[s]) / abs(ref[s]) for s in ref)
+if not worst <= tol:
+    sys.exit("worst relative difference %.3e over %g: %s vs %s" % (worst, tol, run, ref))
+print("worst relative difference %.1e" % worst)
+PY
+}
 same() {  # NAME: its losses equal ref's, every step, to the bit
     /usr/bin/python3 - "$D/ref.jsonl" "$D/$1.jsonl" <<'PY'
 import sys
@@ -36,6 +60,11 @@ PY
 cd "$ROOT"
 if ! run ref 1 2; then t_fail "emu: one process on the emulated GPU trains" "$(tail -4 "$D/ref.out")"; t_done; exit; fi
 t_ok "emu: one process on the emulated GPU trains 4 steps"
+CP_TOL=0.001953125  # 2^-9 (above)
+if ! timeout 300 "$BIN/ballast" train --nproc 1 --micro-batch 2 --backend cpu "${COMMON[@]:2}" --offload-job cpu1 \
+        --log-json "$D/cpu1.jsonl" > "$D/cpu1.out" 2>&1; then
+    t_fail "cpu: the CPU backend's C 1 reference trains" "$(tail -4 "$D/cpu1.out")"
+fi
 # The four runs are independent of each other: they run two at a time
 # (each against ref, which ran first) and report in a fixed order.
 # (ballastd runs in the background too: only the runs' own PIDs are
@@ -56,13 +85,41 @@ start actck "activation offload, horizon 0, with checkpointing" 1 2 --activation
     --activation-checkpointing
 start opt "optimizer state offloaded to host" 1 2 --optimizer-offload host
 start w2 "two ranks on one emulated GPU (S 2), staged collectives" 2 1 --hybrid-shard-degree 2
+start cp2s "context parallel C 2 on one emulated GPU, staged collectives" 2 2 --context-parallel-degree 2
+BALLAST_EMU_DEVICES=2 start cp2n "context parallel C 2 over the emulated NCCL (a device per rank), shifts waited for by the GPU" \
+    2 2 --context-parallel-degree 2 --comm nccl
+BALLAST_EMU_DEVICES=2 start cp2h "context parallel C 2 over the emulated NCCL, shifts waited for by the host" \
+    2 2 --context-parallel-degree 2 --comm nccl --no-cp-overlap
 wait "${PIDS[@]}"
 for i in "${!NAMES[@]}"; do
     name=${NAMES[$i]} label=${LABELS[$i]}
     if [ "$(cat "$D/$name.rc" 2>/dev/null)" != 0 ]; then
         t_fail "emu: $label" "$(grep -E 'gpu-emu|error|ERROR' "$D/$name.out" | head -4)"; continue
     fi
-    if why=$(same "$name" 2>&1); then t_ok "emu: $label: the losses of one process, to the bit"
-    else t_fail "emu: $label" "$why"; fi
+    case $name in
+    cp2*)
+        if ! grep -q "context-parallel degree 2" "$D/$name.out"; then
+            t_fail "emu: $label" "no 'context-parallel degree 2' in its layout line"; continue
+        fi
+        if c=$(near "$name" cpu1 $CP_TOL 2>&1) && g=$(near "$name" ref $CP_TOL 2>&1); then
+            t_ok "emu: $label: within 2^-9 of the CPU backend's C 1 ($c) and of CUDA's C 1 ($g)"
+        else t_fail "emu: $label" "$c $g"; fi ;;
+    *)
+        if why=$(same "$name" 2>&1); then t_ok "emu: $label: the losses of one process, to the bit"
+        else t_fail "emu: $label" "$why"; fi ;;
+    esac
 done
+if [ "$(cat "$D/cp2n.rc" "$D/cp2h.rc" 2>/dev/null | tr -d '\n')" = 00 ]; then
+    if why=$(/usr/bin/python3 - "$D/cp2h.jsonl" "$D/cp2n.jsonl" <<'PY'
+import sys
+import jsonlog
+host, gpu = jsonlog.by_step(sys.argv[1], "loss"), jsonlog.by_step(sys.argv[2], "loss")
+if len(host) != 4 or host != gpu:
+    sys.exit("losses differ: host waits %s, GPU waits %s" % (host, gpu))
+PY
+    ); then t_ok "emu: context parallel over NCCL: the GPU waiting for the ring's shifts gives the host-waiting losses, to the bit"
+    else t_fail "emu: context parallel over NCCL, --cp-overlap against --no-cp-overlap" "$why"; fi
+else
+    t_fail "emu: context parallel over NCCL, --cp-overlap against --no-cp-overlap" "a run failed (above)"
+fi
 t_done
