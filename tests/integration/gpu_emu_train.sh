@@ -6,11 +6,13 @@
 # must give the losses of one process without savers, to the bit (the
 # kernels are deterministic, so random thread and stream orders may not
 # change a single bit unless an ordering is missing).
-# Context parallelism (C 2): two ranks on one emulated device (staged shm)
-# and on two (the emulated NCCL, a process per rank), with the ring's
-# shifts waited for by the GPU (--cp-overlap, the default) and by the host:
-# those two to the bit, and every C 2 run within CP_TOL of the CPU
-# backend's C 1 (and of the CUDA backend's C 1) at every step. CP_TOL is
+# Context parallelism (C 2) over the emulated NCCL (a process and an
+# emulated device per rank), with the ring's shifts waited for by the GPU
+# (--cp-overlap, the default) and by the host: those two to the bit, and
+# each within CP_TOL of the CPU backend's C 1 (and of the CUDA backend's
+# C 1) at every step. BALLAST_EMU_CP_ALL=1 adds C 2 on one emulated device
+# (staged shm) and C 4 over NCCL (four devices), under the same tolerance
+# (they take longer than make test's budget allows). CP_TOL is
 # 2^-9, bf16's relative rounding of one value: the CUDA runs keep every
 # activation in bf16 and the ring only reorders attention's fp32 sums and
 # rounds each partial output once more before the merge, so a loss that
@@ -85,7 +87,11 @@ start actck "activation offload, horizon 0, with checkpointing" 1 2 --activation
     --activation-checkpointing
 start opt "optimizer state offloaded to host" 1 2 --optimizer-offload host
 start w2 "two ranks on one emulated GPU (S 2), staged collectives" 2 1 --hybrid-shard-degree 2
-start cp2s "context parallel C 2 on one emulated GPU, staged collectives" 2 2 --context-parallel-degree 2
+if [ "${BALLAST_EMU_CP_ALL:-0}" = 1 ]; then
+    start cp2s "context parallel C 2 on one emulated GPU, staged collectives" 2 2 --context-parallel-degree 2
+    BALLAST_EMU_DEVICES=4 start cp4n "context parallel C 4 over the emulated NCCL (a device per rank)" \
+        4 2 --context-parallel-degree 4 --comm nccl
+fi
 BALLAST_EMU_DEVICES=2 start cp2n "context parallel C 2 over the emulated NCCL (a device per rank), shifts waited for by the GPU" \
     2 2 --context-parallel-degree 2 --comm nccl
 BALLAST_EMU_DEVICES=2 start cp2h "context parallel C 2 over the emulated NCCL, shifts waited for by the host" \
@@ -98,11 +104,11 @@ for i in "${!NAMES[@]}"; do
     fi
     case $name in
     cp2*)
-        if ! grep -q "context-parallel degree 2" "$D/$name.out"; then
-            t_fail "emu: $label" "no 'context-parallel degree 2' in its layout line"; continue
+        if ! grep -q "context-parallel degree ${name:2:1}; comm" "$D/$name.out"; then
+            t_fail "emu: $label" "no 'context-parallel degree ${name:2:1}' in its layout line"; continue
         fi
         if c=$(near "$name" cpu1 $CP_TOL 2>&1) && g=$(near "$name" ref $CP_TOL 2>&1); then
-            t_ok "emu: $label: within 2^-9 of the CPU backend's C 1 ($c) and of CUDA's C 1 ($g)"
+            t_ok "emu: $label: within 2^-9 of the CPU backend's C 1 ($c) and of CUDA's C 1 ($g), $(grep -o 'comm [a-z+]*$' "$D/$name.out" | head -1)"
         else t_fail "emu: $label" "$c $g"; fi ;;
     *)
         if why=$(same "$name" 2>&1); then t_ok "emu: $label: the losses of one process, to the bit"
