@@ -103,10 +103,11 @@ for i in "${!NAMES[@]}"; do
         t_fail "emu: $label" "$(grep -E 'gpu-emu|error|ERROR' "$D/$name.out" | head -4)"; continue
     fi
     case $name in
-    cp2*)
+    cp[0-9]*)
         if ! grep -q "context-parallel degree ${name:2:1}; comm" "$D/$name.out"; then
             t_fail "emu: $label" "no 'context-parallel degree ${name:2:1}' in its layout line"; continue
         fi
+        c="" g=""
         if c=$(near "$name" cpu1 $CP_TOL 2>&1) && g=$(near "$name" ref $CP_TOL 2>&1); then
             t_ok "emu: $label: within 2^-9 of the CPU backend's C 1 ($c) and of CUDA's C 1 ($g), $(grep -o 'comm [a-z+]*$' "$D/$name.out" | head -1)"
         else t_fail "emu: $label" "$c $g"; fi ;;
@@ -116,7 +117,7 @@ for i in "${!NAMES[@]}"; do
     esac
 done
 if [ "$(cat "$D/cp2n.rc" "$D/cp2h.rc" 2>/dev/null | tr -d '\n')" = 00 ]; then
-    if why=$(/usr/bin/python3 - "$D/cp2h.jsonl" "$D/cp2n.jsonl" <<'PY'
+    if why=$(/usr/bin/python3 - "$D/cp2h.jsonl" "$D/cp2n.jsonl" 2>&1 <<'PY'
 import sys
 import jsonlog
 host, gpu = jsonlog.by_step(sys.argv[1], "loss"), jsonlog.by_step(sys.argv[2], "loss")
