@@ -104,10 +104,11 @@ struct record {
 };
 
 struct op {
-    enum { FN, RECORD, WAIT } kind;
+    enum { FN, RECORD, WAIT, GUARD } kind;
     std::function<void()> fn;
     std::shared_ptr<record> rec;
     std::string what;
+    std::function<bool()> can_start; /* GUARD: whether fn may run (another process's data has come) */
 };
 
 } // namespace
@@ -171,13 +172,17 @@ void push_fn(CUstream_st *s, std::string what, std::function<void()> fn) {
     s->q.push_back(op{ op::FN, std::move(fn), nullptr, std::move(what) });
 }
 
-bool ready(const op &o) { return o.kind != op::WAIT || o.rec->done; }
+bool ready(const op &o) {
+    if (o.kind == op::WAIT) return o.rec->done;
+    if (o.kind == op::GUARD) return o.can_start();
+    return true;
+}
 
 void exec_head(CUstream_st *s) {
     op o = std::move(s->q.front());
     s->q.pop_front();
     switch (o.kind) {
-    case op::FN: o.fn(); break;
+    case op::FN: case op::GUARD: o.fn(); break;
     case op::RECORD: o.rec->done = true; o.rec->t = now_s(); break;
     case op::WAIT: break;
     }
@@ -188,19 +193,47 @@ rng &sched_rng(void) {
     return r;
 }
 
+/* Seconds a host wait may stand still on operations that wait for another
+ * process (emu_enqueue_when) before the run stops naming them. */
+double guard_timeout_s(void) {
+    static long t = env_long("BALLAST_EMU_PEER_TIMEOUT_S", 300, 1, 86400, "seconds to wait for another process");
+    return (double)t;
+}
+
 /* Run queued work, one operation at a time from a random ready stream,
- * until pred holds. */
+ * until pred holds. When only operations waiting for another process
+ * (GUARD) could go on, sleep a little and look again, up to
+ * guard_timeout_s(). */
 template <class P>
 void run_until(P pred, const char *waiting_for) {
     std::vector<CUstream_st *> cand;
+    double stalled_since = 0;
     while (!pred()) {
         cand.clear();
-        for (CUstream_st *x : g_streams)
-            if (!x->q.empty() && ready(x->q.front())) cand.push_back(x);
+        bool guarded = false;
+        for (CUstream_st *x : g_streams) {
+            if (x->q.empty()) continue;
+            if (ready(x->q.front())) cand.push_back(x);
+            else if (x->q.front().kind == op::GUARD) guarded = true;
+        }
+        if (cand.empty() && guarded) {
+            double t = now_s();
+            if (stalled_since == 0) stalled_since = t;
+            if (t - stalled_since <= guard_timeout_s()) {
+                struct timespec ts = { 0, 200000 };
+                nanosleep(&ts, NULL);
+                continue;
+            }
+        }
+        stalled_since = 0;
         if (cand.empty()) {
             std::string msg;
             for (CUstream_st *x : g_streams)
                 if (!x->q.empty()) msg += " stream " + std::to_string(x->id) + " waits at '" + x->q.front().what + "';";
+            if (guarded)
+                emu_fatal("%s: no stream went on for %.0f s (BALLAST_EMU_PEER_TIMEOUT_S):%s (a peer process that "
+                          "exited, or collectives started in a different order on different ranks?)",
+                          waiting_for, guard_timeout_s(), msg.c_str());
             emu_fatal("%s can never happen: no stream can go on:%s (an event wait on a record that never runs?)",
                       waiting_for, msg.c_str());
         }
@@ -370,6 +403,18 @@ extern "C" void emu_enqueue(cudaStream_t s, const char *what, void (*fn)(void *)
         fn(arg);
         if (free_arg) free_arg(arg);
     });
+}
+
+extern "C" void emu_enqueue_when(cudaStream_t s, const char *what, int (*can_start)(void *), void (*fn)(void *),
+                                 void *arg, void (*free_arg)(void *)) {
+    LOCK;
+    CUstream_st *x = stream_of(s);
+    legacy_order(x);
+    op o{ op::GUARD, [fn, arg, free_arg]() {
+             fn(arg);
+             if (free_arg) free_arg(arg);
+         }, nullptr, what, [can_start, arg]() { return can_start(arg) != 0; } };
+    x->q.push_back(std::move(o));
 }
 
 extern "C" int emu_is_device(const void *p, size_t bytes) {

@@ -1,11 +1,13 @@
 /* test_emu_libs.cc: the emulation tier's libraries on their own: bf16 and
  * FP8 conversions (cuda_bf16.h, cuda_fp8.h), the device math of
  * emu_math.h, the reference cuBLASLt (cublaslt.cc) and, when its path is
- * given, the one-rank NCCL (nccl.cc, loaded with dlopen as
- * workers/comm/nccl.c loads it). The emulator's core is replaced by the
- * stubs below: emu_enqueue runs a job at once (or queues it, for the
- * timing checks), emu_is_device looks pointers up in a table the test
- * fills, emu_fatal returns to the test when a fault is expected.
+ * given, the NCCL (nccl.cc, loaded with dlopen as workers/comm/nccl.c
+ * loads it): one rank, and two ranks as two threads. The emulator's core
+ * is replaced by the stubs below: emu_enqueue runs a job at once (or
+ * queues it, for the timing checks), emu_enqueue_when once its condition
+ * holds, emu_is_device looks pointers up in a table the test fills,
+ * emu_fatal returns to the test when a fault is expected, cudaGetDevice
+ * gives the calling thread's device.
  *
  * Build and run (from the repository root):
  *   g++ -std=c++17 -O1 -g -Wall -Wextra -Werror -Itests/emu/include -I. -rdynamic \
@@ -28,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <thread>
 #include <type_traits>
 #include <unistd.h>
 
@@ -113,6 +116,20 @@ extern "C" void emu_enqueue(cudaStream_t s, const char *what, void (*fn)(void *)
     }
     fn(arg);
     if (free_arg) free_arg(arg);
+}
+
+extern "C" void emu_enqueue_when(cudaStream_t s, const char *what, int (*can_start)(void *), void (*fn)(void *),
+                                 void *arg, void (*free_arg)(void *)) {
+    (void)s, (void)what;
+    while (!can_start(arg)) usleep(200);
+    fn(arg);
+    if (free_arg) free_arg(arg);
+}
+
+static thread_local int g_thread_device;
+extern "C" int cudaGetDevice(int *d) {
+    *d = g_thread_device;
+    return 0;
 }
 
 static void run_queue(void) {
@@ -973,15 +990,97 @@ static void test_nccl(const char *path) {
     tap(syms, "nccl: every function workers/comm/nccl.c resolves, and ncclCommGetAsyncError");
     if (!syms) return;
 
+    int (*send_)(const void *, size_t, int, int, nccl_comm_t, cudaStream_t) =
+        (int (*)(const void *, size_t, int, int, nccl_comm_t, cudaStream_t))dlsym(h, "ncclSend");
+    int (*recv_)(void *, size_t, int, int, nccl_comm_t, cudaStream_t) =
+        (int (*)(void *, size_t, int, int, nccl_comm_t, cudaStream_t))dlsym(h, "ncclRecv");
+    int (*gstart)(void) = (int (*)(void))dlsym(h, "ncclGroupStart");
+    int (*gend)(void) = (int (*)(void))dlsym(h, "ncclGroupEnd");
+    tap(send_ && recv_ && gstart && gend, "nccl: ncclSend, ncclRecv, ncclGroupStart, ncclGroupEnd");
+    if (!send_ || !recv_ || !gstart || !gend) return;
+
     nccl_id_t id;
-    nccl_comm_t comm = NULL, comm2 = (nccl_comm_t)1;
+    nccl_comm_t comm = NULL;
     int rc = get_id(&id);
-    capture_begin();
-    int rc2 = init(&comm2, 2, id, 0);
-    const char *e2 = capture_end();
-    tap(rc2 == 5 && comm2 == NULL &&
-        strstr(e2, "gpu-emu NCCL: one rank per communicator; several ranks use staged collectives"),
-        "nccl: nranks = 2 is ncclInvalidUsage with the one-rank message", "rc %d, stderr \"%.200s\"", rc2, e2);
+
+    /* two ranks (threads) on one device: refused by both, as NCCL refuses them */
+    {
+        nccl_comm_t c[2] = { (nccl_comm_t)1, (nccl_comm_t)1 };
+        int r[2] = { -1, -1 };
+        get_id(&id);
+        capture_begin();
+        std::thread t0([&]() { g_thread_device = 0; r[0] = init(&c[0], 2, id, 0); });
+        std::thread t1([&]() { g_thread_device = 0; r[1] = init(&c[1], 2, id, 1); });
+        t0.join();
+        t1.join();
+        const char *e2 = capture_end();
+        tap(r[0] == 5 && r[1] == 5 && !c[0] && !c[1] && strstr(e2, "Duplicate GPU detected"),
+            "nccl: two ranks on one device are ncclInvalidUsage (Duplicate GPU)", "rc %d %d, stderr \"%.200s\"", r[0],
+            r[1], e2);
+    }
+    /* two ranks on two devices: a ring shift in a group (each rank lists its
+     * receive first: the group must not deadlock), then every collective,
+     * against sums computed here */
+    {
+        const size_t M = 777; /* odd */
+        float *snd[2], *rcv[2], *big[2];
+        for (int r = 0; r < 2; r++) {
+            snd[r] = (float *)dev_alloc(M * 4);
+            rcv[r] = (float *)dev_alloc(2 * M * 4);
+            big[r] = (float *)dev_alloc(2 * M * 4);
+            for (size_t i = 0; i < M; i++) snd[r][i] = (float)rnd_uniform(-4, 4);
+            for (size_t i = 0; i < 2 * M; i++) big[r][i] = (float)rnd_uniform(-4, 4);
+        }
+        float *shift[2] = { (float *)dev_alloc(M * 4), (float *)dev_alloc(M * 4) };
+        float *sum[2] = { (float *)dev_alloc(M * 4), (float *)dev_alloc(M * 4) };
+        float *rs_out[2] = { (float *)dev_alloc(M * 4), (float *)dev_alloc(M * 4) };
+        float *bc_buf[2] = { (float *)dev_alloc(M * 4), (float *)dev_alloc(M * 4) };
+        memcpy(bc_buf[1], snd[1], M * 4);
+        get_id(&id);
+        int bad_rc[2] = { 0, 0 }, n_seen[2] = { 0, 0 };
+        auto rank = [&](int r) {
+            g_thread_device = r;
+            nccl_comm_t c = NULL;
+            cudaStream_t st = (cudaStream_t)(uintptr_t)(0x9100 + r);
+            if (init(&c, 2, id, r)) { bad_rc[r]++; return; }
+            int (*count)(nccl_comm_t, int *) = (int (*)(nccl_comm_t, int *))dlsym(h, "ncclCommCount");
+            if (count) count(c, &n_seen[r]);
+            int peer = 1 - r;
+            bad_rc[r] += gstart() != 0;
+            bad_rc[r] += recv_(shift[r], M, 7, peer, c, st) != 0;
+            bad_rc[r] += send_(snd[r], M, 7, peer, c, st) != 0;
+            bad_rc[r] += gend() != 0;
+            bad_rc[r] += ar(snd[r], sum[r], M, 7, 0, c, st) != 0;
+            bad_rc[r] += ag(snd[r], rcv[r], M, 7, c, st) != 0;
+            bad_rc[r] += rs(big[r], rs_out[r], M, 7, 4 /* avg */, c, st) != 0;
+            bad_rc[r] += bc(bc_buf[r], bc_buf[r], M, 7, 1, c, st) != 0;
+            bad_rc[r] += destroy(c) != 0;
+        };
+        std::thread t0(rank, 0), t1(rank, 1);
+        t0.join();
+        t1.join();
+        int bad = 0;
+        for (int r = 0; r < 2; r++)
+            for (size_t i = 0; i < M; i++) {
+                bad += memcmp(&shift[r][i], &snd[1 - r][i], 4) != 0;
+                float s = snd[0][i] + snd[1][i];
+                bad += memcmp(&sum[r][i], &s, 4) != 0;
+                bad += memcmp(&rcv[r][i], &snd[0][i], 4) != 0 || memcmp(&rcv[r][M + i], &snd[1][i], 4) != 0;
+                float a = (big[0][r * M + i] + big[1][r * M + i]) / 2.0f;
+                bad += memcmp(&rs_out[r][i], &a, 4) != 0;
+                bad += memcmp(&bc_buf[r][i], &snd[1][i], 4) != 0;
+            }
+        tap(!bad && !bad_rc[0] && !bad_rc[1] && n_seen[0] == 2 && n_seen[1] == 2,
+            "nccl: two ranks: send/recv in a group (receive listed first), all_reduce sum, all_gather, reduce_scatter "
+            "avg, broadcast from rank 1 give the serial results bit for bit",
+            "%d values differ, %d + %d calls failed, counts %d %d", bad, bad_rc[0], bad_rc[1], n_seen[0], n_seen[1]);
+        for (int r = 0; r < 2; r++) {
+            dev_free(snd[r]), dev_free(rcv[r]), dev_free(big[r]), dev_free(shift[r]), dev_free(sum[r]);
+            dev_free(rs_out[r]), dev_free(bc_buf[r]);
+        }
+    }
+
+    get_id(&id);
     int rc1 = init(&comm, 1, id, 0);
     int aerr = -1;
     tap(rc == 0 && rc1 == 0 && comm && async_err(comm, &aerr) == 0 && aerr == 0 && errstr(0) && errstr(5),

@@ -23,6 +23,19 @@
  * result is compared exactly with the host sum over the group's ranks
  * (one rank: its own values, rounded to bf16 where the path is bf16).
  *
+ *
+ * Then, on the emulated GPU (tests/emu, whose NCCL runs several ranks as
+ * processes), comm_ring_shift over NCCL communicators of C = 2 and 4
+ * ranks, one forked process and emulated device each, against the shm
+ * backend's ring shift of the same random data (fp32 and bf16, odd
+ * lengths): each rank must receive exactly its predecessor's block, as
+ * shm delivers it. Every iteration runs the pattern of ring attention's
+ * backward, two shifts in flight at once on one communicator (K/V and
+ * dK/dV) with the compute stream made to wait on both (comm_stream_wait),
+ * and the forward's, one shift. On a real GPU this part is skipped
+ * (tests/integration/comm_nccl_run.c shifts across real GPUs); the
+ * standalone build of tests/gpu/run.sh has no rendezvous and skips it too.
+ *
  *   check_nccl [--grad-reduce-dtype fp32|bf16|both] (default both) */
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -30,6 +43,10 @@
 
 #include "tests/gpu/gpucheck.h"
 #include "workers/comm/comm.h"
+#ifndef GPU_STANDALONE
+#include "services/rendezvous/rdzv.h"
+#include "tests/comm_check.h"
+#endif
 
 #ifdef GPU_STANDALONE
 /* tests/gpu/run.sh builds without gRPC: groups of one need no rendezvous */
@@ -187,6 +204,144 @@ out:
     return GC.failed > fails;
 }
 
+/* ---- ring shift across ranks (emulation) ---- */
+
+#ifndef GPU_STANDALONE
+typedef struct {
+    char addr[128];
+    int shm_fd;
+    size_t slot;
+    int *ok;                  /* (n) iterations each rank got right */
+    char *msg;                /* 512 bytes: the first failure */
+} shift_arg_t;
+
+#define SHIFT_ITERS 6
+
+/* One rank: rendezvous (rank 0 serves it), an NCCL and a shm communicator
+ * of the n ranks, then SHIFT_ITERS iterations alternating fp32 and bf16. */
+static int shift_rank(int rank, int n, void *argp) {
+    shift_arg_t *a = argp;
+    char err[COMM_ERR_LEN] = "";
+    int bad = 0;
+    if (cudaSetDevice(rank) != cudaSuccess) return snprintf(a->msg, 512, "rank %d: cudaSetDevice", rank), 1;
+    rdzv_server_t *srv = NULL;
+    if (rank == 0) {
+        rdzv_server_opts_t o = { .listen = a->addr, .job_id = "cp-shift", .world = n };
+        if (!(srv = rdzv_server_start(&o, NULL, err, sizeof err))) return snprintf(a->msg, 512, "%s", err), 1;
+    }
+    rdzv_client_t *cl = rdzv_client_open(a->addr, "cp-shift", n, err, sizeof err);
+    if (!cl) return snprintf(a->msg, 512, "rank %d: %s", rank, err), 1;
+    cudaStream_t compute;
+    cudaStreamCreate(&compute);
+    comm_config_t cfg;
+    comm_config_init(&cfg);
+    cfg.kind = COMM_NCCL;
+    cfg.name = "cp.0";
+    cfg.n = n;
+    cfg.index = rank;
+    cfg.rdzv = cl;
+    cfg.device = rank;
+    cfg.timeout_s = 120;
+    cfg.compute_stream = compute;
+    comm_t *nc = NULL, *sc = cc_open_shm("cp.0-shm", a->shm_fd, n, rank, a->slot);
+    if (!sc || comm_init(&nc, &cfg, err, sizeof err)) {
+        snprintf(a->msg, 512, "rank %d: comm_init: %s", rank, sc ? err : "shm");
+        return 1;
+    }
+    for (int it = 0; it < SHIFT_ITERS && !bad; it++) {
+        comm_dtype_t dt = it % 2 ? COMM_BF16 : COMM_F32;
+        size_t es = dt == COMM_F32 ? 4 : 2, len = (cc_mix(991 + (uint64_t)it * 7) % 40000) | 1, b = len * es;
+        bool two = it < SHIFT_ITERS - 2; /* the backward's two shifts in flight, then the forward's one */
+        int prev = (rank + n - 1) % n;
+        void *h[2], *want[2], *via_shm[2], *got[2], *dsend[2], *drecv[2];
+        for (int k = 0; k < 2; k++) {
+            h[k] = malloc(b), want[k] = malloc(b), via_shm[k] = malloc(b), got[k] = malloc(b);
+            cc_fill(h[k], len, dt, (uint64_t)it * 1000 + (uint64_t)k * 100 + (uint64_t)rank);
+            cc_fill(want[k], len, dt, (uint64_t)it * 1000 + (uint64_t)k * 100 + (uint64_t)prev);
+            cudaMalloc(&dsend[k], b);
+            cudaMalloc(&drecv[k], b);
+            cudaMemcpy(dsend[k], h[k], b, cudaMemcpyHostToDevice);
+            cudaMemset(drecv[k], 0xff, b);
+        }
+        int nk = two ? 2 : 1, rc = 0;
+        comm_req_t *r[2] = { NULL, NULL };
+        for (int k = 0; k < nk && !rc; k++) rc = comm_ring_shift(nc, dsend[k], drecv[k], len, dt, &r[k], err, sizeof err);
+        for (int k = 0; k < nk && !rc; k++) rc = comm_stream_wait(r[k], compute, err, sizeof err);
+        for (int k = 0; k < nk; k++)
+            if (r[k]) {
+                int w = comm_wait(r[k], rc ? (char[COMM_ERR_LEN]){ 0 } : err, sizeof err);
+                if (!rc) rc = w;
+            }
+        for (int k = 0; k < nk && !rc; k++) {
+            comm_req_t *q = NULL;
+            rc = comm_ring_shift(sc, h[k], via_shm[k], len, dt, &q, err, sizeof err);
+            if (!rc) rc = comm_wait(q, err, sizeof err);
+        }
+        if (rc) {
+            snprintf(a->msg, 512, "rank %d, iteration %d: %s", rank, it, err);
+            bad = 1;
+        }
+        for (int k = 0; k < nk && !bad; k++) {
+            cudaMemcpyAsync(got[k], drecv[k], b, cudaMemcpyDeviceToHost, compute);
+            cudaStreamSynchronize(compute);
+            if (memcmp(got[k], via_shm[k], b) || memcmp(got[k], want[k], b)) {
+                size_t at = 0;
+                while (at < b && ((char *)got[k])[at] == ((char *)want[k])[at]) at++;
+                snprintf(a->msg, 512, "rank %d, iteration %d (%s, %zu elements), shift %d of %d: NCCL's block differs "
+                         "from rank %d's (first at byte %zu)%s", rank, it, dt == COMM_F32 ? "fp32" : "bf16", len, k + 1,
+                         nk, prev, at, memcmp(via_shm[k], want[k], b) ? "; shm's too" : "; shm's is right");
+                bad = 1;
+            }
+        }
+        if (!bad) a->ok[rank]++;
+        for (int k = 0; k < 2; k++) {
+            cudaFree(dsend[k]), cudaFree(drecv[k]);
+            free(h[k]), free(want[k]), free(via_shm[k]), free(got[k]);
+        }
+    }
+    comm_destroy(nc);
+    comm_destroy(sc);
+    if (rdzv_barrier(cl, "done", rank, n, 60, err, sizeof err)) bad = 1;
+    rdzv_client_close(cl);
+    rdzv_server_stop(srv);
+    return bad;
+}
+#endif
+
+static void ring_shift_ranks(int n) {
+    if (!gc_case("ring_shift_C%d", n)) return;
+    if (!gc_emulated()) {
+        printf("ok - nccl/%s # SKIP several ranks run on the emulated GPU only (comm_nccl_run shifts across real "
+               "GPUs)\n", GC.name);
+        GC.cases++;
+        return;
+    }
+#ifdef GPU_STANDALONE
+    printf("ok - nccl/%s # SKIP no rendezvous in the standalone build\n", GC.name);
+    GC.cases++;
+#else
+    char err[COMM_ERR_LEN];
+    shift_arg_t a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.addr, sizeof a.addr, "unix:/tmp/ballast-cp-shift-%d-%d.sock", (int)getpid(), n);
+    a.slot = 40000 * 4;
+    a.ok = cc_shared(sizeof(int) * (size_t)n);
+    a.msg = cc_shared(512);
+    a.shm_fd = comm_shm_segment_create(n, a.slot, err, sizeof err);
+    if (a.shm_fd < 0) { result(false, "shm segment: %s", err); return; }
+    char devs[8];
+    snprintf(devs, sizeof devs, "%d", n);
+    setenv("BALLAST_EMU_DEVICES", devs, 1); /* one emulated device per rank */
+    int failed = cc_run_ranks(n, shift_rank, &a, 300, NULL);
+    close(a.shm_fd);
+    int ok = 0;
+    for (int i = 0; i < n; i++) ok += a.ok[i];
+    result(!failed && ok == n * SHIFT_ITERS, "comm_ring_shift over NCCL, %d ranks (processes), equals shm's, fp32 and "
+           "bf16, two shifts in flight and one: %d of %d rank-iterations%s%s", n, ok, n * SHIFT_ITERS,
+           a.msg[0] ? ": " : "", a.msg);
+#endif
+}
+
 int main(int argc, char **argv) {
     int which = 2; /* 0 fp32, 1 bf16, 2 both */
     for (int i = 1; i < argc; i++) {
@@ -243,6 +398,8 @@ int main(int argc, char **argv) {
         GC.gpu->free(ba), GC.gpu->free(bb), GC.gpu->free(bc);
     }
     for (int i = 0; i < 3; i++) comm_destroy(c[i]);
+    ring_shift_ranks(2);
+    ring_shift_ranks(4);
     if (why[0] && !GC.have_gpu) printf("# skipped: %s\n", why);
     return gc_done();
 }

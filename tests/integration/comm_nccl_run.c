@@ -2,7 +2,9 @@
  * tests/integration/comm_nccl.sh. One forked rank per GPU (at most 2, so
  * that sums of two values are exact whatever order NCCL uses); rank 0
  * serves the rendezvous in-process. Every collective in fp32 and bf16 on
- * seeded random data of odd lengths, compared with the serial reference.
+ * seeded random data of odd lengths, compared with the serial reference;
+ * the ring shift (ncclSend/ncclRecv in a group) against the predecessor's
+ * block.
  *
  * Exit 0: all passed; 77: skipped (no libnccl or no GPU; the reason is
  * printed); 1: a failure (printed). */
@@ -34,6 +36,8 @@ static int load_cudart(cudart_t *c) {
     return c->set_device && c->malloc_ && c->free_ && c->memcpy_ && c->count ? 0 : -1;
 }
 
+#define NCOLL 24 /* 6 kinds (the barrier and the ring shift included) x fp32, bf16 x sum, avg */
+
 typedef struct {
     char addr[128];
     int *ok;
@@ -63,10 +67,10 @@ static int rank_main(int rank, int n, void *argp) {
     comm_t *c;
     if (comm_init(&c, &cfg, err, sizeof err)) return fprintf(stderr, "rank %d: %s\n", rank, err), 1;
     int bad = 0;
-    for (int it = 0; it < 20 && !bad; it++) {
-        int k = it % 5;
-        comm_dtype_t dt = (it / 5) % 2 ? COMM_BF16 : COMM_F32;
-        comm_op_t op = it >= 10 ? COMM_AVG : COMM_SUM;
+    for (int it = 0; it < NCOLL && !bad; it++) {
+        int k = it % 6;
+        comm_dtype_t dt = (it / 6) % 2 ? COMM_BF16 : COMM_F32;
+        comm_op_t op = it >= 12 ? COMM_AVG : COMM_SUM;
         size_t es = (dt == COMM_F32 ? 4u : 2u), len = (cc_mix(77 + (uint64_t)it) % 100000) | 1;
         size_t in_len = k == 1 ? len * (size_t)n : len, out_len = k == 0 ? len * (size_t)n : len;
         void *in[2], *ref = malloc(out_len * es), *out = malloc(out_len * es);
@@ -93,6 +97,9 @@ static int rank_main(int rank, int n, void *argp) {
             break;
         case 3: rc = comm_broadcast(c, drecv, len, dt, n - 1, &r, err, sizeof err);
             memcpy(ref, in[n - 1], len * es);
+            break;
+        case 5: rc = comm_ring_shift(c, dsend, drecv, len, dt, &r, err, sizeof err);
+            memcpy(ref, in[(rank + n - 1) % n], len * es); /* the predecessor's block */
             break;
         default: rc = comm_barrier(c, &r, err, sizeof err);
             out_len = 0;
@@ -155,6 +162,7 @@ int main(void) {
     snprintf(a.addr, sizeof a.addr, "unix:/tmp/ballast-nccl-%d.sock", (int)getpid());
     a.ok = cc_shared(sizeof(int) * 2);
     int failed = cc_run_ranks(n, rank_main, &a, 300, NULL);
-    printf("%d rank(s) on %d GPU(s): %d and %d of 20 collectives matched\n", n, gpus, a.ok[0], n > 1 ? a.ok[1] : 20);
+    printf("%d rank(s) on %d GPU(s): %d and %d of %d collectives matched\n", n, gpus, a.ok[0], n > 1 ? a.ok[1] : NCOLL,
+           NCOLL);
     return failed ? 1 : 0;
 }

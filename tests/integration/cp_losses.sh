@@ -18,6 +18,12 @@
 # fp32 rounding (about 1e-7 relative), carried by 10 AdamW steps; the
 # reasons and figures of fsdp_losses.sh apply unchanged.
 #
+# Eval and resume at C = 2: the validation loss (--val-data, every 5
+# steps) of the (1, 1, 1, 2) run equals one process's within 1e-5; its
+# checkpoint of step 5 resumes at C = 2 with the uninterrupted run's
+# losses, lr and grad norms to the bit, and in one process (C = 1: a
+# checkpoint holds S x T shards, whatever C wrote it) within 1e-5 of it.
+#
 # Also: the activation bytes per rank (the layout record) fall as 1/C at
 # the same rows per rank (plus the ring's own buffers, counted exactly); a sequence whose activations are over
 # --max-activation-bytes (half the one-process figure) trains at C = 4 and
@@ -43,7 +49,8 @@ RUN=(--model "$D/m.json" --data "$D/c.bin" --init-seed 7 --data-order shuffled -
 act() { jl_get "$1" --kind layout activation_bytes_per_rank 2>/dev/null; }
 
 # the reference: one process reading the whole global batch
-if "$W" "${RUN[@]}" --micro-batch $GB --log-json "$D/ref.jsonl" --dump-params "$D/ref.st" > "$D/ref.out" 2>&1; then
+VAL=(--val-data "$D/c.bin" --eval-every 5 --eval-batches 2)
+if "$W" "${RUN[@]}" "${VAL[@]}" --micro-batch $GB --log-json "$D/ref.jsonl" --dump-params "$D/ref.st" > "$D/ref.out" 2>&1; then
     t_ok "reference (1, 1, 1, 1), one process"
 else t_fail "reference run" "$(tail -3 "$D/ref.out")"; t_done; exit 1; fi
 A1=$(act "$D/ref.jsonl")
@@ -73,7 +80,39 @@ run c4-ck-off 4 1 1 1 4 on on
 run c2-s2 4 1 2 1 2 on off
 run c2-t2 4 1 1 2 2 off on
 run c2-r2 4 2 1 1 2 off off
-run c2 2 1 1 1 2 off off
+run c2 2 1 1 1 2 off off "${VAL[@]}" --ckpt-dir "$D/ck2" --ckpt-every 5
+
+# eval at C 2: the validation loss at steps 5 and 10, against one process's
+if /usr/bin/python3 - "$D/ref.jsonl" "$D/c2.jsonl" <<'PY'
+import sys
+import jsonlog
+ref, run = (jsonlog.by_step(p, "val_loss") for p in sys.argv[1:3])
+if sorted(ref) != [5, 10] or sorted(run) != [5, 10]:
+    sys.exit("val_loss at steps %s (one process) and %s (C 2), not 5 and 10" % (sorted(ref), sorted(run)))
+worst = max(abs(run[s] - ref[s]) / abs(ref[s]) for s in ref)
+print("# val_loss %s vs %s: worst relative difference %.2g" % (run, ref, worst))
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+then t_ok "C 2: the validation loss at steps 5 and 10 equals one process's within 1e-5"
+else t_fail "C 2: validation loss equals one process's" "see above"; fi
+
+# resume at C 2 from step 5: the uninterrupted run's records to the bit
+fields() { jl_get "$1" step loss lr grad_norm; }
+rm -rf "$D/ck2/step-00000010"
+jl_raw "$D/c2.jsonl" --upto 5 > "$D/c2r.jsonl"
+if timeout 120 "$B" train --nproc 2 "${RUN[@]}" "${VAL[@]}" --micro-batch $GB --context-parallel-degree 2 \
+        --ckpt-dir "$D/ck2" --resume --log-json "$D/c2r.jsonl" > "$D/c2r.out" 2>&1 &&
+   grep -q "resumed from .*step-00000005 (step 5)" "$D/c2r.out" && [ "$(fields "$D/c2.jsonl" | wc -l)" -eq 10 ] &&
+   cmp -s <(fields "$D/c2.jsonl") <(fields "$D/c2r.jsonl"); then
+    t_ok "C 2: a checkpoint of step 5 resumes at C 2 with the uninterrupted run's losses, lr, grad norms to the bit"
+else t_fail "C 2: resume at C 2" "$(tail -3 "$D/c2r.out"; diff <(fields "$D/c2.jsonl") <(fields "$D/c2r.jsonl") | head -4)"; fi
+# ... and in one process (C 1): steps 6-10 within 1e-5 of the C 2 run's
+if "$W" "${RUN[@]}" --micro-batch $GB --resume "$D/ck2/step-00000005" --ckpt-dir "$D/ck1" \
+        --log-json "$D/c1r.jsonl" > "$D/c1r.out" 2>&1 && grep -q "resumed from .*step-00000005 (step 5)" "$D/c1r.out"; then
+    jl_raw "$D/c2.jsonl" --from 6 > "$D/c2tail.jsonl"
+    t_check "C 2: its checkpoint of step 5 resumes in one process (C 1), losses within 1e-5 of the C 2 run" \
+        $PY "$CMP" losses "$D/c2tail.jsonl" "$D/c1r.jsonl" 1e-5
+else t_fail "C 2: its checkpoint resumes at C 1" "$(grep -iE 'error|refus' "$D/c1r.out" | head -3; tail -2 "$D/c1r.out")"; fi
 
 # 1/C at the same rows per rank (8): every activation buffer holds a rank's
 # tokens (the attention state is a log-sum-exp per token and head), and the

@@ -7,6 +7,11 @@
 # address> --comm auto (shm inside a host, Gloo between):
 #   - (replicas 2, S 2, T 1): the losses of one process within 1e-5
 #     relative (sums in another order, as fsdp_losses.sh explains);
+#   - context parallelism across hosts: (replicas 1, S 1, T 2, C 2), so
+#     each context-parallel group pairs rank r of host 0 with rank r of
+#     host 1 (ring attention's shifts over Gloo) while each TP group stays
+#     inside a host (shm): the losses of one process within 1e-5 relative
+#     (cp_losses.sh gives the reasons for the tolerance);
 #   - every process of host 1 killed mid-run (mh_kill_host): host 0's
 #     launcher names node 1 lost within --rdzv-timeout; host 1's launcher
 #     started again (as Kubernetes restarts a pod) joins attempt 1
@@ -67,6 +72,17 @@ if two n2 --steps 10 --micro-batch 2 --hybrid-shard-degree 2; then
     t_check "2 hosts x 2 ranks by launcher (replicas 2, S 2): losses within 1e-5 of one process" \
         $PY "$CMP" losses "$D/ref.jsonl" "$D/n2.jsonl" 1e-5
 else t_fail "2 hosts x 2 ranks by launcher runs" "rc $(cat "$D/n2.rc"); $(tails n2.n0 n2.n1)"; fi
+
+# ---- context parallel across hosts: each CP group spans both hosts (Gloo) ----
+if two cp --steps 10 --micro-batch 8 --tensor-parallel-degree 2 --context-parallel-degree 2; then
+    if grep -q "layout: world 4 = 1 replicas x hybrid shard degree 1 x tensor-parallel degree 2 x context-parallel degree 2" \
+            "$MH_LOG/cp.n0.out" && grep -q "cp.0 group (2 ranks): gloo" "$MH_LOG/cp.n0.out" &&
+        grep -q "tp.0 group (2 ranks): shm" "$MH_LOG/cp.n0.out"; then
+        t_ok "context parallel C 2 across hosts: each CP group spans the hosts (gloo), TP inside a host (shm)"
+    else t_fail "context parallel across hosts: layout and backends" "$(grep -E "layout| group \(" "$MH_LOG/cp.n0.out" | head -5)"; fi
+    t_check "context parallel C 2 across hosts (T 2, C 2): losses within 1e-5 of one process" \
+        $PY "$CMP" losses "$D/ref.jsonl" "$D/cp.jsonl" 1e-5
+else t_fail "context parallel C 2 across hosts runs" "rc $(cat "$D/cp.rc"); $(tails cp.n0 cp.n1)"; fi
 
 # ---- host 1 lost mid-run; one restart resumes from the last checkpoint ----
 LONG=(--steps 120 --micro-batch 2 --hybrid-shard-degree 2 --ckpt-every 20 --rdzv-timeout 10s)

@@ -572,10 +572,20 @@ static int cp_shift(model_t *m, const act_t *send, act_t *recv, size_t n, comm_r
     return rc;
 }
 
+/* Make later compute see the shift's result: the compute stream waits for
+ * it and the host collects the handle a few collectives later (comm_use;
+ * the ring's buffers live as long as the model), or, with host_wait, the
+ * host waits for it here. */
 static void cp_wait(model_t *m, comm_req_t *req) {
     char e[COMM_ERR_LEN];
     if (!req) return;
-    int rc = m->be->stream ? comm_stream_wait(req, m->be->stream(), e, sizeof e) : 0;
+    void *stream = m->be->stream ? m->be->stream() : NULL;
+    if (!m->cp.host_wait) {
+        int rc = comm_use(&m->tp.held, &req, stream, e, sizeof e);
+        if (rc) cp_fail(m, rc, e);
+        return;
+    }
+    int rc = stream ? comm_stream_wait(req, stream, e, sizeof e) : 0;
     int rc2 = comm_wait(req, e, sizeof e);
     if (rc || rc2) cp_fail(m, rc ? rc : rc2, e);
 }
@@ -641,7 +651,10 @@ static void ring_attention_fwd(model_t *m, block_acts_t *a) {
 /* m->dq, m->dk, m->dv of the block's attention from m->dao: K/V go round
  * the ring again (the next block's shift in flight during each step) and
  * the dK/dV of each block travel with it, each rank adding its queries'
- * part; after C shifts every rank holds its own block's dK/dV. */
+ * part; after C shifts every rank holds its own block's dK/dV. The dK/dV
+ * shift starts once the step's kernels are queued and the host goes on
+ * queueing the next step (its K/V shift, its kernels, which wait on the
+ * dK/dV's event); the host never waits for it unless cp.host_wait. */
 static void ring_attention_bwd(model_t *m, block_acts_t *a) {
     const backend_t *be = m->be;
     model_cp_t *cp = &m->cp;

@@ -68,7 +68,10 @@ typedef struct {
  * global positions; attention runs as a ring over the group (K/V blocks
  * passed on with comm_ring_shift while the block in hand is used, the
  * partial outputs merged by their log-sum-exp; backward passes dK/dV on
- * around the ring). Every other op is per token and runs unchanged. */
+ * around the ring). Every other op is per token and runs unchanged. The
+ * compute stream waits for each shift (an event on NCCL) and the host
+ * collects the handle later (comm_use, in m->tp.held, released with TP's
+ * by tp_release), unless host_wait. */
 typedef struct {
     int size;                  /* C: ranks of the CP group (1 = no context parallelism) */
     int rank;                  /* this rank's index in the group, 0..size-1 */
@@ -78,6 +81,8 @@ typedef struct {
     act_t *dkv[2];             /* 2 x (2, B, T, Hkv*Dh): dk | dv of the block in hand, travelling with it */
     act_t *ob;                 /* (Tc, H, Dh) one chunk pair's partial output */
     float *lb;                 /* (Tc, H) its log-sum-exp rows */
+    bool host_wait;            /* wait for each shift on the host (--cp-overlap false); else the compute
+                                  stream waits on the shift's event and the host collects it later */
 } model_cp_t;
 
 /* Activation checkpointing (--activation-checkpointing). */

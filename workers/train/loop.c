@@ -248,6 +248,7 @@ static int build(run_t *r) {
         log_error("%s%s", r->who, r->err);
         return -1;
     }
+    r->model.cp.host_wait = !o->cp_overlap;
     if (o->max_act_bytes && r->model.act_bytes > o->max_act_bytes) {
         char need[32], lim[32];
         format_size(r->model.act_bytes, need, sizeof need);

@@ -57,6 +57,7 @@ typedef struct {
     const char *tensorboard_dir; /* TensorBoard event files (rank 0), or NULL */
     int64_t log_every;        /* console line every N steps */
     model_ckpt_t act_ckpt;    /* --activation-checkpointing: none, full or selective */
+    bool cp_overlap;          /* --cp-overlap: the GPU, not the host, waits for the ring's shifts */
     int64_t threads;          /* OpenMP threads; 0 = all cores */
     int backend;              /* 0 = cpu, 1 = cuda */
     int64_t device;           /* GPU index for the cuda backend */

@@ -34,6 +34,13 @@ typedef struct CUstream_st *cudaStream_t;
  * it, interleaved with other streams as their events allow. free_arg (may
  * be NULL) is called on arg afterwards. */
 void emu_enqueue(cudaStream_t s, const char *what, void (*fn)(void *arg), void *arg, void (*free_arg)(void *arg));
+/* As emu_enqueue, but fn may start only once can_start(arg) returns
+ * nonzero (data from another process has come): until then the stream
+ * stands still and other streams go on; a host wait that only such
+ * operations hold up polls them, up to BALLAST_EMU_PEER_TIMEOUT_S seconds
+ * (default 300), then stops the run naming them. */
+void emu_enqueue_when(cudaStream_t s, const char *what, int (*can_start)(void *arg), void (*fn)(void *arg), void *arg,
+                      void (*free_arg)(void *arg));
 /* 1 when [p, p + bytes) lies inside one live cudaMalloc allocation. */
 int emu_is_device(const void *p, size_t bytes);
 /* 1 when [p, p + bytes) lies inside pinned (cudaMallocHost) or registered
