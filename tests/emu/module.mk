@@ -15,6 +15,10 @@ EMU_SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitiz
 EMU_CXX     ?= g++
 EMU_CXXFLAGS := -std=c++17 -g -O2 -fPIC -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas -fno-strict-aliasing \
                 $(EMU_SAN) -I$(EMU_DIR)/src -Itests/emu/include -I. -Icommon -I$(BUILD)/gen
+# cuDNN's headers (types and constants only: attention_cudnn.cu opens the
+# library at run time), searched after ours so the emulated runtime wins
+EMU_CUDNN_INC := $(firstword $(dir $(wildcard $(CUDA_HOME)/include/cudnn_backend.h /usr/local/cuda/include/cudnn_backend.h)))
+EMU_CXXFLAGS += $(if $(EMU_CUDNN_INC),-idirafter $(EMU_CUDNN_INC))
 EMU_CU_SRCS := $(wildcard workers/backend/cuda/*.cu)
 EMU_CU_OBJS := $(patsubst %.cu,$(EMU_DIR)/obj/%.o,$(EMU_CU_SRCS))
 EMU_CUH     := $(patsubst %,$(EMU_DIR)/src/%,$(wildcard workers/backend/cuda/*.cuh))

@@ -9,7 +9,9 @@
  * and can be checked line by line against the CPU oracle. Two paths:
  * attention_tc.cu (WMMA tensor cores, the default) and the SIMT kernels
  * here (fp32 FMA: slower, simplest to trust), chosen with
- * the worker's --attention tc|simt (cuda_attention_use()).
+ * cuda_attention_use() (the worker's --attention own is tc). cuDNN's fused
+ * attention (attention_cudnn.cu) is a third path behind the same
+ * launchers, taken only after its start-up self-check against these.
  *
  * Shapes: q, out, dq (B, T, H, Dh); k, v, dk, dv (B, T, Hkv, Dh), bf16;
  * lse (B, H, T) fp32 = log-sum-exp of each query row's scaled scores, the
@@ -327,16 +329,17 @@ static void check_shape(int H, int Hkv, int Dh) {
 static int g_use_tc = 1;
 
 extern "C" int cuda_attention_use(const char *impl) {
-    if (strcmp(impl, "tc") == 0) g_use_tc = 1;
+    if (strcmp(impl, "tc") == 0 || strcmp(impl, "own") == 0) g_use_tc = 1;
     else if (strcmp(impl, "simt") == 0) g_use_tc = 0;
     else return -1;
+    cudnn_attention_off();
     return 0;
 }
 
 static bool use_tc(void) { return g_use_tc == 1; }
 
-void launch_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
-                          int Hkv, int Dh) {
+void launch_attention_fwd_own(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
+                              int Hkv, int Dh) {
     if (B <= 0 || T <= 0) return;
     check_shape(H, Hkv, Dh);
     dim3 grid((T + ATT_BR - 1) / ATT_BR, H, B);
@@ -346,6 +349,29 @@ void launch_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
     if (Dh == 64) attn_fwd_kernel<64><<<grid, ATT_WARPS * 32, 0, st>>>(out, lse, q, k, v, T, H, Hkv, scale);
     else attn_fwd_kernel<128><<<grid, ATT_WARPS * 32, 0, st>>>(out, lse, q, k, v, T, H, Hkv, scale);
     CUDA_LAUNCH_CHECK("attn_fwd_kernel");
+}
+
+/* A call cuDNN refuses (a shape its engines do not take, an unaligned
+ * pointer) runs our kernels, with one warning per reason: the log-sum-exp
+ * state is the same on both paths, so a forward and backward on different
+ * paths agree (the start-up self-check compares it). */
+static void cudnn_refused(const char *err) {
+    static char last[512];
+    if (strcmp(last, err) == 0) return;
+    snprintf(last, sizeof last, "%s", err);
+    fprintf(stderr, "warning: attention: %s; this call runs our own kernels\n", err);
+}
+
+void launch_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
+                          int Hkv, int Dh) {
+    if (B <= 0 || T <= 0) return;
+    if (cudnn_attention_on()) {
+        char err[768];
+        check_shape(H, Hkv, Dh);
+        if (cudnn_attention_fwd(out, lse, q, k, v, B, T, H, Hkv, Dh, err, sizeof err) == 0) return;
+        cudnn_refused(err);
+    }
+    launch_attention_fwd_own(out, lse, q, k, v, B, T, H, Hkv, Dh);
 }
 
 template <int DH>
@@ -367,8 +393,8 @@ static void launch_bwd_dh(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const 
     CUDA_LAUNCH_CHECK("attn_bwd_dkdv_kernel");
 }
 
-void launch_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
-                          const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh) {
+void launch_attention_bwd_own(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
+                              const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh) {
     if (B <= 0 || T <= 0) return;
     check_shape(H, Hkv, Dh);
     size_t rows = (size_t)B * T * H;
@@ -379,4 +405,16 @@ void launch_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const 
     if (use_tc()) { launch_attention_bwd_tc(dq, dk, dv, dout, q, k, v, lse, dvec, B, T, H, Hkv, Dh, scale); return; }
     if (Dh == 64) launch_bwd_dh<64>(dq, dk, dv, dout, q, k, v, lse, dvec, B, T, H, Hkv, scale);
     else launch_bwd_dh<128>(dq, dk, dv, dout, q, k, v, lse, dvec, B, T, H, Hkv, scale);
+}
+
+void launch_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
+                          const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh) {
+    if (B <= 0 || T <= 0) return;
+    if (cudnn_attention_on()) {
+        char err[768];
+        check_shape(H, Hkv, Dh);
+        if (cudnn_attention_bwd(dq, dk, dv, dout, out, q, k, v, lse, B, T, H, Hkv, Dh, err, sizeof err) == 0) return;
+        cudnn_refused(err);
+    }
+    launch_attention_bwd_own(dq, dk, dv, dout, out, q, k, v, lse, B, T, H, Hkv, Dh);
 }
