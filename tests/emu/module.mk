@@ -58,6 +58,14 @@ $(EMU_LIBDIR)/libcudart.so: $(EMU_DIR)/obj/tests/emu/runtime.o $(EMU_DIR)/obj/te
 $(EMU_LIBDIR)/libcublasLt.so: $(EMU_DIR)/obj/tests/emu/cublaslt.o $(EMU_LIBDIR)/libcudart.so
 	@echo "  LD   $@"
 	$(Q)$(EMU_CXX) -shared $(EMU_SAN) -Wl,-soname,libcublasLt.so -o $@ $< -L$(EMU_LIBDIR) -lcudart
+# the stand-in cuDNN (cudnn_fake.cc), beside but outside the programs' run
+# path: only BALLAST_CUDNN_LIB reaches it. Needs cuDNN's headers.
+EMU_CUDNN_FAKE := $(if $(EMU_CUDNN_INC),$(EMU_LIBDIR)/cudnn-fake/libcudnn.so.9)
+EMU_SOS += $(EMU_CUDNN_FAKE)
+$(EMU_LIBDIR)/cudnn-fake/libcudnn.so.9: $(EMU_DIR)/obj/tests/emu/cudnn_fake.o $(EMU_LIBDIR)/libcudart.so
+	@mkdir -p $(@D)
+	@echo "  LD   $@"
+	$(Q)$(EMU_CXX) -shared $(EMU_SAN) -Wl,-soname,libcudnn.so.9 -o $@ $< -L$(EMU_LIBDIR) -lcudart
 $(EMU_LIBDIR)/libnccl.so.2: $(EMU_DIR)/obj/tests/emu/nccl.o $(EMU_LIBDIR)/libcudart.so
 	@echo "  LD   $@"
 	$(Q)$(EMU_CXX) -shared $(EMU_SAN) -Wl,-soname,libnccl.so.2 -o $@ $< -L$(EMU_LIBDIR) -lcudart
