@@ -688,7 +688,7 @@ void cudnn_attention_off(void) { g_cudnn_on = false; }
 
 /* --attention auto|cudnn|own (tc and simt pick one of our kernels; own is
  * tc). auto and cudnn load cuDNN and run the self-check: a causal GQA case
- * (B 1, T 160 (partial tiles on both paths), H 4, Hkv 2) at Dh 64 and 128,
+ * (B 1, T 80 (a partial tile on both paths), H 4, Hkv 2) at Dh 64 and 128,
  * random bf16 inputs in [-2, 2) (q, k) and [-1, 1) (v, dout), each of out,
  * lse, dq, dk, dv compared as max |cudnn - own| / max |own|.
  *
@@ -729,7 +729,7 @@ extern "C" int cuda_attention_select(const char *mode, char *msg, size_t msglen)
     const char *what = "out";
     int dhs[2] = { 64, 128 };
     for (int i = 0; i < 2; i++) {
-        if (self_check_case(1, 160, 4, 2, dhs[i], &worst, &what, why, sizeof why)) {
+        if (self_check_case(1, 80, 4, 2, dhs[i], &worst, &what, why, sizeof why)) {
             snprintf(msg, msglen, "attention: cuDNN %zu.%zu.%zu: self-check could not run: %s -> %s",
                      g_dnn.version / 10000, g_dnn.version / 100 % 100, g_dnn.version % 100, why,
                      must ? "--attention cudnn cannot run (use auto or own)" : "own");
