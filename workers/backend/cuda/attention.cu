@@ -355,8 +355,19 @@ void launch_attention_fwd_own(bf16 *out, float *lse, const bf16 *q, const bf16 *
  * pointer) runs our kernels, with one warning per reason: the log-sum-exp
  * state is the same on both paths, so a forward and backward on different
  * paths agree (the start-up self-check compares it). */
+static long g_cudnn_ran, g_cudnn_refused;
+static char g_cudnn_last[512];
+
+extern "C" void cuda_attention_cudnn_counts(long *ran, long *refused, const char **last_refusal) {
+    if (ran) *ran = g_cudnn_ran;
+    if (refused) *refused = g_cudnn_refused;
+    if (last_refusal) *last_refusal = g_cudnn_last;
+}
+
 static void cudnn_refused(const char *err) {
     static char last[512];
+    g_cudnn_refused++;
+    snprintf(g_cudnn_last, sizeof g_cudnn_last, "%s", err);
     if (strcmp(last, err) == 0) return;
     snprintf(last, sizeof last, "%s", err);
     fprintf(stderr, "warning: attention: %s; this call runs our own kernels\n", err);
@@ -368,7 +379,7 @@ void launch_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
     if (cudnn_attention_on()) {
         char err[768];
         check_shape(H, Hkv, Dh);
-        if (cudnn_attention_fwd(out, lse, q, k, v, B, T, H, Hkv, Dh, err, sizeof err) == 0) return;
+        if (cudnn_attention_fwd(out, lse, q, k, v, B, T, H, Hkv, Dh, err, sizeof err) == 0) { g_cudnn_ran++; return; }
         cudnn_refused(err);
     }
     launch_attention_fwd_own(out, lse, q, k, v, B, T, H, Hkv, Dh);
@@ -413,7 +424,10 @@ void launch_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const 
     if (cudnn_attention_on()) {
         char err[768];
         check_shape(H, Hkv, Dh);
-        if (cudnn_attention_bwd(dq, dk, dv, dout, out, q, k, v, lse, B, T, H, Hkv, Dh, err, sizeof err) == 0) return;
+        if (cudnn_attention_bwd(dq, dk, dv, dout, out, q, k, v, lse, B, T, H, Hkv, Dh, err, sizeof err) == 0) {
+            g_cudnn_ran++;
+            return;
+        }
         cudnn_refused(err);
     }
     launch_attention_bwd_own(dq, dk, dv, dout, out, q, k, v, lse, B, T, H, Hkv, Dh);

@@ -156,6 +156,11 @@ int cuda_attention_use(const char *impl);
  * used, or for an unknown name. */
 int cuda_attention_select(const char *mode, char *msg, size_t msglen);
 
+/* Attention calls cuDNN ran, and calls it refused (a shape its engines do
+ * not take, an unaligned tensor: those ran our kernels, one warning per
+ * reason), with the last refusal's reason. */
+void cuda_attention_cudnn_counts(long *ran, long *refused, const char **last_refusal);
+
 /* ---- timing (table.cu) ---- */
 
 /* When on, every table op records events around itself on the compute
