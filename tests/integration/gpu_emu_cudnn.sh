@@ -17,7 +17,7 @@ unset BALLAST_CUDNN_LIB BALLAST_FAKE_CUDNN_LOG BALLAST_FAKE_CUDNN_NO_DEVICE BALL
 D=$(t_tmpdir)
 cd "$ROOT"
 "$BIN/ballast" data synth --out "$D/c.bin" --tokens 20000 --vocab 256 >/dev/null
-COMMON=(--model tests/emu/config.json --init-seed 3 --data "$D/c.bin" --seq-len 32 --micro-batch 2 --threads 1)
+COMMON=(--model tests/emu/config.json --init-seed 3 --data "$D/c.bin" --seq-len 16 --micro-batch 2 --threads 1)
 emu() {  # OUT [flags...]: the emulated worker, its output in $D/OUT
     local out=$1; shift
     timeout 300 "$E/ballast-worker" --backend cuda "${COMMON[@]}" "$@" > "$D/$out" 2>&1
@@ -54,12 +54,6 @@ else t_fail "emu: --attention cudnn without cuDNN stops with the reason" "$(tail
 if emu def.out --steps 0 && line def.out | grep -Eq '(not found \(looked in .*nvidia/cudnn/lib|cudnnCreate: ).*-> own$'; then
     t_ok "emu: auto with the default search picks own: $(line def.out | sed 's/.*attention: //' | cut -c1-90)"
 else t_fail "emu: auto with the default search picks own" "$(line def.out || tail -2 "$D/def.out")"; fi
-# a cuDNN that loads but has no device
-if BALLAST_CUDNN_LIB=$FAKE BALLAST_FAKE_CUDNN_NO_DEVICE=1 emu nodev.out --steps 0 &&
-   line nodev.out | grep -q 'cuDNN 9.19.0 .*cudnnCreate: CUDNN_STATUS_NOT_INITIALIZED.*-> own$'; then
-    t_ok "emu: a cuDNN without a device: auto picks own"
-else t_fail "emu: a cuDNN without a device: auto picks own" "$(line nodev.out || tail -2 "$D/nodev.out")"; fi
-
 wait $P1; RC1=$?
 wait $P2; RC2=$?
 if [ $RC1 = 0 ] && line dnn.out | grep -Eq 'cuDNN 9.19.0: self-check max rel err [0-9.e+-]+ \((out|lse|dq|dk|dv); tolerance 3.2e-02\) -> cudnn$'; then
