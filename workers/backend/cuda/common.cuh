@@ -165,7 +165,7 @@ void launch_attention_bwd_tc(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, con
                              float scale);
 /* our own kernels whatever --attention chose (attention.cu), and cuDNN's
  * fused attention (attention_cudnn.cu: 0 when it ran, -1 with the reason
- * when it refused the call; cudnn_attention_on() once chosen) */
+ * when it refused the call) */
 void launch_attention_fwd_own(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
                               int Hkv, int Dh);
 void launch_attention_bwd_own(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
@@ -175,8 +175,8 @@ int cudnn_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
 int cudnn_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
                         const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh,
                         char *err, size_t errlen);
-bool cudnn_attention_on(void);
-void cudnn_attention_off(void);
+int cudnn_attention_open(char *why, size_t n);   /* load and make the handle: 0, or -1 and why */
+size_t cudnn_attention_version(void);             /* e.g. 91900, once open */
 void launch_attention_decode(bf16 *out, const bf16 *q, const bf16 *kc, const bf16 *vc, int n, int p0, int H, int Hkv,
                              int Dh);                                                  /* decode.cu */
 void lt_init(void);                                                                    /* cublaslt.cu */
