@@ -15,6 +15,10 @@ EMU_SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitiz
 EMU_CXX     ?= g++
 EMU_CXXFLAGS := -std=c++17 -g -O2 -fPIC -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas -fno-strict-aliasing \
                 $(EMU_SAN) -I$(EMU_DIR)/src -Itests/emu/include -I. -Icommon -I$(BUILD)/gen
+# cuDNN's headers (types and constants only: attention_cudnn.cu opens the
+# library at run time), searched after ours so the emulated runtime wins
+EMU_CUDNN_INC := $(firstword $(dir $(wildcard $(CUDA_HOME)/include/cudnn_backend.h /usr/local/cuda/include/cudnn_backend.h)))
+EMU_CXXFLAGS += $(if $(EMU_CUDNN_INC),-idirafter $(EMU_CUDNN_INC))
 EMU_CU_SRCS := $(wildcard workers/backend/cuda/*.cu)
 EMU_CU_OBJS := $(patsubst %.cu,$(EMU_DIR)/obj/%.o,$(EMU_CU_SRCS))
 EMU_CUH     := $(patsubst %,$(EMU_DIR)/src/%,$(wildcard workers/backend/cuda/*.cuh))
@@ -54,6 +58,14 @@ $(EMU_LIBDIR)/libcudart.so: $(EMU_DIR)/obj/tests/emu/runtime.o $(EMU_DIR)/obj/te
 $(EMU_LIBDIR)/libcublasLt.so: $(EMU_DIR)/obj/tests/emu/cublaslt.o $(EMU_LIBDIR)/libcudart.so
 	@echo "  LD   $@"
 	$(Q)$(EMU_CXX) -shared $(EMU_SAN) -Wl,-soname,libcublasLt.so -o $@ $< -L$(EMU_LIBDIR) -lcudart
+# the stand-in cuDNN (cudnn_fake.cc), beside but outside the programs' run
+# path: only BALLAST_CUDNN_LIB reaches it. Needs cuDNN's headers.
+EMU_CUDNN_FAKE := $(if $(EMU_CUDNN_INC),$(EMU_LIBDIR)/cudnn-fake/libcudnn.so.9)
+EMU_SOS += $(EMU_CUDNN_FAKE)
+$(EMU_LIBDIR)/cudnn-fake/libcudnn.so.9: $(EMU_DIR)/obj/tests/emu/cudnn_fake.o $(EMU_LIBDIR)/libcudart.so
+	@mkdir -p $(@D)
+	@echo "  LD   $@"
+	$(Q)$(EMU_CXX) -shared $(EMU_SAN) -Wl,-soname,libcudnn.so.9 -o $@ $< -L$(EMU_LIBDIR) -lcudart
 $(EMU_LIBDIR)/libnccl.so.2: $(EMU_DIR)/obj/tests/emu/nccl.o $(EMU_LIBDIR)/libcudart.so
 	@echo "  LD   $@"
 	$(Q)$(EMU_CXX) -shared $(EMU_SAN) -Wl,-soname,libnccl.so.2 -o $@ $< -L$(EMU_LIBDIR) -lcudart

@@ -43,7 +43,11 @@ static struct {
     bool profile;
     int backend;
     int precision;       /* bench: 0 bf16, 1 fp8 */
+    int attention;       /* index into attention_names */
 } g;
+
+static const char *const attention_names[] = { "auto", "cudnn", "own", "tc", "simt" };
+static int select_attention(void);
 
 static const opt_t options[] = {
     { "model", OPT_STRING, "demo", 0, 0, NULL, "preset or config.json (head_dim must be 64 or 128 on the GPU)", &g.model },
@@ -62,6 +66,7 @@ static const opt_t options[] = {
     { "json", OPT_STRING, NULL, 0, 0, NULL, "append one JSON line of results to FILE", &g.json },
     { "threads", OPT_INT, "0", 0, 4096, NULL, "CPU oracle threads (0: all cores)", &g.threads },
     { "precision", OPT_ENUM, "bf16", 0, 0, "bf16|fp8", "bench: GEMM precision (fp8 needs compute capability 8.9+)", &g.precision },
+    { "attention", OPT_ENUM, "auto", 0, 0, "auto|cudnn|own|tc|simt", "attention on the GPU: auto (cuDNN's fused attention when it loads and passes its self-check, else own), cudnn (that, or stop), own (our tensor-core kernels; tc the same), simt", &g.attention },
     { "backend", OPT_ENUM, "cuda", 0, 0, "cuda|cpu", "check: backend compared with the CPU oracle (cpu tests the harness itself)", &g.backend },
 };
 #define N_OPTS (sizeof options / sizeof options[0])
@@ -199,6 +204,7 @@ static int run_check(const llama_config_t *cfg) {
         }
         gpu = backend_cuda(0, err, sizeof err);
         if (!gpu) { printf("not ok - e2e/%s: %s\n1..1\n", cfg->name, err); return 1; }
+        if (select_attention()) { printf("not ok - e2e/%s: --attention\n1..1\n", cfg->name); return 1; }
     }
     model_t mc, mg;
     if (model_create(&mc, cfg, cpu, B, T, false, err, sizeof err)) { printf("not ok - e2e: cpu model: %s\n1..1\n", err); return 1; }
@@ -263,6 +269,17 @@ static int run_check(const llama_config_t *cfg) {
     return bad || !learns ? 1 : 0;
 }
 
+/* --attention on the GPU backend (after backend_cuda): prints the line
+ * saying which path runs and why; non-zero when it cannot be had. */
+static bool g_on_cudnn;
+static int select_attention(void) {
+    char msg[1536];
+    int rc = cuda_attention_select(attention_names[g.attention], msg, sizeof msg);
+    printf("%s%s\n", rc ? "gpu_train: " : "# ", msg);
+    g_on_cudnn = rc == 0 && strstr(msg, "-> cudnn") != NULL;
+    return rc;
+}
+
 /* ---- bench ---- */
 
 static int run_bench(const llama_config_t *cfg) {
@@ -270,6 +287,7 @@ static int run_bench(const llama_config_t *cfg) {
     int B = (int)g.batch, T = (int)g.seq, N = B * T;
     const backend_t *gpu = backend_cuda(0, err, sizeof err);
     if (!gpu) { fprintf(stderr, "gpu_train: %s\n", err); return 2; }
+    if (select_attention()) return 2;
     if (g.precision == 1 && cuda_set_precision(CUDA_PRECISION_FP8, err, sizeof err)) {
         fprintf(stderr, "gpu_train: %s\n", err);
         return 2;
@@ -332,7 +350,8 @@ static int run_bench(const llama_config_t *cfg) {
         if (f) {
             fprintf(f, "{\"kind\":\"bench\",\"impl\":\"%s\",\"model\":\"%s\",\"seq\":%d,\"batch\":%d,\"act_ckpt\":%s,\"ckpt_mode\":\"%s\","
                        "\"s_per_step\":%.4f,\"tokens_per_s\":%.1f,\"tflops\":%.2f,\"mfu\":%.4f}\n",
-                    g.precision ? "ballast-fp8" : "ballast", cfg->name, T, B, g.act_ckpt ? "true" : "false",
+                    g.precision ? (g_on_cudnn ? "ballast-cudnn-fp8" : "ballast-fp8") : g_on_cudnn ? "ballast-cudnn" : "ballast",
+                    cfg->name, T, B, g.act_ckpt ? "true" : "false",
                     g.act_ckpt == MODEL_CKPT_SELECTIVE ? "selective" : g.act_ckpt ? "full" : "none", dt, tps, flops, flops / g.peak);
             fclose(f);
         }

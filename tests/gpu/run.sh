@@ -200,9 +200,10 @@ OUR_LD=""
 [ -d "$BUNDLE/lib" ] && OUR_LD=$BUNDLE/lib
 ours_env() {   # set OURS from OUR_LD and NCCL_LIB
     local ld=$OUR_LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    OURS=(env ${ld:+"LD_LIBRARY_PATH=$ld"} ${NCCL_LIB:+"BALLAST_NCCL_LIB=$NCCL_LIB"})
+    OURS=(env ${ld:+"LD_LIBRARY_PATH=$ld"} ${NCCL_LIB:+"BALLAST_NCCL_LIB=$NCCL_LIB"} ${CUDNN_LIB:+"BALLAST_CUDNN_LIB=$CUDNN_LIB"})
 }
 NCCL_LIB=""
+CUDNN_LIB=${BALLAST_CUDNN_LIB:-}
 ours_env
 
 # ---- 1. toolchain ----
@@ -254,6 +255,20 @@ EOF
     else
         say "libnccl not found (no BALLAST_NCCL_LIB, no nvidia.nccl for $PY, none in the toolkit): check_nccl will report SKIP"
     fi
+    # libcudnn.so.9 (--attention cudnn|auto, opened at run time by
+    # attention_cudnn.cu): BALLAST_CUDNN_LIB, else PyTorch's nvidia-cudnn
+    # wheel; its headers for the build, from the toolkit or that wheel.
+    # Without them the attention runs our kernels and says why.
+    if [ -z "$CUDNN_LIB" ] && d=$("$PY" -c 'import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], "lib"))' 2>/dev/null) &&
+       [ -e "$d/libcudnn.so.9" ]; then CUDNN_LIB=$d; fi
+    say "libcudnn.so.9: ${CUDNN_LIB:-not found here (BALLAST_CUDNN_LIB, nvidia.cudnn for $PY); attention_cudnn.cu searches itself}"
+    CUDNN_INC=""
+    for d in "$CUDA_ROOT/include" "$CUDA_ROOT/targets/x86_64-linux/include" ${CUDNN_LIB:+"$(dirname "$CUDNN_LIB")/include"} \
+             $(for l in $PIP_LIBDIRS; do echo "$(dirname "$l")/include"; done); do
+        [ -f "$d/cudnn_backend.h" ] && { CUDNN_INC="-I$d"; break; }
+    done
+    [ -n "$CUDNN_INC" ] && say "cudnn_backend.h: ${CUDNN_INC#-I}" ||
+        say "cudnn_backend.h not found: attention_cudnn.cu builds without cuDNN (--attention auto runs our kernels)"
     # cuda_runtime.h for the checks that call the runtime directly
     CUDA_INC=""
     for d in "$CUDA_ROOT/include" "$CUDA_ROOT/targets/x86_64-linux/include" $(for l in $PIP_LIBDIRS; do echo "$(dirname "$l")/include"; done); do
@@ -312,7 +327,7 @@ build_programs() {
         h=$(dirname "$(dirname "$CUBLASLT")")/include
         [ -f "$h/cublasLt.h" ] && CUBLAS_INC="-I$h" || say "cublasLt.h not found next to $CUBLASLT; the build may fail"
     fi
-    NVFLAGS="-O2 -std=c++17 $ARCH -Xcompiler -fPIC,-Wall -I. -Icommon $CUBLAS_INC"
+    NVFLAGS="-O2 -std=c++17 $ARCH -Xcompiler -fPIC,-Wall -I. -Icommon $CUBLAS_INC ${CUDNN_INC:-}"
     CFLAGS="-std=c11 -D_GNU_SOURCE -DGPU_STANDALONE -O2 -g -Wall -Wno-unused-parameter -Wno-missing-field-initializers -fopenmp -pthread -I. -Icommon $CUDA_INC $JANSSON_CFLAGS"
     JOBS=$(nproc 2>/dev/null || echo 4)
     export NVCC_BIN NVFLAGS CC_BIN CFLAGS B
@@ -558,16 +573,34 @@ torch_run() {   # torch_run NAME SECONDS torch_baseline.py-ARGS...: python3 with
 }
 ONE_B=(--model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2)
 SEVEN_B=(--model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 --activation-checkpointing)
+# selective checkpointing where gpu_train takes it (its --help names the value)
+SEVEN_B_SEL=()
+if [ -x "$GPU_TRAIN" ] && "${OURS[@]}" "$GPU_TRAIN" --help 2>&1 | grep -- '--activation-checkpointing' | grep -q selective; then
+    SEVEN_B_SEL=(--model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 --activation-checkpointing selective)
+fi
+# ours runs twice: our kernels (--attention own, impl "ballast") and cuDNN's
+# fused attention (--attention cudnn, impl "ballast-cudnn"; where cuDNN does
+# not load or fails its self-check, gpu_train says why and exits 2, which is
+# reported as a skip). Order: the 1B comparison, then 7B.
 # 4. first the 1B comparison: ours against PyTorch
-if want ours; then gtrain ours-1b 150 bench "${ONE_B[@]}" --json "$RES"
-elif want fp8; then gtrain ours-1b 150 bench "${ONE_B[@]}" --no-profile --json "$RES"; fi
+if want ours; then gtrain ours-1b 150 bench "${ONE_B[@]}" --attention own --json "$RES"
+elif want fp8; then gtrain ours-1b 150 bench "${ONE_B[@]}" --attention own --no-profile --json "$RES"; fi
+want ours && gtrain ours-1b-cudnn 150 bench "${ONE_B[@]}" --attention cudnn --json "$RES"
 want torch && torch_run torch-1b 170 "${ONE_B[@]}" --json "$RES"
 # 4a. then the rest of gpu_train's
 if want fp8; then
     gtrain ours-1b-fp8 120 bench "${ONE_B[@]}" --precision fp8 --no-profile --json "$RES"
 fi
-if want ours; then gtrain ours-7b 180 bench "${SEVEN_B[@]}" --json "$RES"
-elif want fp8; then gtrain ours-7b 180 bench "${SEVEN_B[@]}" --no-profile --json "$RES"; fi
+if want ours; then gtrain ours-7b 180 bench "${SEVEN_B[@]}" --attention own --json "$RES"
+elif want fp8; then gtrain ours-7b 180 bench "${SEVEN_B[@]}" --attention own --no-profile --json "$RES"; fi
+want ours && gtrain ours-7b-cudnn 180 bench "${SEVEN_B[@]}" --attention cudnn --no-profile --json "$RES"
+if want ours && [ ${#SEVEN_B_SEL[@]} -gt 0 ]; then
+    gtrain ours-7b-sel 180 bench "${SEVEN_B_SEL[@]}" --attention own --no-profile --json "$RES"
+    gtrain ours-7b-sel-cudnn 180 bench "${SEVEN_B_SEL[@]}" --attention cudnn --no-profile --json "$RES"
+elif want ours; then
+    say "ours-7b-sel: skipped (gpu_train does not take --activation-checkpointing selective)"
+    echo '{"kind":"skip","what":"ours-7b-sel","why":"no --activation-checkpointing selective"}' >> "$RES"
+fi
 want fp8 && gtrain ours-7b-fp8 180 bench "${SEVEN_B[@]}" --precision fp8 --no-profile --json "$RES"
 
 # ---- 4b. ballast-worker: offload and scale (tests/gpu/bench_lib.sh) ----

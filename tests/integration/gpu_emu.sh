@@ -111,8 +111,10 @@ for src in "$ROOT"/tests/gpu/check_*.c; do
     if [ ! -x "$prog" ]; then t_fail "emu/$name" "$prog was not built"; continue; fi
     args=()
     [ "$name" = check_pool ] && args=(--max-mib 16)
-    # the fused paths (on by default, docs/cuda.md) are what the checks take
-    start_tap "$name" env BALLAST_CUDA_FUSED=1 BALLAST_NCCL_LIB="$ROOT/$BUILD/emu/lib/libnccl.so.2" "$prog" "${args[@]}"
+    # the fused paths (on by default, docs/cuda.md) are what the checks take;
+    # check_attention's cuDNN cases run on the stand-in libcudnn (tests/emu/cudnn_fake.cc)
+    start_tap "$name" env BALLAST_CUDA_FUSED=1 BALLAST_NCCL_LIB="$ROOT/$BUILD/emu/lib/libnccl.so.2" \
+        BALLAST_CUDNN_LIB="$ROOT/$BUILD/emu/lib/cudnn-fake" "$prog" "${args[@]}"
 done
 wait
 

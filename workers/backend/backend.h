@@ -367,7 +367,10 @@ static inline size_t be_xfer_pending(const backend_t *be) { return be->xfer_pend
 
 typedef enum { BACKEND_CPU = 0, BACKEND_CUDA = 1 } backend_kind_t;
 
-typedef enum { BE_ATTENTION_AUTO = 0, BE_ATTENTION_TC, BE_ATTENTION_SIMT } be_attention_t;
+/* --attention, in the option's order: auto (cuDNN when it loads and its
+ * self-check passes, else own), cudnn, own (our tensor-core kernels), and
+ * our two kernels by name */
+typedef enum { BE_ATTENTION_AUTO = 0, BE_ATTENTION_CUDNN, BE_ATTENTION_OWN, BE_ATTENTION_TC, BE_ATTENTION_SIMT } be_attention_t;
 
 /* What to open, from the worker's flags. */
 typedef struct {
@@ -375,7 +378,7 @@ typedef struct {
     int threads;               /* CPU: compute threads; <= 0 = every core */
     int device;                /* CUDA: device ordinal */
     bool fp8;                  /* CUDA: FP8 GEMMs (--precision fp8; compute capability 8.9+) */
-    be_attention_t attention;  /* CUDA: attention kernel (--cuda-attention) */
+    be_attention_t attention;  /* CUDA: attention path (--attention) */
     bool sync;                 /* CUDA: synchronize after every op and check it (--cuda-sync) */
 } backend_spec_t;
 

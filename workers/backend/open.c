@@ -16,6 +16,11 @@ const backend_t *backend_open(const backend_spec_t *spec, char *err, size_t errl
                      "(the CPU backend is fp32)");
             return NULL;
         }
+        if (spec->attention == BE_ATTENTION_CUDNN) {
+            snprintf(err, errlen, "--attention cudnn runs cuDNN's fused attention on a GPU: it needs --backend cuda "
+                     "(the CPU backend has its own fp32 attention only); use --attention auto or own");
+            return NULL;
+        }
         return backend_cpu(spec->threads);
     case BACKEND_CUDA:
         return backend_cuda_open(spec, err, errlen);

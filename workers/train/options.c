@@ -71,7 +71,7 @@ static const opt_t train_options[] = {
     { "threads", OPT_INT, "0", 0, 4096, NULL, "compute threads (0: all cores)", &g_opts.threads },
     { "backend", OPT_ENUM, "cpu", 0, 0, "cpu|cuda", "compute backend: cpu (fp32) or cuda (bf16 on GPU --device)", &g_opts.backend },
     { "device", OPT_INT, "0", 0, 1024, NULL, "GPU index for --backend cuda", &g_opts.device },
-    { "attention", OPT_ENUM, "auto", 0, 0, "auto|tc|simt", "attention kernels on --backend cuda: auto (tensor cores), tc (tensor cores) or simt", &g_opts.attention },
+    { "attention", OPT_ENUM, "auto", 0, 0, "auto|cudnn|own|tc|simt", "attention on --backend cuda: auto (cuDNN's fused attention when libcudnn.so.9 loads and its start-up self-check against our kernels passes, else own), cudnn (that, or stop), own (our tensor-core kernels; tc the same), simt; the CPU backend takes auto or own", &g_opts.attention },
     { "cuda-sync", OPT_BOOL, "false", 0, 0, NULL, "--backend cuda: wait for every kernel and check it, so an error names the kernel that failed (slow; for debugging)", &g_opts.cuda_sync },
     { "precision", OPT_ENUM, "bf16", 0, 0, "bf16|fp8", "GEMM precision on --backend cuda: bf16, or fp8 (compute capability 8.9+: E4M3/E5M2, delayed scaling)", &g_opts.precision },
     { "grad-reduce-dtype", OPT_ENUM, "fp32", 0, 0, "fp32|bf16", "gradient reductions across ranks in fp32, or bf16 (half the traffic; each partial sum rounded to bf16)", &g_opts.grad_reduce_dtype },

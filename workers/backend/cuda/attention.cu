@@ -9,7 +9,9 @@
  * and can be checked line by line against the CPU oracle. Two paths:
  * attention_tc.cu (WMMA tensor cores, the default) and the SIMT kernels
  * here (fp32 FMA: slower, simplest to trust), chosen with
- * the worker's --attention tc|simt (cuda_attention_use()).
+ * cuda_attention_use() (the worker's --attention own is tc). cuDNN's fused
+ * attention (attention_cudnn.cu) is a third path behind the same
+ * launchers, taken only after its start-up self-check against these.
  *
  * Shapes: q, out, dq (B, T, H, Dh); k, v, dk, dv (B, T, Hkv, Dh), bf16;
  * lse (B, H, T) fp32 = log-sum-exp of each query row's scaled scores, the
@@ -23,6 +25,9 @@
  * Softmax is online (running max and sum per row). */
 #include "workers/backend/cuda/common.cuh"
 
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define ATT_WARPS 4
@@ -323,20 +328,26 @@ static void check_shape(int H, int Hkv, int Dh) {
     }
 }
 
+/* true after cuda_attention_select chose cuDNN */
+static bool g_cudnn_on;
+static bool cudnn_attention_on(void) { return g_cudnn_on; }
+static void cudnn_attention_off(void) { g_cudnn_on = false; }
+
 /* 1: tensor cores (attention_tc.cu, the default), 0: SIMT */
 static int g_use_tc = 1;
 
 extern "C" int cuda_attention_use(const char *impl) {
-    if (strcmp(impl, "tc") == 0) g_use_tc = 1;
+    if (strcmp(impl, "tc") == 0 || strcmp(impl, "own") == 0) g_use_tc = 1;
     else if (strcmp(impl, "simt") == 0) g_use_tc = 0;
     else return -1;
+    cudnn_attention_off();
     return 0;
 }
 
 static bool use_tc(void) { return g_use_tc == 1; }
 
-void launch_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
-                          int Hkv, int Dh) {
+void launch_attention_fwd_own(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
+                              int Hkv, int Dh) {
     if (B <= 0 || T <= 0) return;
     check_shape(H, Hkv, Dh);
     dim3 grid((T + ATT_BR - 1) / ATT_BR, H, B);
@@ -346,6 +357,40 @@ void launch_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
     if (Dh == 64) attn_fwd_kernel<64><<<grid, ATT_WARPS * 32, 0, st>>>(out, lse, q, k, v, T, H, Hkv, scale);
     else attn_fwd_kernel<128><<<grid, ATT_WARPS * 32, 0, st>>>(out, lse, q, k, v, T, H, Hkv, scale);
     CUDA_LAUNCH_CHECK("attn_fwd_kernel");
+}
+
+/* A call cuDNN refuses (a shape its engines do not take, an unaligned
+ * pointer) runs our kernels, with one warning per reason: the log-sum-exp
+ * state is the same on both paths, so a forward and backward on different
+ * paths agree (the start-up self-check compares it). */
+static long g_cudnn_ran, g_cudnn_refused;
+static char g_cudnn_last[512];
+
+extern "C" void cuda_attention_cudnn_counts(long *ran, long *refused, const char **last_refusal) {
+    if (ran) *ran = g_cudnn_ran;
+    if (refused) *refused = g_cudnn_refused;
+    if (last_refusal) *last_refusal = g_cudnn_last;
+}
+
+static void cudnn_refused(const char *err) {
+    static char last[512];
+    g_cudnn_refused++;
+    snprintf(g_cudnn_last, sizeof g_cudnn_last, "%s", err);
+    if (strcmp(last, err) == 0) return;
+    snprintf(last, sizeof last, "%s", err);
+    fprintf(stderr, "warning: attention: %s; this call runs our own kernels\n", err);
+}
+
+void launch_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
+                          int Hkv, int Dh) {
+    if (B <= 0 || T <= 0) return;
+    if (cudnn_attention_on()) {
+        char err[768];
+        check_shape(H, Hkv, Dh);
+        if (cudnn_attention_fwd(out, lse, q, k, v, B, T, H, Hkv, Dh, err, sizeof err) == 0) { g_cudnn_ran++; return; }
+        cudnn_refused(err);
+    }
+    launch_attention_fwd_own(out, lse, q, k, v, B, T, H, Hkv, Dh);
 }
 
 template <int DH>
@@ -367,8 +412,8 @@ static void launch_bwd_dh(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const 
     CUDA_LAUNCH_CHECK("attn_bwd_dkdv_kernel");
 }
 
-void launch_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
-                          const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh) {
+void launch_attention_bwd_own(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
+                              const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh) {
     if (B <= 0 || T <= 0) return;
     check_shape(H, Hkv, Dh);
     size_t rows = (size_t)B * T * H;
@@ -379,4 +424,166 @@ void launch_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const 
     if (use_tc()) { launch_attention_bwd_tc(dq, dk, dv, dout, q, k, v, lse, dvec, B, T, H, Hkv, Dh, scale); return; }
     if (Dh == 64) launch_bwd_dh<64>(dq, dk, dv, dout, q, k, v, lse, dvec, B, T, H, Hkv, scale);
     else launch_bwd_dh<128>(dq, dk, dv, dout, q, k, v, lse, dvec, B, T, H, Hkv, scale);
+}
+
+void launch_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
+                          const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh) {
+    if (B <= 0 || T <= 0) return;
+    if (cudnn_attention_on()) {
+        char err[768];
+        check_shape(H, Hkv, Dh);
+        if (cudnn_attention_bwd(dq, dk, dv, dout, out, q, k, v, lse, B, T, H, Hkv, Dh, err, sizeof err) == 0) {
+            g_cudnn_ran++;
+            return;
+        }
+        cudnn_refused(err);
+    }
+    launch_attention_bwd_own(dq, dk, dv, dout, out, q, k, v, lse, B, T, H, Hkv, Dh);
+}
+
+/* The self-check's tolerance on max |cudnn - own| / max |own| per tensor;
+ * see cuda_attention_select. */
+#define ATT_CHECK_TOL 3.2e-2
+
+/* ---- the self-check and the choice ---- */
+
+/* max |a - b| / max |b| over n values (inf when a has a NaN or b is all 0). */
+static double rel_err(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d == d)) return INFINITY;
+        if (d > num) num = d;
+        if (fabs(b[i]) > den) den = fabs(b[i]);
+    }
+    return den > 0 ? num / den : INFINITY;
+}
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float urand(void) { /* uniform in [-1, 1) */
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / 8388608.0)) - 1.f;
+}
+
+static void to_device_bf16(bf16 *d, const float *h, size_t n) {
+    uint16_t *t = (uint16_t *)malloc(n * 2);
+    for (size_t i = 0; i < n; i++) t[i] = cuda_f32_to_bf16(h[i]);
+    CUDA_CHECK(cudaMemcpy(d, t, n * 2, cudaMemcpyHostToDevice));
+    free(t);
+}
+static void from_device_bf16(float *h, const bf16 *d, size_t n) {
+    uint16_t *t = (uint16_t *)malloc(n * 2);
+    CUDA_CHECK(cudaMemcpy(t, d, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) h[i] = cuda_bf16_to_f32(t[i]);
+    free(t);
+}
+
+/* One random case on both paths: the largest relative error over out,
+ * lse, dq, dk and dv into *worst (and its name), -1 with err when cuDNN
+ * refused to run it. */
+static int self_check_case(int B, int T, int H, int Hkv, int Dh, double *worst, const char **what, char *err,
+                           size_t errlen) {
+    size_t nq = (size_t)B * T * H * Dh, nk = (size_t)B * T * Hkv * Dh, nl = (size_t)B * H * T;
+    size_t nbuf[5] = { nq, nl, nq, nk, nk };
+    const char *names[5] = { "out", "lse", "dq", "dk", "dv" };
+    float *hq = (float *)malloc(nq * 4), *hk = (float *)malloc(nk * 4), *hv = (float *)malloc(nk * 4),
+          *hdo = (float *)malloc(nq * 4);
+    for (size_t i = 0; i < nq; i++) { hq[i] = 2.f * urand(); hdo[i] = urand(); }
+    for (size_t i = 0; i < nk; i++) { hk[i] = 2.f * urand(); hv[i] = urand(); }
+    bf16 *q, *k, *v, *dout, *o[2], *dq[2], *dk[2], *dv[2];
+    float *lse[2];
+    CUDA_CHECK(cudaMalloc(&q, nq * 2)); CUDA_CHECK(cudaMalloc(&k, nk * 2)); CUDA_CHECK(cudaMalloc(&v, nk * 2));
+    CUDA_CHECK(cudaMalloc(&dout, nq * 2));
+    for (int s = 0; s < 2; s++) {
+        CUDA_CHECK(cudaMalloc(&o[s], nq * 2)); CUDA_CHECK(cudaMalloc(&dq[s], nq * 2));
+        CUDA_CHECK(cudaMalloc(&dk[s], nk * 2)); CUDA_CHECK(cudaMalloc(&dv[s], nk * 2));
+        CUDA_CHECK(cudaMalloc(&lse[s], nl * 4));
+    }
+    to_device_bf16(q, hq, nq); to_device_bf16(k, hk, nk); to_device_bf16(v, hv, nk); to_device_bf16(dout, hdo, nq);
+    launch_attention_fwd_own(o[0], lse[0], q, k, v, B, T, H, Hkv, Dh);
+    launch_attention_bwd_own(dq[0], dk[0], dv[0], dout, o[0], q, k, v, lse[0], B, T, H, Hkv, Dh);
+    int rc = cudnn_attention_fwd(o[1], lse[1], q, k, v, B, T, H, Hkv, Dh, err, errlen);
+    if (rc == 0) rc = cudnn_attention_bwd(dq[1], dk[1], dv[1], dout, o[1], q, k, v, lse[1], B, T, H, Hkv, Dh, err, errlen);
+    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream()));
+    if (rc == 0) {
+        float *a = (float *)malloc(nq * 4), *b = (float *)malloc(nq * 4);
+        for (int t = 0; t < 5; t++) {
+            if (t == 1) {
+                CUDA_CHECK(cudaMemcpy(a, lse[1], nl * 4, cudaMemcpyDeviceToHost));
+                CUDA_CHECK(cudaMemcpy(b, lse[0], nl * 4, cudaMemcpyDeviceToHost));
+            } else {
+                bf16 *const *bufs = t == 0 ? o : t == 2 ? dq : t == 3 ? dk : dv;
+                from_device_bf16(a, bufs[1], nbuf[t]);
+                from_device_bf16(b, bufs[0], nbuf[t]);
+            }
+            double e = rel_err(a, b, nbuf[t]);
+            if (!(e <= *worst)) { *worst = e; *what = names[t]; }
+        }
+        free(a); free(b);
+    }
+    cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(dout);
+    for (int s = 0; s < 2; s++) { cudaFree(o[s]); cudaFree(dq[s]); cudaFree(dk[s]); cudaFree(dv[s]); cudaFree(lse[s]); }
+    free(hq); free(hk); free(hv); free(hdo);
+    return rc;
+}
+
+
+/* --attention auto|cudnn|own (tc and simt pick one of our kernels; own is
+ * tc). auto and cudnn load cuDNN and run the self-check: a causal GQA case
+ * (B 1, T 80 (a partial tile on both paths), H 4, Hkv 2) at Dh 64 and 128,
+ * random bf16 inputs in [-2, 2) (q, k) and [-1, 1) (v, dout), each of out,
+ * lse, dq, dk, dv compared as max |cudnn - own| / max |own|.
+ *
+ * The tolerance, ATT_CHECK_TOL = 3.2e-2 = 16 u with u = 2^-9 the unit
+ * roundoff of bf16: both paths read the same bf16 inputs and accumulate in
+ * fp32, so they differ by their roundings to bf16: the output once each
+ * (u), the probabilities before the P V and P^T dO products (u per term,
+ * at most u max|out| in the sum), dS before dS^T Q and dS K (the same),
+ * and in the backward the (dP - D) difference cancels, which scales the
+ * rounding of P and dS by up to a few times the ratio of max|dP| to
+ * max|dS|; 16 u bounds that with room. A wrong mask, scale, head mapping
+ * or stats convention gives errors of order 1 (0.1 or more) and fails.
+ * lse is fp32 on both sides (agreement ~1e-6).
+ *
+ * msg gets one line saying what was chosen and why. Returns 0, or -1 when
+ * cudnn was asked for and cannot be used (msg says why); unknown names
+ * -1 too. */
+extern "C" int cuda_attention_select(const char *mode, char *msg, size_t msglen) {
+    g_cudnn_on = false;
+    if (strcmp(mode, "own") == 0 || strcmp(mode, "tc") == 0 || strcmp(mode, "simt") == 0) {
+        cuda_attention_use(strcmp(mode, "simt") == 0 ? "simt" : "tc");
+        snprintf(msg, msglen, "attention: --attention %s -> own (%s kernels)", mode,
+                 strcmp(mode, "simt") == 0 ? "SIMT" : "tensor-core");
+        return 0;
+    }
+    bool must = strcmp(mode, "cudnn") == 0;
+    if (!must && strcmp(mode, "auto") != 0) {
+        snprintf(msg, msglen, "--attention %s: unknown; use auto, cudnn or own", mode);
+        return -1;
+    }
+    cuda_attention_use("tc");
+    char why[1024];
+    if (cudnn_attention_open(why, sizeof why)) {
+        snprintf(msg, msglen, "attention: %s -> %s", why, must ? "--attention cudnn cannot run (use auto or own)" : "own");
+        return must ? -1 : 0;
+    }
+    size_t ver = cudnn_attention_version();
+    double worst = 0;
+    const char *what = "out";
+    int dhs[2] = { 64, 128 };
+    for (int i = 0; i < 2; i++) {
+        if (self_check_case(1, 80, 4, 2, dhs[i], &worst, &what, why, sizeof why)) {
+            snprintf(msg, msglen, "attention: cuDNN %zu.%zu.%zu: self-check could not run: %s -> %s",
+                     ver / 10000, ver / 100 % 100, ver % 100, why,
+                     must ? "--attention cudnn cannot run (use auto or own)" : "own");
+            return must ? -1 : 0;
+        }
+    }
+    bool ok = worst <= ATT_CHECK_TOL;
+    snprintf(msg, msglen, "attention: cuDNN %zu.%zu.%zu: self-check max rel err %.2e (%s; tolerance %.1e) -> %s",
+             ver / 10000, ver / 100 % 100, ver % 100, worst, what, ATT_CHECK_TOL,
+             ok ? "cudnn" : must ? "--attention cudnn refused (use auto or own)" : "own");
+    if (!ok) return must ? -1 : 0;
+    g_cudnn_on = true;
+    return 0;
 }

@@ -143,9 +143,23 @@ double cuda_sumsq_multi(const float *const *xs, const size_t *ns, int count);
 
 /* ---- attention path (attention.cu) ---- */
 
-/* "tc" (tensor cores, the default) or "simt" (--attention). 0, or -1 for
- * an unknown name. */
+/* One of our own kernels: "tc" (tensor cores, the default; "own" is the
+ * same) or "simt". Turns cuDNN's path off. 0, or -1 for an unknown name. */
 int cuda_attention_use(const char *impl);
+
+/* --attention auto|cudnn|own (or tc|simt), after backend_cuda(): auto and
+ * cudnn load libcudnn.so.9 (attention_cudnn.cu says where it looks;
+ * BALLAST_CUDNN_LIB names it) and compare its fused attention with our
+ * kernels on a small random case (out, lse, dq, dk, dv); auto takes cuDNN
+ * when that passes, our kernels otherwise. msg gets the one line saying
+ * which and why. -1 (msg says why) when cudnn was asked for and cannot be
+ * used, or for an unknown name. */
+int cuda_attention_select(const char *mode, char *msg, size_t msglen);
+
+/* Attention calls cuDNN ran, and calls it refused (a shape its engines do
+ * not take, an unaligned tensor: those ran our kernels, one warning per
+ * reason), with the last refusal's reason. */
+void cuda_attention_cudnn_counts(long *ran, long *refused, const char **last_refusal);
 
 /* ---- timing (table.cu) ---- */
 

@@ -129,7 +129,7 @@ void cuda_op_scope(int s);   /* gemm_fp8.cu: the scope FP8 states are keyed by *
 /* Device scratch that grows on demand, one buffer per slot (runtime.cu).
  * Contents are undefined; a slot is owned by one op for the op's duration.
  * Growing frees the old buffer (cudaFree synchronizes the device). */
-enum { SCRATCH_RMSNORM, SCRATCH_ATTN, SCRATCH_NORM, SCRATCH_EMBED, SCRATCH_ROPE, SCRATCH_MMRES, SCRATCH_NSLOTS };
+enum { SCRATCH_RMSNORM, SCRATCH_ATTN, SCRATCH_NORM, SCRATCH_EMBED, SCRATCH_ROPE, SCRATCH_MMRES, SCRATCH_CUDNN, SCRATCH_NSLOTS };
 void *cuda_scratch(int slot, size_t bytes);
 
 /* ---- op launchers, one family per file; pointers are device memory ---- */
@@ -163,6 +163,20 @@ void launch_attention_fwd_tc(bf16 *out, float *lse, const bf16 *q, const bf16 *k
 void launch_attention_bwd_tc(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                              const bf16 *v, const float *lse, const float *dvec, int B, int T, int H, int Hkv, int Dh,
                              float scale);
+/* our own kernels whatever --attention chose (attention.cu), and cuDNN's
+ * fused attention (attention_cudnn.cu: 0 when it ran, -1 with the reason
+ * when it refused the call) */
+void launch_attention_fwd_own(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
+                              int Hkv, int Dh);
+void launch_attention_bwd_own(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
+                              const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh);
+int cudnn_attention_fwd(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
+                        int Hkv, int Dh, char *err, size_t errlen);
+int cudnn_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *out, const bf16 *q,
+                        const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh,
+                        char *err, size_t errlen);
+int cudnn_attention_open(char *why, size_t n);   /* load and make the handle: 0, or -1 and why */
+size_t cudnn_attention_version(void);             /* e.g. 91900, once open */
 void launch_attention_decode(bf16 *out, const bf16 *q, const bf16 *kc, const bf16 *vc, int n, int p0, int H, int Hkv,
                              int Dh);                                                  /* decode.cu */
 void lt_init(void);                                                                    /* cublaslt.cu */

@@ -9,6 +9,10 @@
 #define BALLAST_CUDA_WITH_CUBLAS
 #include "workers/backend/cuda/common.cuh"
 
+extern "C" {
+#include "log.h"
+}
+
 #include <string.h>
 
 /* ---- per-op timing ---- */
@@ -379,7 +383,13 @@ extern "C" const backend_t *backend_cuda_open(const backend_spec_t *spec, char *
         return NULL;
     }
     if (spec->fp8 && cuda_set_precision(CUDA_PRECISION_FP8, err, errlen)) return NULL;
-    if (spec->attention != BE_ATTENTION_AUTO) cuda_attention_use(spec->attention == BE_ATTENTION_SIMT ? "simt" : "tc");
+    static const char *const att_names[] = { "auto", "cudnn", "own", "tc", "simt" };
+    char att_msg[1536];
+    if (cuda_attention_select(att_names[spec->attention], att_msg, sizeof att_msg)) {
+        snprintf(err, errlen, "%s", att_msg);
+        return NULL;
+    }
+    log_info("%s", att_msg);
     cuda_set_sync(spec->sync);
     return be;
 }
