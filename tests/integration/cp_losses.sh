@@ -8,6 +8,7 @@
 #   (replicas, S, T, C) = (1, 1, 1, 4)  checkpointing off, offload off
 #                         (1, 1, 1, 4)  checkpointing on,  activation offload on
 #                         (1, 2, 1, 2)  checkpointing on,  offload off
+#                         (1, 1, 1, 2)  selective checkpointing, activation offload on
 #                         (1, 1, 2, 2)  checkpointing off, activation offload on
 #                         (2, 1, 1, 2)  checkpointing off, offload off
 #                         (1, 1, 1, 2)  world 2
@@ -56,10 +57,11 @@ else t_fail "reference run" "$(tail -3 "$D/ref.out")"; t_done; exit 1; fi
 A1=$(act "$D/ref.jsonl")
 LIMIT=$((A1 / 2))
 
-run() {  # name nproc R S T C ckpt(on|off) offload(on|off) [flags...]
+run() {  # name nproc R S T C ckpt(on|sel|off) offload(on|off) [flags...]
     local name=$1 np=$2 R=$3 S=$4 T=$5 C=$6 ck=$7 off=$8 flag=()
     shift 8
     [ "$ck" = on ] && flag+=(--activation-checkpointing)
+    [ "$ck" = sel ] && flag+=(--activation-checkpointing selective)
     [ "$off" = on ] && flag+=(--activation-offload --offload-socket "$SOCK" --offload-job "$name")
     local what="(replicas $R, S $S, T $T, C $C), checkpointing $ck, activation offload $off"
     if ! timeout 120 "$B" train --nproc "$np" "${RUN[@]}" "${flag[@]}" "$@" --micro-batch $((GB / (R * S))) \
@@ -78,6 +80,7 @@ run() {  # name nproc R S T C ckpt(on|off) offload(on|off) [flags...]
 run c4 4 1 1 1 4 off off --max-activation-bytes $LIMIT
 run c4-ck-off 4 1 1 1 4 on on
 run c2-s2 4 1 2 1 2 on off
+run c2-sel 2 1 1 1 2 sel on
 run c2-t2 4 1 1 2 2 off on
 run c2-r2 4 2 1 1 2 off off
 run c2 2 1 1 1 2 off off "${VAL[@]}" --ckpt-dir "$D/ck2" --ckpt-every 5
