@@ -198,7 +198,7 @@ static inline const char *rp_detail_text(uint32_t d) {
         "key kind must be 1..4 (ACTIVATION, OPTIMIZER_STATE, PARAM, OTHER)",
         "length is 0 or larger than the largest blob",
         "region is not the one this session holds for the key",
-        "session quota exceeded: free blobs or open the session with a larger quota",
+        "session quota exceeded: free blobs, or open the session with a larger quota (up to ballastd's --session-quota)",
         "pool full and nothing can be evicted", "key already exists: free it first",
         "no such key (never committed, freed, or lost in a crash before its ack)",
         "this session holds no region for the key", "crc32c mismatch on read-back",

@@ -1324,7 +1324,7 @@ status_t store_put_alloc(store_t *s, uint64_t sid, const store_key_t *key, uint6
     }
     if (st == STATUS_OK && se->quota && se->used + alen > se->quota) {
         errbuf_set(err, errlen, "session quota exceeded: %llu of %llu bytes used, this put needs %llu "
-               "(free blobs or open the session with a larger quota)", (unsigned long long)se->used,
+               "(free blobs, or open the session with a larger quota, up to ballastd's --session-quota)", (unsigned long long)se->used,
                (unsigned long long)se->quota, (unsigned long long)alen);
         st = STATUS_QUOTA_EXCEEDED;
     }
