@@ -58,4 +58,9 @@ out=$(BALLAST_LOG_FORMAT=json "$B" train --model tiny --data "$D/c.bin" --micro-
       --log-json "$D/no-such-dir/r.jsonl" 2>&1)
 if echo "$out" | grep -q '^{.*"level": *"error".*no-such-dir'; then t_ok "BALLAST_LOG_FORMAT=json: the error is a JSON line"
 else t_fail "BALLAST_LOG_FORMAT=json" "$(echo "$out" | tail -2)"; fi
+bad=$(shuf -n 1 -e xml yaml 1 JSONL)
+out=$(BALLAST_LOG_FORMAT=$bad "$BD" --help 2>&1 >/dev/null)
+if [ "$(echo "$out" | grep -c "BALLAST_LOG_FORMAT='$bad' is not text or json")" = 1 ]; then
+    t_ok "BALLAST_LOG_FORMAT=$bad: one warning naming the accepted values"
+else t_fail "BALLAST_LOG_FORMAT=$bad warns once" "got: $out"; fi
 t_done
