@@ -127,7 +127,7 @@ typedef struct srv_thread srv_thread_t;
 enum { SC_REQUESTED = 1, SC_SENDING };
 
 /* One posted request and, once matched, the call it became. Owned by the
- * thread whose queue it was posted on. */
+ * thread that took its event off the queue (th is set to it then). */
 typedef struct {
     int state;                    /* SC_REQUESTED | SC_SENDING */
     int method;                   /* index into srv->methods; -1 = catch-all */
@@ -145,13 +145,19 @@ typedef struct {
 struct srv_thread {
     rpc_server_t *srv;
     int index;                    /* 0..N-1 */
-    grpc_completion_queue *cq;
+    grpc_completion_queue *cq;    /* the server's one queue */
     pthread_t tid;
     bool started;
 };
 
 struct rpc_server {
     grpc_server *gs;
+    /* One completion queue that every server thread waits on. With a queue
+     * per thread, a call read by the thread polling its connection was often
+     * matched to a request posted on another thread's queue, and that thread
+     * had to be woken: two context switches per call when both share a CPU.
+     * On one queue the thread that read the call usually takes it. */
+    grpc_completion_queue *cq;
     int nthreads;
     size_t max_msg;                               /* bytes */
     srv_thread_t *threads;                        /* [nthreads] */
@@ -534,6 +540,7 @@ static void on_event(srv_thread_t *th, srv_call_t *sc, bool ok) {
     pthread_mutex_lock(&s->mu);
     s->live_calls++;
     pthread_mutex_unlock(&s->mu);
+    sc->th = th; /* posted by any thread, now this one's */
 
     if (sc->method < 0) {
         /* catch-all: repost first, nothing here blocks */
@@ -748,12 +755,13 @@ rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t er
     };
     grpc_channel_args ca = {.num_args = 2, .args = args};
     s->gs = grpc_server_create(&ca, NULL);
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(s->gs, s->cq, NULL);
     for (int i = 0; i < s->nthreads; i++) {
         srv_thread_t *th = &s->threads[i];
         th->srv = s;
         th->index = i;
-        th->cq = grpc_completion_queue_create_for_next(NULL);
-        grpc_server_register_completion_queue(s->gs, th->cq, NULL);
+        th->cq = s->cq;
     }
     rpc_server_set_health(s, "", RPC_HEALTH_SERVING);
     rpc_method_t hm = {HEALTH_CHECK_PATH, &grpc__health__v1__health_check_request__descriptor,
@@ -958,53 +966,31 @@ void rpc_server_stop(rpc_server_t *s, int grace_ms) {
 
     bool any_thread = false;
     for (int i = 0; i < s->nthreads; i++) any_thread |= s->threads[i].started;
+    grpc_server_shutdown_and_notify(s->gs, s->cq, &s->shutdown_tag);
     if (s->started && any_thread) {
-        grpc_server_shutdown_and_notify(s->gs, s->threads[0].cq, &s->shutdown_tag);
         struct timespec dl = clock_after((grace_ms > 0 ? grace_ms : 0) * 1e-3);
         if (!wait_quiet(s, &dl)) {
             grpc_server_cancel_all_calls(s->gs);
             wait_quiet(s, NULL);
         }
-        for (int i = 0; i < s->nthreads; i++) grpc_completion_queue_shutdown(s->threads[i].cq);
-        for (int i = 0; i < s->nthreads; i++) {
-            srv_thread_t *th = &s->threads[i];
-            if (th->started) {
-                pthread_join(th->tid, NULL);
-                continue;
-            }
-            /* a thread that failed to start: drain its queue here */
-            for (;;) {
-                grpc_event ev = grpc_completion_queue_next(th->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                                           NULL);
-                if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
-                if (ev.type == GRPC_OP_COMPLETE) sc_free(ev.tag);
-            }
-        }
-    } else {
-        /* Never served (or no thread started): drain the queues here. */
-        grpc_server_shutdown_and_notify(s->gs, s->threads[0].cq, &s->shutdown_tag);
-        grpc_server_cancel_all_calls(s->gs);
-        for (int i = 0; i < s->nthreads; i++) {
-            srv_thread_t *th = &s->threads[i];
-            if (i == 0) { /* wait for the shutdown tag first */
-                for (;;) {
-                    grpc_event ev = grpc_completion_queue_next(
-                        th->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
-                    if (ev.type != GRPC_OP_COMPLETE) break;
-                    if (ev.tag == &s->shutdown_tag) break;
-                    sc_free(ev.tag);
-                }
-            }
-        }
-        for (int i = 0; i < s->nthreads; i++) {
-            srv_thread_t *th = &s->threads[i];
-            grpc_completion_queue_shutdown(th->cq);
-            for (;;) {
-                grpc_event ev = grpc_completion_queue_next(th->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                                           NULL);
-                if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
-                if (ev.type == GRPC_OP_COMPLETE && ev.tag != &s->shutdown_tag) sc_free(ev.tag);
-            }
+        /* the running threads drain the queue and return at its shutdown */
+        grpc_completion_queue_shutdown(s->cq);
+        for (int i = 0; i < s->nthreads; i++)
+            if (s->threads[i].started) pthread_join(s->threads[i].tid, NULL);
+        return;
+    }
+    /* Never served (or no thread started): drain the queue here, shutting it
+     * down once the shutdown tag came. */
+    grpc_server_cancel_all_calls(s->gs);
+    for (bool down = false;;) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
+        if (ev.type != GRPC_OP_COMPLETE) continue;
+        if (ev.tag != &s->shutdown_tag) {
+            sc_free(ev.tag);
+        } else if (!down) {
+            down = true;
+            grpc_completion_queue_shutdown(s->cq);
         }
     }
 }
@@ -1019,8 +1005,7 @@ void rpc_server_free(rpc_server_t *s) {
     free(s->tls_cert);
     free(s->tls_key);
     free(s->tls_ca);
-    for (int i = 0; i < s->nthreads; i++)
-        if (s->threads[i].cq) grpc_completion_queue_destroy(s->threads[i].cq);
+    if (s->cq) grpc_completion_queue_destroy(s->cq);
     for (size_t i = 0; i < s->nmethods; i++) free(s->methods[i].path);
     free(s->methods);
     for (size_t i = 0; i < s->nhealth; i++) free(s->health[i].service);

@@ -2,7 +2,7 @@
  * carrying protobuf-c messages.
  *
  * Server: a method table (path -> handler + request/response descriptors),
- * N threads each polling its own completion queue, a catch-all answering
+ * N threads waiting on one completion queue, a catch-all answering
  * UNIMPLEMENTED for unknown paths, a maximum message size, the standard
  * grpc.health.v1.Health/Check, and a clean stop. Client: a reusable,
  * thread-safe channel; one blocking call per rpc_call with a deadline and an
@@ -76,7 +76,7 @@ typedef struct {
 } rpc_method_t;
 
 typedef struct {
-    int threads;               /* server threads (one completion queue each); 0 = RPC_DEFAULT_THREADS */
+    int threads;               /* server threads (sharing one completion queue); 0 = RPC_DEFAULT_THREADS */
     size_t max_msg_bytes;      /* largest request/response accepted, bytes; 0 = RPC_DEFAULT_MAX_MSG */
     const shm_uidset_t *unix_peers; /* peers allowed on Unix listeners; NULL = our uid and root */
     bool unix_group_set;       /* chown Unix socket files to unix_gid */
