@@ -271,7 +271,7 @@ out:
     }
     if (q->op != RP_OP_NOP) {
         store_session_stats_t ss;
-        if (store_session_stats(m->store, s->sid, &ss) == STATUS_OK) c->used_bytes = ss.used_bytes;
+        if (store_session_usage(m->store, s->sid, &ss) == STATUS_OK) c->used_bytes = ss.used_bytes;
     }
 }
 
@@ -618,7 +618,7 @@ static void *reaper_main(void *arg) {
             bool expire = false;
             if (s->detached) {
                 store_session_stats_t ss;
-                expire = store_session_stats(m->store, s->sid, &ss) != STATUS_OK || ss.blobs == 0;
+                expire = store_session_usage(m->store, s->sid, &ss) != STATUS_OK || ss.blobs == 0;
             } else {
                 expire = now - atomic_load_explicit(&s->last_ns, memory_order_relaxed) > lease_ns;
             }
@@ -634,7 +634,7 @@ static void *reaper_main(void *arg) {
             if (!s->detached) {
                 atomic_fetch_add(&m->expired, 1);
                 store_session_stats_t ss = { 0 };
-                store_session_stats(m->store, s->sid, &ss);
+                store_session_usage(m->store, s->sid, &ss);
                 log_warn("session %016llx (job %s rank %u pid %d) %s: freeing its non-persistent "
                          "blobs (%llu bytes charged)", (unsigned long long)s->sid, s->job, s->rank,
                          (int)s->pid, atomic_load(&s->broken) ? "has a corrupt ring" : "lease expired",
@@ -873,7 +873,7 @@ status_t sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *free
         unlink_locked(m, s);
         pthread_mutex_unlock(&m->mu);
         store_session_stats_t ss = { 0 };
-        store_session_stats(m->store, sid, &ss);
+        store_session_usage(m->store, sid, &ss);
         if (freed_bytes) *freed_bytes = ss.used_bytes;
         sess_destroy(m, s, true);
     }
@@ -898,7 +898,7 @@ status_t sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *
     if (lease_s) *lease_s = m->cfg.lease_s;
     if (used) {
         store_session_stats_t ss = { 0 };
-        store_session_stats(m->store, sid, &ss);
+        store_session_usage(m->store, sid, &ss);
         *used = ss.used_bytes;
     }
     return STATUS_OK;
@@ -989,7 +989,7 @@ status_t sess_list(sess_mgr_t *m, sess_row_t **rows, size_t *n) {
     pthread_mutex_unlock(&m->mu);
     for (size_t j = 0; j < i; j++) {
         store_session_stats_t ss = { 0 };
-        if (store_session_stats(m->store, r[j].sid, &ss) == STATUS_OK) r[j].used = ss.used_bytes;
+        if (store_session_usage(m->store, r[j].sid, &ss) == STATUS_OK) r[j].used = ss.used_bytes;
     }
     *rows = r;
     *n = i;

@@ -1215,16 +1215,28 @@ int store_drop_session(store_t *s, uint64_t sid) {
     return freed;
 }
 
-status_t store_session_stats(store_t *s, uint64_t sid, store_session_stats_t *out) {
-    pthread_mutex_lock(&s->mu);
-    session_t *se = session_find(s, sid);
-    if (!se) { pthread_mutex_unlock(&s->mu); return STATUS_NO_SESSION; }
+static void session_counters(const session_t *se, store_session_stats_t *out) {
     memset(out, 0, sizeof *out);
-    out->sid = sid;
+    out->sid = se->sid;
     out->quota_bytes = se->quota;
     out->used_bytes = se->used;
     out->blobs = se->blobs;
     out->pins = se->pins;
+}
+
+status_t store_session_usage(store_t *s, uint64_t sid, store_session_stats_t *out) {
+    pthread_mutex_lock(&s->mu);
+    session_t *se = session_find(s, sid);
+    if (se) session_counters(se, out);
+    pthread_mutex_unlock(&s->mu);
+    return se ? STATUS_OK : STATUS_NO_SESSION;
+}
+
+status_t store_session_stats(store_t *s, uint64_t sid, store_session_stats_t *out) {
+    pthread_mutex_lock(&s->mu);
+    session_t *se = session_find(s, sid);
+    if (!se) { pthread_mutex_unlock(&s->mu); return STATUS_NO_SESSION; }
+    session_counters(se, out);
     for (uint64_t i = 0; i < s->nhash; i++)
         for (blob_t *b = s->hash[i]; b; b = b->hnext)
             if (b->owner == sid) {

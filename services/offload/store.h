@@ -225,8 +225,14 @@ typedef struct {
     uint64_t pins;         /* pins it holds */
 } store_session_stats_t;
 
-/* Usage of one session; STATUS_NO_SESSION if unknown. */
+/* Usage of one session; STATUS_NO_SESSION if unknown. Walks every blob for
+ * the pool/NVMe split: for the Stats RPC, not for every request. */
 status_t store_session_stats(store_t *s, uint64_t sid, store_session_stats_t *out);
+
+/* The counters of store_session_stats without the walk (pool_bytes and
+ * nvme_bytes stay 0), in time independent of the number of blobs: what
+ * every ring completion and Heartbeat reports. */
+status_t store_session_usage(store_t *s, uint64_t sid, store_session_stats_t *out);
 
 /* ---- blob operations (sid: the calling session) ---- */
 

@@ -396,6 +396,43 @@ Test(store, quota_is_per_session) {
     remove_dir();
 }
 
+/* store_session_usage (every completion and Heartbeat) keeps the counters
+ * store_session_stats (the Stats RPC, which walks every blob) reports, over
+ * random puts and frees in two sessions whose blobs spill. */
+Test(store, session_usage_matches_stats) {
+    make_dir();
+    store_config_t c = small_cfg(4u << 20, true);
+    store_t *s = open_store(&c);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
+    cr_assert_eq(store_session_open(s, 2, 0), STATUS_OK);
+    uint64_t rs = th_seed(0x5e551011) | 1, live[2] = { 0, 0 };
+    for (int i = 0; i < 60; i++) {
+        uint64_t sid = 1 + th_xorshift64(&rs) % 2, idx = th_xorshift64(&rs) % 24;
+        store_key_t k = key_of(5, (uint32_t)sid, idx);
+        if (th_xorshift64(&rs) % 3 == 0) {
+            if (store_free(s, sid, &k) == STATUS_OK) live[sid - 1]--;
+        } else if (store_info(s, &k, &(store_blob_info_t){ 0 }) == STATUS_NOT_FOUND) {
+            cr_assert_eq(put_gen(s, sid, &k, th_xorshift64(&rs), 1 + th_xorshift64(&rs) % (700u << 10), 0), STATUS_OK);
+            live[sid - 1]++;
+        }
+        for (uint64_t j = 1; j <= 2; j++) {
+            store_session_stats_t a, b;
+            cr_assert_eq(store_session_usage(s, j, &a), STATUS_OK);
+            cr_assert_eq(store_session_stats(s, j, &b), STATUS_OK);
+            cr_assert_eq(a.used_bytes, b.used_bytes, "step %d session %llu", i, (unsigned long long)j);
+            cr_assert_eq(a.blobs, b.blobs);
+            cr_assert_eq(a.blobs, live[j - 1]);
+            cr_assert_eq(a.pins, b.pins);
+            cr_assert_eq(a.quota_bytes, b.quota_bytes);
+            cr_assert_eq(b.pool_bytes + b.nvme_bytes, b.used_bytes, "the walk's split adds up");
+        }
+    }
+    store_session_stats_t a;
+    cr_assert_eq(store_session_usage(s, 3, &a), STATUS_NO_SESSION);
+    store_close(s);
+    remove_dir();
+}
+
 /* ---- pins ---- */
 
 Test(store, pinned_blobs_are_never_evicted) {
