@@ -13,10 +13,18 @@
  * are the median and the lowest and highest over the rounds. Every pool
  * round trip is checked (dst == src) outside the timed part. --cpu pins
  * this process (the pool's pages are touched where it runs).
- * Latency: NOP ring round trips and Heartbeat RPCs over the Unix socket,
- * p50 and p99 of --lat-iters each (0: none).
+ * Latency, each against its bare baseline (tests/lib/bare_peers.h), both
+ * forked before this process starts a thread and pinned to --peer-cpu:
+ * NOP ring round trips against an eventfd ping-pong peer, and Heartbeat RPCs
+ * over the Unix socket against a bare gRPC C-core echo server. Ours and the
+ * baseline take turns call by call (the one that goes first alternates), so
+ * both see the same machine from moment to moment: this machine's latency
+ * drifts by a third from one run to the next. --lat-iters pairs of each, in
+ * --lat-rounds blocks; each block gives a p50 ratio, reported as the median
+ * with the lowest and highest (0 iterations: no latency part).
  *   RESULT bench_offload blob=B memcpy_gbps=M pool_gbps=P ratio=R lo=L hi=H rounds=N
- *   RESULT bench_offload_lat ring_p50_us=.. ring_p99_us=.. rpc_p50_us=.. rpc_p99_us=..
+ *   RESULT bench_offload_lat ring_p50_us=.. ring_p99_us=.. efd_p50_us=.. efd_p99_us=.. ring_ratio=.. ring_lo=..
+ *          ring_hi=.. rpc_p50_us=.. rpc_p99_us=.. bare_p50_us=.. bare_p99_us=.. rpc_ratio=.. rpc_lo=.. rpc_hi=..
  *
  * --mode spill, against a ballastd with a --spill-dir and a pool smaller
  * than --bytes (tests/bench/offload_spill.sh): first --fill bytes of blobs
@@ -37,11 +45,13 @@
 #include "log.h"
 #include "clock.h"
 #include "options.h"
+#include "tests/lib/bare_peers.h"
 #include "workers/offload/client.h"
 
 static const char *o_addr;
 static uint64_t o_blob, o_bytes, o_fill;
-static int64_t o_rounds, o_lat_iters, o_cpu;
+static int64_t o_rounds, o_lat_iters, o_lat_rounds, o_cpu, o_peer_cpu;
+static const char *o_lat_dir;
 static int o_mode;
 
 enum { MODE_POOL, MODE_SPILL };
@@ -51,8 +61,14 @@ static const opt_t opts[] = {
     { "mode", OPT_ENUM, "pool", 0, 0, "pool|spill", "put+get vs memcpy, or spilling end to end", &o_mode },
     { "blob", OPT_SIZE, "64M", 4096, 1ull << 40, NULL, "bytes per blob", &o_blob },
     { "rounds", OPT_INT, "15", 1, 100000, NULL, "pool: alternated rounds (median, lowest, highest)", &o_rounds },
-    { "lat-iters", OPT_INT, "5000", 0, 10000000, NULL, "pool: latency samples (0: none)", &o_lat_iters },
+    { "lat-iters", OPT_INT, "5000", 0, 10000000, NULL, "pool: latency samples of ours and of each baseline (0: none)",
+      &o_lat_iters },
+    { "lat-rounds", OPT_INT, "8", 1, 1000, NULL, "pool: blocks the latency samples are cut into (median ratio, lowest, "
+      "highest)", &o_lat_rounds },
     { "cpu", OPT_INT, "-1", -1, 4095, NULL, "pin this process to this CPU (-1: not pinned)", &o_cpu },
+    { "peer-cpu", OPT_INT, "-1", -1, 4095, NULL, "pool: pin the baselines' peers to this CPU (where ballastd runs; -1: "
+      "not pinned)", &o_peer_cpu },
+    { "lat-dir", OPT_STRING, "/tmp", 0, 0, NULL, "pool: directory for the bare gRPC server's socket", &o_lat_dir },
     { "bytes", OPT_SIZE, "512M", 1 << 20, 1ull << 44, NULL, "spill: bytes put (and read back) timed", &o_bytes },
     { "fill", OPT_SIZE, "256M", 0, 1ull << 44, NULL, "spill: bytes put untimed first (the pool size)", &o_fill },
 };
@@ -72,6 +88,67 @@ static double median(double *v, int n) {
 static void fill_random(uint8_t *p, size_t n, uint64_t seed) {
     uint64_t s = seed | 1;
     for (size_t i = 0; i + 8 <= n; i += 8) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; memcpy(p + i, &s, 8); }
+}
+
+static bare_efd_t g_efd;
+static bare_grpc_t g_bare;
+
+/* p50 of ours / p50 of the baseline in each of R blocks of L/R pairs:
+ * median, lowest, highest (ours and base are reordered). */
+static void block_ratios(double *ours, double *base, int64_t L, int R, double q[3]) {
+    int64_t per = L / R;
+    double *r = malloc((size_t)R * sizeof *r);
+    CHECK_ALLOC(r);
+    q[1] = 1e30, q[2] = 0;
+    for (int b = 0; b < R; b++) {
+        r[b] = bare_quantile(ours + b * per, (size_t)per, 0.5) / bare_quantile(base + b * per, (size_t)per, 0.5);
+        if (r[b] < q[1]) q[1] = r[b];
+        if (r[b] > q[2]) q[2] = r[b];
+    }
+    q[0] = median(r, R);
+    free(r);
+}
+
+/* Ring NOPs against the eventfd peer, then Heartbeats against the bare
+ * gRPC server, each pair taking turns. */
+static void latency(oc_client_t *c) {
+    int64_t L = o_lat_iters;
+    int R = (int)(o_lat_rounds < L ? o_lat_rounds : L);
+    double *a = malloc((size_t)L * sizeof *a), *b = malloc((size_t)L * sizeof *b);
+    CHECK_ALLOC(a); CHECK_ALLOC(b);
+    double p[2][4], q[2][3];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int64_t i = -200; i < L; i++) {
+            double ta = 0, tb = 0;
+            for (int side = 0; side < 2; side++) {
+                if ((side == 0) == (i % 2 == 0)) { /* even pairs: ours first */
+                    double t0 = clock_now_s();
+                    CHECK_OC(pass ? oc_heartbeat(c) : oc_nop(c));
+                    ta = (clock_now_s() - t0) * 1e6;
+                } else {
+                    tb = pass ? bare_grpc_call_us(&g_bare) : bare_efd_rtt_us(&g_efd);
+                }
+            }
+            if (i >= 0) a[i] = ta, b[i] = tb;
+        }
+        block_ratios(a, b, L, R, q[pass]);
+        p[pass][0] = bare_quantile(a, (size_t)L, 0.5);
+        p[pass][1] = bare_quantile(a, (size_t)L, 0.99);
+        p[pass][2] = bare_quantile(b, (size_t)L, 0.5);
+        p[pass][3] = bare_quantile(b, (size_t)L, 0.99);
+    }
+    printf("ring round trip (NOP): p50 %.1f us, p99 %.1f us; eventfd ping-pong p50 %.1f us, p99 %.1f us; "
+           "p50 ratio %.3f [%.3f, %.3f] over %d blocks\n", p[0][0], p[0][1], p[0][2], p[0][3], q[0][0], q[0][1],
+           q[0][2], R);
+    printf("control RPC (Heartbeat, unix socket): p50 %.1f us, p99 %.1f us; bare gRPC p50 %.1f us, p99 %.1f us; "
+           "p50 ratio %.3f [%.3f, %.3f] over %d blocks\n", p[1][0], p[1][1], p[1][2], p[1][3], q[1][0], q[1][1],
+           q[1][2], R);
+    printf("RESULT bench_offload_lat ring_p50_us=%.2f ring_p99_us=%.2f efd_p50_us=%.2f efd_p99_us=%.2f ring_ratio=%.3f "
+           "ring_lo=%.3f ring_hi=%.3f rpc_p50_us=%.2f rpc_p99_us=%.2f bare_p50_us=%.2f bare_p99_us=%.2f "
+           "rpc_ratio=%.3f rpc_lo=%.3f rpc_hi=%.3f\n", p[0][0], p[0][1], p[0][2], p[0][3], q[0][0], q[0][1], q[0][2],
+           p[1][0], p[1][1], p[1][2], p[1][3], q[1][0], q[1][1], q[1][2]);
+    free(a);
+    free(b);
 }
 
 /* Put+get vs memcpy in alternated rounds; latency afterwards. */
@@ -136,28 +213,7 @@ static int pool_mode(oc_client_t *c) {
            bytes / mt / 1e9, bytes / pt / 1e9, qm, qlo, qhi, R);
     free(tm); free(tp); free(q);
 
-    int64_t L = o_lat_iters;
-    if (L > 0) {
-        double *t = malloc((size_t)L * sizeof *t);
-        CHECK_ALLOC(t);
-        double p[4];
-        for (int pass = 0; pass < 2; pass++) {
-            for (int i = 0; i < 200; i++) CHECK_OC(pass ? oc_heartbeat(c) : oc_nop(c));
-            for (int64_t i = 0; i < L; i++) {
-                double t0 = clock_now_s();
-                CHECK_OC(pass ? oc_heartbeat(c) : oc_nop(c));
-                t[i] = (clock_now_s() - t0) * 1e6;
-            }
-            qsort(t, (size_t)L, sizeof *t, cmp_d);
-            p[2 * pass] = t[L / 2];
-            p[2 * pass + 1] = t[(int64_t)(L * 0.99)];
-        }
-        printf("ring round trip (NOP): p50 %.1f us, p99 %.1f us\n", p[0], p[1]);
-        printf("control RPC (Heartbeat, unix socket): p50 %.1f us, p99 %.1f us\n", p[2], p[3]);
-        printf("RESULT bench_offload_lat ring_p50_us=%.2f ring_p99_us=%.2f rpc_p50_us=%.2f rpc_p99_us=%.2f\n",
-               p[0], p[1], p[2], p[3]);
-        free(t);
-    }
+    if (o_lat_iters > 0) latency(c);
     free(src); free(tmp); free(dst);
     return 0;
 }
@@ -217,6 +273,12 @@ int main(int argc, char **argv) {
                        "usage: bench_offload --addr unix:/path [--blob 64M]", err, sizeof err);
     if (rc == 1) return 0;
     if (rc < 0) die("%s", err);
+    /* the baselines' peers are forked before any thread exists */
+    bool lat = o_mode == MODE_POOL && o_lat_iters > 0;
+    if (lat) {
+        bare_efd_start(&g_efd, (int)o_peer_cpu);
+        bare_grpc_start(&g_bare, o_lat_dir, (int)o_peer_cpu, 16);
+    }
     /* before oc_open: its threads inherit the CPU */
     if (o_cpu >= 0) {
         cpu_set_t set;
@@ -230,9 +292,14 @@ int main(int argc, char **argv) {
     o.job = "bench";
     o.client_name = "bench_offload";
     oc_client_t *c = NULL;
+    if (lat) bare_grpc_connect(&g_bare);
     if (oc_open(&o, &c)) die("%s", oc_last_error());
     if (!oc_is_shared(c)) die("bench_offload needs shared-memory mode (a unix: address)");
     int rc2 = o_mode == MODE_SPILL ? spill_mode(c) : pool_mode(c);
     oc_close(c, false);
+    if (lat) {
+        bare_grpc_stop(&g_bare);
+        bare_efd_stop(&g_efd);
+    }
     return rc2;
 }

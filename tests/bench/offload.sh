@@ -10,10 +10,12 @@
 #      vs fio (io_uring engine, O_DIRECT, same block size, depth, size,
 #      directory); the end-to-end spill through ballastd is offload_spill.sh
 #                                                                target >= 0.9
-#   3. ring round trip (NOP) vs a bare eventfd ping-pong (bench_eventfd) and
-#      the control RPC (Heartbeat over the Unix socket) vs a bare gRPC C-core
-#      unary call (bench_grpc_bare), p50 and p99, each pair with the same CPU
-#      placement                                          target p50 <= 1.1x
+#   3. ring round trip (NOP) vs a bare eventfd ping-pong and the control RPC
+#      (Heartbeat over the Unix socket) vs a bare gRPC C-core unary call
+#      (tests/lib/bare_peers.c, the peers pinned where ballastd runs), taking
+#      turns call by call inside bench_offload, p50 and p99; the ratio is the
+#      median of the p50 ratios of 8 blocks, with the lowest and highest
+#                                                         target p50 <= 1.1x
 # Settings: BALLAST_BENCH_DIR (spill directory, default /tmp: put it on the
 # NVMe to measure), BALLAST_BENCH_SPILL_BYTES (256M), BALLAST_BENCH_BLOCK (1M),
 # BALLAST_BENCH_DEPTH (32), BALLAST_BENCH_ROUNDS (4: paired spill rounds;
@@ -32,11 +34,9 @@ DIR=${BALLAST_BENCH_DIR:-/tmp}
 SIZE=${BALLAST_BENCH_SPILL_BYTES:-256M}
 BLOCK=${BALLAST_BENCH_BLOCK:-1M}
 DEPTH=${BALLAST_BENCH_DEPTH:-32}
-BE=$BUILD/tests/bench/bench_eventfd
-BG=$BUILD/tests/bench/bench_grpc_bare
 PROUNDS=${BALLAST_BENCH_POOL_ROUNDS:-9}
 LATN=${BALLAST_BENCH_LAT_ITERS:-3000}
-for b in "$BALLASTD" "$BO" "$BS" "$BE" "$BG"; do [ -x "$b" ] || { echo "offload bench: $b not built (run make)"; exit 1; }; done
+for b in "$BALLASTD" "$BO" "$BS"; do [ -x "$b" ] || { echo "offload bench: $b not built (run make)"; exit 1; }; done
 W=$(mktemp -d "$DIR/ballast-bench.XXXXXX")
 PID=
 cleanup() { [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$W"; }
@@ -65,16 +65,13 @@ for place in "${places[@]}"; do
     ccpu=$([ "$scpu" -ge 0 ] && echo 0 || echo -1)
     for blob in 1M 16M 64M; do
         lat=0; [ $blob = 64M ] && lat=$LATN
-        o=$("$BO" --addr "unix:$W/b.sock" --blob $blob --rounds "$PROUNDS" --lat-iters $lat --cpu "$ccpu") || { echo "$o"; exit 1; }
+        o=$("$BO" --addr "unix:$W/b.sock" --blob $blob --rounds "$PROUNDS" --lat-iters $lat --cpu "$ccpu" \
+            --peer-cpu "$scpu" --lat-dir "$W") || { echo "$o"; exit 1; }
         echo "[$place] $(echo "$o" | grep -v '^RESULT' | tr '\n' ' ')"
         P[$place,$blob]=$(echo "$o" | grep '^RESULT bench_offload ')
         [ $lat -gt 0 ] && P[$place,lat]=$(echo "$o" | grep '^RESULT bench_offload_lat')
     done
     kill -TERM $PID; wait $PID; PID=
-    o=$("$BE" --iters "$LATN" --cpu "$ccpu" --peer-cpu "$scpu") || { echo "$o"; exit 1; }
-    echo "[$place] $(echo "$o" | grep -v '^RESULT')"; P[$place,efd]=$(echo "$o" | grep '^RESULT')
-    o=$("$BG" --iters "$LATN" --cpu "$ccpu" --peer-cpu "$scpu" --dir "$W") || { echo "$o"; exit 1; }
-    echo "[$place] $(echo "$o" | grep -v '^RESULT')"; P[$place,grpc]=$(echo "$o" | grep '^RESULT')
 done
 
 # ---- 2: spill vs fio ----
@@ -189,18 +186,20 @@ done
 printf '  %-46s %7s MB/s %7s MB/s %8s  [%s, %s] %s\n' "spill write (tier alone) vs fio" "$sw" "$fio_w" "$qw" "$qw_lo" "$qw_hi" "$(verdict "$qw" 0.9)"
 printf '  %-46s %7s MB/s %7s MB/s %8s  [%s, %s] %s\n' "spill read-back (tier alone) vs fio" "$sr" "$fio_r" "$qr" "$qr_lo" "$qr_hi" "$(verdict "$qr" 0.9)"
 printf '  %-46s %7s MB/s %7s MB/s %8s  (no target; fio runs %s..%s)\n' "  reference: fio --fixedbufs read" "$sr" "$fio_rx" "$(ratio_or_na "$sr" "$fio_rx")" "$fio_rx_lo" "$fio_rx_hi"
-rlo() { /usr/bin/python3 -c "a,b=float('$1'),float('$2'); print('%.3f' % (a/b) if b > 0 else 'n/a')"; }
+above() { /usr/bin/python3 -c "print('ok' if float('$1') <= 1.1 else 'ABOVE TARGET 1.1')"; }
 for place in "${places[@]}"; do
-    l=${P[$place,lat]}; e=${P[$place,efd]}; g=${P[$place,grpc]}
-    rr=$(rlo "$(kv "$l" ring_p50_us)" "$(kv "$e" p50_us)"); rq=$(rlo "$(kv "$l" rpc_p50_us)" "$(kv "$g" p50_us)")
-    printf '  %-46s p50 %6s us vs %6s us %6s  (p99 %s vs %s) %s\n' "ring round trip vs bare eventfd, $place CPU" \
-        "$(kv "$l" ring_p50_us)" "$(kv "$e" p50_us)" "$rr" "$(kv "$l" ring_p99_us)" "$(kv "$e" p99_us)" \
-        "$(/usr/bin/python3 -c "print('ok' if float('$rr') <= 1.1 else 'ABOVE TARGET 1.1')")"
-    printf '  %-46s p50 %6s us vs %6s us %6s  (p99 %s vs %s) %s\n' "Heartbeat RPC vs bare gRPC unary, $place CPU" \
-        "$(kv "$l" rpc_p50_us)" "$(kv "$g" p50_us)" "$rq" "$(kv "$l" rpc_p99_us)" "$(kv "$g" p99_us)" \
-        "$(/usr/bin/python3 -c "print('ok' if float('$rq') <= 1.1 else 'ABOVE TARGET 1.1')")"
-    echo "RATIO ring round trip p50 / bare eventfd ping-pong, ballastd on $place CPU $rr (target <= 1.1; $(kv "$l" ring_p50_us) vs $(kv "$e" p50_us) us)"
-    echo "RATIO Heartbeat p50 / bare gRPC C-core unary call, $place CPU $rq (target <= 1.1; $(kv "$l" rpc_p50_us) vs $(kv "$g" p50_us) us)"
+    l=${P[$place,lat]}
+    printf '  %-46s p50 %6s us vs %6s us %6s  [%s, %s] (p99 %s vs %s) %s\n' "ring round trip vs bare eventfd, $place CPU" \
+        "$(kv "$l" ring_p50_us)" "$(kv "$l" efd_p50_us)" "$(kv "$l" ring_ratio)" "$(kv "$l" ring_lo)" "$(kv "$l" ring_hi)" \
+        "$(kv "$l" ring_p99_us)" "$(kv "$l" efd_p99_us)" "$(above "$(kv "$l" ring_ratio)")"
+    printf '  %-46s p50 %6s us vs %6s us %6s  [%s, %s] (p99 %s vs %s) %s\n' "Heartbeat RPC vs bare gRPC unary, $place CPU" \
+        "$(kv "$l" rpc_p50_us)" "$(kv "$l" bare_p50_us)" "$(kv "$l" rpc_ratio)" "$(kv "$l" rpc_lo)" "$(kv "$l" rpc_hi)" \
+        "$(kv "$l" rpc_p99_us)" "$(kv "$l" bare_p99_us)" "$(above "$(kv "$l" rpc_ratio)")"
+done
+for place in "${places[@]}"; do
+    l=${P[$place,lat]}
+    echo "RATIO ring round trip p50 / bare eventfd ping-pong, ballastd on $place CPU $(kv "$l" ring_ratio) median of 8 interleaved blocks, spread $(kv "$l" ring_lo)..$(kv "$l" ring_hi) (target <= 1.1; $(kv "$l" ring_p50_us) vs $(kv "$l" efd_p50_us) us)"
+    echo "RATIO Heartbeat p50 / bare gRPC C-core unary call, $place CPU $(kv "$l" rpc_ratio) median of 8 interleaved blocks, spread $(kv "$l" rpc_lo)..$(kv "$l" rpc_hi) (target <= 1.1; $(kv "$l" rpc_p50_us) vs $(kv "$l" bare_p50_us) us)"
     for blob in 1M 16M 64M; do
         r=${P[$place,$blob]}
         echo "RATIO put+get $blob through the shared pool / memcpy, ballastd on $place CPU $(kv "$r" ratio) median of $PROUNDS alternated rounds, spread $(kv "$r" lo)..$(kv "$r" hi) (target $([ $blob = 1M ] && echo '0.7 across CPUs' || echo 0.9); $(kv "$r" pool_gbps) vs $(kv "$r" memcpy_gbps) GB/s)"
