@@ -237,29 +237,46 @@ int ring_doorbell_wait(int fd, int timeout_ms) {
 static int64_t cons_ready(ring_t *r, uint32_t want);
 static int64_t prod_space(ring_t *r, uint32_t want);
 
+/* Record that a wait's entry (or slot) came gap_ns after the wait began and
+ * set the budget from the last RING_SPIN_HIST such gaps (see ring.h). */
+static void spin_learn(ring_t *r, int64_t gap_ns) {
+    if (!spin_allowed()) return;
+    uint32_t g = gap_ns < 0 ? 0 : gap_ns > 2 * (int64_t)RING_SPIN_MAX_NS ? 2 * RING_SPIN_MAX_NS : (uint32_t)gap_ns;
+    r->gap_ns[r->gap_n++ % RING_SPIN_HIST] = g;
+    uint32_t n = r->gap_n < RING_SPIN_HIST ? r->gap_n : RING_SPIN_HIST, shorts = 0, longest = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (r->gap_ns[i] <= RING_SPIN_MAX_NS) {
+            shorts++;
+            if (r->gap_ns[i] > longest) longest = r->gap_ns[i];
+        }
+    uint32_t b = longest + longest / 4 + 1000;
+    r->spin_ns = 4 * shorts < n ? 0 : b > RING_SPIN_MAX_NS ? RING_SPIN_MAX_NS : b;
+}
+
 /* Poll the ring for up to r->spin_ns (see ring.h) until an entry is ready
  * (consumer) or a slot is free (producer). 1: it is, 0: the spin ran out
- * (or is off; sleep now), -EBADMSG. Adapts r->spin_ns to what it found. */
-static int spin_wait(ring_t *r, bool consumer) {
+ * (or is off; sleep now), -EBADMSG. t0 is when the wait began. */
+static int spin_wait(ring_t *r, bool consumer, int64_t t0) {
     uint32_t budget = r->spin_ns;
-    if (budget == 0) {
-        if (!spin_allowed() || ++r->spin_misses < RING_SPIN_PROBE) return 0;
-        r->spin_misses = 0;
-        budget = 2 * RING_SPIN_MIN_NS; /* probe: has the peer got fast again? */
+    if (budget == 0 || !spin_allowed()) return 0;
+    if (r->spin_off) {
+        r->spin_off--;
+        return 0;
     }
-    int64_t t0 = clock_now_ns();
     for (uint32_t i = 1;; i++) {
         int64_t v = consumer ? cons_ready(r, 1) : prod_space(r, 1);
         if (v != 0) {
-            uint32_t grown = budget * 2;
-            r->spin_ns = grown > RING_SPIN_MAX_NS ? RING_SPIN_MAX_NS : grown;
-            r->spin_misses = 0;
+            r->spin_fails = 0;
+            if (v > 0) spin_learn(r, clock_now_ns() - t0);
             return v < 0 ? (int)v : 1;
         }
         cpu_relax();
         if (i % 16 == 0 && clock_now_ns() - t0 >= (int64_t)budget) break;
     }
-    r->spin_ns = budget / 2 < RING_SPIN_MIN_NS ? 0 : budget / 2;
+    if (++r->spin_fails >= RING_SPIN_FAILS) {
+        r->spin_fails = 0;
+        r->spin_off = RING_SPIN_PROBE;
+    }
     return 0;
 }
 
@@ -331,19 +348,24 @@ void ring_disarm_space(ring_t *r) {
 
 int ring_wait_space(ring_t *r, int timeout_ms) {
     if (r->space_fd < 0) return -EINVAL;
+    int64_t t0 = clock_now_ns();
     if (timeout_ms != 0) {
-        int sp = spin_wait(r, false);
+        int sp = spin_wait(r, false, t0);
         if (sp != 0) return sp < 0 ? sp : 0;
     }
     int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {
         int rc = ring_arm_space(r);
-        if (rc != 0) return rc < 0 ? rc : 0;
+        if (rc != 0) {
+            if (rc > 0 && timeout_ms != 0) spin_learn(r, clock_now_ns() - t0);
+            return rc < 0 ? rc : 0;
+        }
         int left = -1;
         if (deadline >= 0) {
             int64_t l = deadline - clock_now_ms();
             if (l <= 0) {
                 ring_disarm_space(r);
+                spin_learn(r, clock_now_ns() - t0);
                 return -ETIMEDOUT;
             }
             left = (int)l;
@@ -433,19 +455,24 @@ void ring_disarm_data(ring_t *r) {
 
 int ring_wait_data(ring_t *r, int timeout_ms) {
     if (r->data_fd < 0) return -EINVAL;
+    int64_t t0 = clock_now_ns();
     if (timeout_ms != 0) {
-        int sp = spin_wait(r, true);
+        int sp = spin_wait(r, true, t0);
         if (sp != 0) return sp < 0 ? sp : 0;
     }
     int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {
         int rc = ring_arm_data(r);
-        if (rc != 0) return rc < 0 ? rc : 0;
+        if (rc != 0) {
+            if (rc > 0 && timeout_ms != 0) spin_learn(r, clock_now_ns() - t0);
+            return rc < 0 ? rc : 0;
+        }
         int left = -1;
         if (deadline >= 0) {
             int64_t l = deadline - clock_now_ms();
             if (l <= 0) {
                 ring_disarm_data(r);
+                spin_learn(r, clock_now_ns() - t0);
                 return -ETIMEDOUT;
             }
             left = (int)l;

@@ -22,11 +22,17 @@
  * Spinning: ring_wait_data/ring_wait_space (and the *_wait calls built on
  * them) first poll the ring for a short, adaptive time (at most
  * RING_SPIN_MAX_NS) before sleeping, so that a peer on another CPU that
- * answers within microseconds does not cost a cross-core wakeup. The budget
- * doubles when a spin finds the entry and halves when it does not, down to
- * none; with no budget, one wait in RING_SPIN_PROBE spins briefly again to
- * notice that the peer got fast. No spinning at all when the machine has
- * one online CPU (the peer could not run while we spin).
+ * answers soon does not cost a cross-core wakeup (tens of microseconds when
+ * that CPU has gone idle, more in a virtual machine). Every wait records how
+ * long the entry took to come, whether the spin caught it or the wait slept
+ * (so a sleeping side keeps learning without spinning); the budget is a
+ * quarter more than the longest of the last RING_SPIN_HIST waits that were
+ * within RING_SPIN_MAX_NS, and none when fewer than a quarter of them were.
+ * A peer that takes 50 us between requests (it copies a megabyte) is thus
+ * waited for by spinning, one that takes milliseconds is slept for. After
+ * RING_SPIN_FAILS spins in a row that ran out, spinning stops for
+ * RING_SPIN_PROBE waits. No spinning at all when the machine has one online
+ * CPU (the peer could not run while we spin).
  *
  * Doorbells: a consumer that finds the ring empty sets cons_waiting,
  * re-checks the ring and only then sleeps on the data eventfd; a producer
@@ -52,8 +58,9 @@
 #define RING_MAX_ENTRY    (64u << 10)           /* bytes */
 #define RING_ERR_LEN      160
 #define RING_SPIN_MAX_NS  100000u               /* longest spin before a wait sleeps */
-#define RING_SPIN_MIN_NS  2000u                 /* budget under this: stop spinning */
-#define RING_SPIN_PROBE   64u                   /* with no budget, spin again once per this many waits */
+#define RING_SPIN_HIST    8u                    /* waits the budget is learnt from */
+#define RING_SPIN_FAILS   4u                    /* spins in a row that ran out before spinning pauses */
+#define RING_SPIN_PROBE   64u                   /* waits without spinning after that */
 
 /* The shared header. Each line is written by one side only. */
 typedef struct {
@@ -86,7 +93,10 @@ typedef struct {
     int data_fd;           /* eventfd producer -> consumer ("entries ready"); -1 none */
     int space_fd;          /* eventfd consumer -> producer ("slots free"); -1 none */
     uint32_t spin_ns;      /* adaptive spin budget before sleeping, ns (0: sleep at once) */
-    uint32_t spin_misses;  /* waits in a row whose spin found nothing (with spin_ns 0: since the last probe) */
+    uint32_t spin_fails;   /* spins in a row that ran out */
+    uint32_t spin_off;     /* waits left with spinning paused */
+    uint32_t gap_n;        /* waits recorded (gap_ns[gap_n % RING_SPIN_HIST] is next) */
+    uint32_t gap_ns[RING_SPIN_HIST]; /* how long the last waits' entries took to come, ns (capped) */
     char err[RING_ERR_LEN];/* what was wrong when a call returned -EBADMSG */
 } ring_t;
 

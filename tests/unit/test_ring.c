@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -345,4 +347,97 @@ Test(ring, random_header_garbage_never_escapes_the_mapping) {
     cr_log_info("garbage headers: %d attached, %d pops, %d pushes went through", attached, popped, pushed);
     cr_assert_gt(attached, 100);
     munmap(g.map, g.len);
+}
+
+/* ---- the adaptive spin (see ring.h) ---- */
+
+typedef struct {
+    ring_t *r;
+    atomic_int go;      /* consumer: 1 = about to wait for entry number seq */
+    int rounds;
+    long gap_us;
+} spin_peer_t;
+
+/* Push one entry gap_us after each go (busy: it is the peer copying). */
+static void *spin_producer(void *arg) {
+    spin_peer_t *p = arg;
+    for (int i = 0; i < p->rounds; i++) {
+        int64_t t0 = clock_now_ns();
+        while (atomic_load(&p->go) != 1) {
+            if (clock_now_ns() - t0 > 10ll * 1000 * 1000 * 1000) return NULL; /* bounded: the test fails on its own */
+            sched_yield();
+        }
+        atomic_store(&p->go, 0);
+        int64_t until = clock_now_ns() + p->gap_us * 1000; /* a sleep would overshoot by its timer slack */
+        while (clock_now_ns() < until) {}
+        uint64_t v = (uint64_t)i;
+        while (ring_push(p->r, &v) == -EAGAIN) sched_yield();
+    }
+    return NULL;
+}
+
+/* The budget is learnt from how long entries took to come: none when they
+ * take longer than RING_SPIN_MAX_NS, enough to cover the gaps that are
+ * shorter (a peer copying a megabyte between requests), whether the waits
+ * that saw those gaps spun or slept. */
+Test(ring, spin_budget_follows_the_gaps, .timeout = 60) {
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) cr_skip_test("one online CPU: rings never spin");
+    enum { CAP = 16, ESZ = 8 };
+    size_t bytes = ring_bytes(CAP, ESZ);
+    void *mem = amem(bytes);
+    cr_assert_eq(ring_init(mem, bytes, CAP, ESZ, NULL, 0), 0);
+    ring_t prod, cons;
+    cr_assert_eq(ring_attach(&prod, mem, bytes, ESZ, NULL, 0), 0);
+    cr_assert_eq(ring_attach(&cons, mem, bytes, ESZ, NULL, 0), 0);
+    int dfd, sfd;
+    char err[RING_ERR_LEN];
+    cr_assert_eq(ring_doorbell_create(&dfd, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ring_doorbell_create(&sfd, err, sizeof err), 0, "%s", err);
+    ring_set_doorbells(&prod, dfd, sfd);
+    ring_set_doorbells(&cons, dfd, sfd);
+    uint64_t v;
+
+    /* an idle peer: every wait runs out (5 ms) -> no budget */
+    for (unsigned i = 0; i < RING_SPIN_HIST; i++) cr_assert_eq(ring_wait_data(&cons, 5), -ETIMEDOUT);
+    cr_assert_eq(cons.spin_ns, 0, "after %u waits of 5 ms the budget is %u ns", RING_SPIN_HIST, cons.spin_ns);
+
+    /* gaps of 30-50 us, from another thread: the budget covers every
+     * recorded gap within RING_SPIN_MAX_NS (a gap the scheduler stretched
+     * past it is left out; a quarter must be short) */
+    uint64_t seed = test_seed();
+    spin_peer_t p = { .r = &prod, .rounds = 24, .gap_us = 30 + (long)(seed % 21) };
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, spin_producer, &p), 0);
+    for (int i = 0; i < p.rounds; i++) {
+        atomic_store(&p.go, 1);
+        cr_assert_eq(ring_pop_wait(&cons, &v, 10000), 0, "entry %d never came", i);
+        cr_assert_eq(v, (uint64_t)i);
+    }
+    pthread_join(t, NULL);
+    unsigned shorts = 0, longest = 0;
+    for (unsigned i = 0; i < RING_SPIN_HIST; i++)
+        if (cons.gap_ns[i] <= RING_SPIN_MAX_NS) {
+            shorts++;
+            if (cons.gap_ns[i] > longest) longest = cons.gap_ns[i];
+        }
+    cr_log_info("gap %ld us: %u of the last %u gaps within %u ns, longest %u ns, budget %u ns", p.gap_us, shorts,
+                RING_SPIN_HIST, RING_SPIN_MAX_NS, longest, cons.spin_ns);
+    cr_assert_geq(4 * shorts, RING_SPIN_HIST, "%u of %u gaps of %ld us were recorded within %u ns", shorts,
+                  RING_SPIN_HIST, p.gap_us, RING_SPIN_MAX_NS);
+    cr_assert_geq(cons.spin_ns, longest, "budget %u ns does not cover a %u ns gap", cons.spin_ns, longest);
+    cr_assert_geq(longest, (unsigned)p.gap_us * 1000, "a gap shorter than the producer's wait");
+    cr_assert_leq(cons.spin_ns, RING_SPIN_MAX_NS);
+
+    /* entries already there: gaps of about nothing, a small budget */
+    for (unsigned i = 0; i < RING_SPIN_HIST; i++) {
+        v = i;
+        cr_assert_eq(ring_push(&prod, &v), 0);
+        cr_assert_eq(ring_wait_data(&cons, 1000), 0);
+        cr_assert_eq(ring_pop(&cons, &v), 0);
+    }
+    cr_assert_gt(cons.spin_ns, 0);
+    cr_assert_lt(cons.spin_ns, RING_SPIN_MAX_NS / 2, "budget %u ns for entries that were already there", cons.spin_ns);
+    close(dfd);
+    close(sfd);
+    free(mem);
 }
