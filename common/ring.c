@@ -20,6 +20,17 @@
  * the entry or the producer sees the flag; a wakeup cannot be lost. The
  * eventfd counts, so a notification that lands before poll() still makes
  * poll() return at once. The same argument covers prod_waiting / head.
+ *
+ * The flag says how the side sleeps: WAIT_FD (1) on the eventfd, for a
+ * caller of ring_arm_* that polls many rings, or WAIT_FUTEX (2) on the flag
+ * word itself, for ring_wait_* (one futex wait, where poll and the read that
+ * drains the eventfd were two syscalls; the waker's FUTEX_WAKE replaces its
+ * eventfd write). The waker swaps the flag to 0 and wakes the way the old
+ * value says. A futex wake that lands before the sleeper's FUTEX_WAIT is not
+ * lost either: the kernel sleeps only while the word still holds WAIT_FUTEX,
+ * and the waker has already set it to 0. The word is in shared memory, so
+ * the futex is a shared (not process-private) one; a peer that writes the
+ * word can only cause early returns, and every wait has a timeout.
  * (seq_cst operations rather than fences: ThreadSanitizer does not model
  * atomic_thread_fence.)
  *
@@ -36,7 +47,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -232,6 +245,33 @@ int ring_doorbell_wait(int fd, int timeout_ms) {
     return rc;
 }
 
+/* ---- waking and sleeping on the flags ---- */
+
+#define WAIT_FD    1u /* sleeping on the eventfd (ring_arm_*) */
+#define WAIT_FUTEX 2u /* sleeping on the flag word (ring_wait_*) */
+
+/* The other side may sleep (flag set): take the flag and wake it. */
+static void wake_peer(_Atomic uint32_t *flag, int fd) {
+    if (!atomic_load_explicit(flag, memory_order_seq_cst)) return;
+    uint32_t old = atomic_exchange_explicit(flag, 0, memory_order_seq_cst);
+    if (old == WAIT_FUTEX) syscall(SYS_futex, (uint32_t *)flag, FUTEX_WAKE, 1, NULL, NULL, 0);
+    else if (old) ring_doorbell_notify(fd);
+}
+
+/* Sleep while *flag is WAIT_FUTEX, for up to timeout_ms (< 0: forever).
+ * 0 on a wake, a timeout, a changed word or a signal (the caller rechecks);
+ * -errno otherwise. */
+static int futex_sleep(_Atomic uint32_t *flag, int timeout_ms) {
+    struct timespec ts, *tp = NULL;
+    if (timeout_ms >= 0) {
+        ts.tv_sec = timeout_ms / 1000;
+        ts.tv_nsec = (long)(timeout_ms % 1000) * 1000000L;
+        tp = &ts;
+    }
+    if (syscall(SYS_futex, (uint32_t *)flag, FUTEX_WAIT, WAIT_FUTEX, tp, NULL, 0) == 0) return 0;
+    return errno == EAGAIN || errno == EINTR || errno == ETIMEDOUT ? 0 : -errno;
+}
+
 /* ---- producer ---- */
 
 static int64_t cons_ready(ring_t *r, uint32_t want);
@@ -305,8 +345,7 @@ static void prod_publish(ring_t *r) {
         return;
     }
     atomic_store_explicit(&r->hdr->tail, r->tail, memory_order_seq_cst);
-    if (atomic_load_explicit(&r->hdr->cons_waiting, memory_order_seq_cst))
-        ring_doorbell_notify(r->data_fd);
+    wake_peer(&r->hdr->cons_waiting, r->data_fd);
 }
 
 int ring_push_batch(ring_t *r, const void *entries, uint32_t n) {
@@ -330,16 +369,18 @@ int ring_push(ring_t *r, const void *entry) {
     return n < 0 ? n : n == 1 ? 0 : -EAGAIN;
 }
 
-int ring_arm_space(ring_t *r) {
+static int arm_space(ring_t *r, uint32_t how) {
     int64_t space = prod_space(r, 1);
     if (space != 0) return space < 0 ? (int)space : 1;
-    atomic_store_explicit(&r->hdr->prod_waiting, 1, memory_order_seq_cst);
+    atomic_store_explicit(&r->hdr->prod_waiting, how, memory_order_seq_cst);
     uint32_t head = atomic_load_explicit(&r->hdr->head, memory_order_seq_cst);
     if (r->tail - head == r->capacity) return 0; /* still full: safe to sleep */
     atomic_store_explicit(&r->hdr->prod_waiting, 0, memory_order_relaxed);
     space = prod_space(r, 1); /* freed meanwhile, or corrupt */
     return space < 0 ? (int)space : 1;
 }
+
+int ring_arm_space(ring_t *r) { return arm_space(r, WAIT_FD); }
 
 void ring_disarm_space(ring_t *r) {
     atomic_store_explicit(&r->hdr->prod_waiting, 0, memory_order_relaxed);
@@ -355,7 +396,7 @@ int ring_wait_space(ring_t *r, int timeout_ms) {
     }
     int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {
-        int rc = ring_arm_space(r);
+        int rc = arm_space(r, WAIT_FUTEX);
         if (rc != 0) {
             if (rc > 0 && timeout_ms != 0) spin_learn(r, clock_now_ns() - t0);
             return rc < 0 ? rc : 0;
@@ -364,15 +405,15 @@ int ring_wait_space(ring_t *r, int timeout_ms) {
         if (deadline >= 0) {
             int64_t l = deadline - clock_now_ms();
             if (l <= 0) {
-                ring_disarm_space(r);
+                atomic_store_explicit(&r->hdr->prod_waiting, 0, memory_order_relaxed);
                 spin_learn(r, clock_now_ns() - t0);
                 return -ETIMEDOUT;
             }
             left = (int)l;
         }
-        rc = poll_in(r->space_fd, left);
-        ring_disarm_space(r);
-        if (rc < 0 && rc != -ETIMEDOUT) return rc;
+        rc = futex_sleep(&r->hdr->prod_waiting, left);
+        atomic_store_explicit(&r->hdr->prod_waiting, 0, memory_order_relaxed);
+        if (rc < 0) return rc;
     }
 }
 
@@ -412,8 +453,7 @@ static void cons_publish(ring_t *r) {
         return;
     }
     atomic_store_explicit(&r->hdr->head, r->head, memory_order_seq_cst);
-    if (atomic_load_explicit(&r->hdr->prod_waiting, memory_order_seq_cst))
-        ring_doorbell_notify(r->space_fd);
+    wake_peer(&r->hdr->prod_waiting, r->space_fd);
 }
 
 int ring_pop_batch(ring_t *r, void *entries, uint32_t max) {
@@ -437,16 +477,18 @@ int ring_pop(ring_t *r, void *entry) {
     return n < 0 ? n : n == 1 ? 0 : -EAGAIN;
 }
 
-int ring_arm_data(ring_t *r) {
+static int arm_data(ring_t *r, uint32_t how) {
     int64_t ready = cons_ready(r, 1);
     if (ready != 0) return ready < 0 ? (int)ready : 1;
-    atomic_store_explicit(&r->hdr->cons_waiting, 1, memory_order_seq_cst);
+    atomic_store_explicit(&r->hdr->cons_waiting, how, memory_order_seq_cst);
     uint32_t tail = atomic_load_explicit(&r->hdr->tail, memory_order_seq_cst);
     if (tail == r->head) return 0; /* still empty: safe to sleep */
     atomic_store_explicit(&r->hdr->cons_waiting, 0, memory_order_relaxed);
     ready = cons_ready(r, 1); /* arrived meanwhile, or corrupt */
     return ready < 0 ? (int)ready : 1;
 }
+
+int ring_arm_data(ring_t *r) { return arm_data(r, WAIT_FD); }
 
 void ring_disarm_data(ring_t *r) {
     atomic_store_explicit(&r->hdr->cons_waiting, 0, memory_order_relaxed);
@@ -462,7 +504,7 @@ int ring_wait_data(ring_t *r, int timeout_ms) {
     }
     int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {
-        int rc = ring_arm_data(r);
+        int rc = arm_data(r, WAIT_FUTEX);
         if (rc != 0) {
             if (rc > 0 && timeout_ms != 0) spin_learn(r, clock_now_ns() - t0);
             return rc < 0 ? rc : 0;
@@ -471,15 +513,15 @@ int ring_wait_data(ring_t *r, int timeout_ms) {
         if (deadline >= 0) {
             int64_t l = deadline - clock_now_ms();
             if (l <= 0) {
-                ring_disarm_data(r);
+                atomic_store_explicit(&r->hdr->cons_waiting, 0, memory_order_relaxed);
                 spin_learn(r, clock_now_ns() - t0);
                 return -ETIMEDOUT;
             }
             left = (int)l;
         }
-        rc = poll_in(r->data_fd, left);
-        ring_disarm_data(r);
-        if (rc < 0 && rc != -ETIMEDOUT) return rc;
+        rc = futex_sleep(&r->hdr->cons_waiting, left);
+        atomic_store_explicit(&r->hdr->cons_waiting, 0, memory_order_relaxed);
+        if (rc < 0) return rc;
     }
 }
 

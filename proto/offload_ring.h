@@ -35,7 +35,10 @@
 
 #include "proto/status.h"
 
-#define RING_PROTO_VERSION      2u
+/* 3: a side waiting on a ring may sleep on its flag word (a futex, flag
+ * value 2) instead of the eventfd (flag 1); the waker wakes it either way.
+ * 2: per-job segments named by completions. */
+#define RING_PROTO_VERSION      3u
 #define RING_PROTO_ENTRY_BYTES  64u
 #define RING_PROTO_MAX_CAPACITY 4096u
 
