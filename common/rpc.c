@@ -114,6 +114,7 @@ typedef struct {
     const ProtobufCMessageDescriptor *resp_desc;
     rpc_handler_fn handler;
     void *user;
+    bool quick;                                  /* run on the receiving thread */
     void *handle;                                /* grpc_server_register_method's result */
 } srv_method_t;
 
@@ -128,7 +129,7 @@ enum { SC_REQUESTED = 1, SC_SENDING };
 
 /* One posted request and, once matched, the call it became. Owned by the
  * thread that took its event off the queue (th is set to it then). */
-typedef struct {
+typedef struct srv_call {
     int state;                    /* SC_REQUESTED | SC_SENDING */
     int method;                   /* index into srv->methods; -1 = catch-all */
     srv_thread_t *th;
@@ -140,6 +141,7 @@ typedef struct {
     grpc_byte_buffer *resp;       /* response being sent */
     grpc_slice status_details;    /* status message being sent */
     int cancelled;                /* set by RECV_CLOSE_ON_SERVER */
+    struct srv_call *next;        /* in the handler queue */
 } srv_call_t;
 
 struct srv_thread {
@@ -152,13 +154,18 @@ struct srv_thread {
 
 struct rpc_server {
     grpc_server *gs;
-    /* One completion queue that every server thread waits on. With a queue
-     * per thread, a call read by the thread polling its connection was often
-     * matched to a request posted on another thread's queue, and that thread
-     * had to be woken: two context switches per call when both share a CPU.
-     * On one queue the thread that read the call usually takes it. */
+    /* One completion queue, and one thread (threads[0]) waiting on it; the
+     * others take handlers from the queue below. With several threads on
+     * the completion queue (or a queue each), gRPC hands the polling over to
+     * another waiting thread whenever the polling one takes an event, a
+     * wakeup per call: two context switches when the client shares the CPU.
+     * A quick method's handler therefore runs on threads[0] itself. */
     grpc_completion_queue *cq;
     int nthreads;
+    pthread_mutex_t hq_mu;                        /* the handler queue */
+    pthread_cond_t hq_cv;
+    srv_call_t *hq_head, *hq_tail;
+    bool hq_stop;                                 /* workers exit once it is empty */
     size_t max_msg;                               /* bytes */
     srv_thread_t *threads;                        /* [nthreads] */
     srv_method_t *methods;                        /* [nmethods] */
@@ -525,6 +532,15 @@ static grpc_status_code run_handler(srv_call_t *sc, char *msg, size_t msglen) {
 
 /* ---- server: event loop ---- */
 
+/* Run sc's handler, answer, and post a new request for its method. */
+static void handle_call(srv_thread_t *th, srv_call_t *sc) {
+    char msg[RPC_ERR_LEN + 128] = "";
+    int method = sc->method;
+    grpc_status_code code = run_handler(sc, msg, sizeof msg);
+    send_answer(sc, code, code == GRPC_STATUS_OK ? "" : msg);
+    post_request(th, method);
+}
+
 static void on_event(srv_thread_t *th, srv_call_t *sc, bool ok) {
     rpc_server_t *s = th->srv;
     if (sc->state == SC_SENDING) {
@@ -553,11 +569,40 @@ static void on_event(srv_thread_t *th, srv_call_t *sc, bool ok) {
         send_answer(sc, GRPC_STATUS_UNIMPLEMENTED, msg);
         return;
     }
-    char msg[RPC_ERR_LEN + 128] = "";
-    int method = sc->method;
-    grpc_status_code code = run_handler(sc, msg, sizeof msg);
-    send_answer(sc, code, code == GRPC_STATUS_OK ? "" : msg);
-    post_request(th, method);
+    if (s->nthreads > 1 && !s->methods[sc->method].quick) {
+        pthread_mutex_lock(&s->hq_mu);
+        sc->next = NULL;
+        if (s->hq_tail) s->hq_tail->next = sc;
+        else s->hq_head = sc;
+        s->hq_tail = sc;
+        pthread_cond_signal(&s->hq_cv);
+        pthread_mutex_unlock(&s->hq_mu);
+        return;
+    }
+    handle_call(th, sc);
+}
+
+/* A handler thread: run queued calls until the queue is stopped and empty. */
+static void *handler_thread(void *arg) {
+    srv_thread_t *th = arg;
+    rpc_server_t *s = th->srv;
+    pthread_mutex_lock(&s->hq_mu);
+    for (;;) {
+        srv_call_t *sc = s->hq_head;
+        if (!sc) {
+            if (s->hq_stop) break;
+            pthread_cond_wait(&s->hq_cv, &s->hq_mu);
+            continue;
+        }
+        s->hq_head = sc->next;
+        if (!s->hq_head) s->hq_tail = NULL;
+        pthread_mutex_unlock(&s->hq_mu);
+        sc->th = th;
+        handle_call(th, sc);
+        pthread_mutex_lock(&s->hq_mu);
+    }
+    pthread_mutex_unlock(&s->hq_mu);
+    return NULL;
 }
 
 static void *server_thread(void *arg) {
@@ -711,7 +756,10 @@ rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t er
         errbuf_set(err, errlen, "rpc server: out of memory");
         return NULL;
     }
+    /* N handler threads and, with more than one, one more that waits on the
+     * completion queue (threads[0]) */
     s->nthreads = o.threads ? o.threads : RPC_DEFAULT_THREADS;
+    if (s->nthreads > 1) s->nthreads++;
     s->max_msg = o.max_msg_bytes ? o.max_msg_bytes : RPC_DEFAULT_MAX_MSG;
     if (o.unix_peers) s->unix_peers = *o.unix_peers;
     else shm_uidset_default(&s->unix_peers);
@@ -744,6 +792,8 @@ rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t er
     }
     pthread_mutex_init(&s->mu, NULL);
     clock_cond_init(&s->cv);
+    pthread_mutex_init(&s->hq_mu, NULL);
+    pthread_cond_init(&s->hq_cv, NULL);
     atomic_init(&s->calls, 0);
 
     grpc_init();
@@ -765,7 +815,7 @@ rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t er
     }
     rpc_server_set_health(s, "", RPC_HEALTH_SERVING);
     rpc_method_t hm = {HEALTH_CHECK_PATH, &grpc__health__v1__health_check_request__descriptor,
-                       &grpc__health__v1__health_check_response__descriptor, health_check, s};
+                       &grpc__health__v1__health_check_response__descriptor, health_check, s, true};
     if (rpc_server_add_method(s, &hm, err, errlen) != 0) {
         rpc_server_free(s);
         return NULL;
@@ -804,7 +854,8 @@ int rpc_server_add_method(rpc_server_t *s, const rpc_method_t *m, char *err, siz
         s->cap_methods = cap;
     }
     srv_method_t e = {.path = strdup(m->path), .req_desc = m->req_desc,
-                      .resp_desc = m->resp_desc, .handler = m->handler, .user = m->user};
+                      .resp_desc = m->resp_desc, .handler = m->handler, .user = m->user,
+                      .quick = m->quick};
     if (!e.path) goto oom;
     e.handle = grpc_server_register_method(s->gs, e.path, NULL,
                                            GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
@@ -928,7 +979,7 @@ int rpc_server_start(rpc_server_t *s, char *err, size_t errlen) {
     }
     for (int i = 0; i < s->nthreads; i++) {
         srv_thread_t *th = &s->threads[i];
-        int rc = pthread_create(&th->tid, NULL, server_thread, th);
+        int rc = pthread_create(&th->tid, NULL, i == 0 ? server_thread : handler_thread, th);
         if (rc != 0) {
             errbuf_set(err, errlen, "rpc server: cannot start thread %d: %s", i, strerror(rc));
             rpc_server_stop(s, 0);
@@ -956,6 +1007,18 @@ static bool wait_quiet(rpc_server_t *s, const struct timespec *abs_deadline) {
     return done;
 }
 
+static void drain_cq(rpc_server_t *s);
+
+/* Let the handler threads finish the queue and join them. */
+static void stop_handlers(rpc_server_t *s) {
+    pthread_mutex_lock(&s->hq_mu);
+    s->hq_stop = true;
+    pthread_cond_broadcast(&s->hq_cv);
+    pthread_mutex_unlock(&s->hq_mu);
+    for (int i = 1; i < s->nthreads; i++)
+        if (s->threads[i].started) pthread_join(s->threads[i].tid, NULL);
+}
+
 void rpc_server_stop(rpc_server_t *s, int grace_ms) {
     if (!s || s->stopped) return;
     s->stopped = true;
@@ -964,24 +1027,30 @@ void rpc_server_stop(rpc_server_t *s, int grace_ms) {
     s->stopping = true;
     pthread_mutex_unlock(&s->mu);
 
-    bool any_thread = false;
-    for (int i = 0; i < s->nthreads; i++) any_thread |= s->threads[i].started;
     grpc_server_shutdown_and_notify(s->gs, s->cq, &s->shutdown_tag);
-    if (s->started && any_thread) {
+    if (s->started && s->threads[0].started) {
         struct timespec dl = clock_after((grace_ms > 0 ? grace_ms : 0) * 1e-3);
         if (!wait_quiet(s, &dl)) {
             grpc_server_cancel_all_calls(s->gs);
             wait_quiet(s, NULL);
         }
-        /* the running threads drain the queue and return at its shutdown */
+        /* the polling thread drains the queue and returns at its shutdown;
+         * no call is live, so the handler queue is empty */
         grpc_completion_queue_shutdown(s->cq);
-        for (int i = 0; i < s->nthreads; i++)
-            if (s->threads[i].started) pthread_join(s->threads[i].tid, NULL);
+        pthread_join(s->threads[0].tid, NULL);
+        stop_handlers(s);
         return;
     }
-    /* Never served (or no thread started): drain the queue here, shutting it
-     * down once the shutdown tag came. */
+    /* Never served (or the polling thread did not start): drain the queue
+     * here, shutting it down once the shutdown tag came. */
     grpc_server_cancel_all_calls(s->gs);
+    stop_handlers(s);
+    drain_cq(s);
+}
+
+/* Take every event off the (shut down or shutting down) queue and free its
+ * call, shutting the queue down once the shutdown tag came. */
+static void drain_cq(rpc_server_t *s) {
     for (bool down = false;;) {
         grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
@@ -1013,6 +1082,8 @@ void rpc_server_free(rpc_server_t *s) {
     free(s->threads);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->hq_mu);
+    pthread_cond_destroy(&s->hq_cv);
     free(s);
     grpc_shutdown();
 }

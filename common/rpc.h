@@ -2,7 +2,7 @@
  * carrying protobuf-c messages.
  *
  * Server: a method table (path -> handler + request/response descriptors),
- * N threads waiting on one completion queue, a catch-all answering
+ * N threads running handlers and one waiting on the completion queue, a catch-all answering
  * UNIMPLEMENTED for unknown paths, a maximum message size, the standard
  * grpc.health.v1.Health/Check, and a clean stop. Client: a reusable,
  * thread-safe channel; one blocking call per rpc_call with a deadline and an
@@ -45,7 +45,8 @@ typedef struct {
     const char *method;        /* full path, e.g. "/ballast.offload.v1.Offload/OpenSession" */
     const char *peer;          /* e.g. "unix:/run/x.sock" or "ipv4:127.0.0.1:4711" */
     void *user;                /* the method's rpc_method_t.user */
-    int thread;                /* index of the server thread running the handler, 0..N-1 */
+    int thread;                /* index of the server thread running the handler, 0..N (0: the one
+                                  waiting on the completion queue) */
     bool peer_local;           /* the call came over a Unix listener; peer_* are its SO_PEERCRED */
     uint32_t peer_uid, peer_gid;
     int32_t peer_pid;
@@ -61,9 +62,14 @@ typedef struct {
  * response is not sent. Heap memory the handler hangs off *resp (strings,
  * repeated fields, sub-messages) is released after packing when registered
  * with rpc_ctx_defer_free or allocated with rpc_ctx_alloc; the server never
- * calls protobuf_c_message_free_unpacked on *resp. Handlers run concurrently
- * on several server threads and should not block for long: a blocked handler
- * holds its thread. */
+ * calls protobuf_c_message_free_unpacked on *resp.
+ *
+ * Threads: one server thread waits on the completion queue; a handler runs
+ * on one of the N others (handed over through a queue, so the waiting
+ * thread goes straight back to the completion queue), or on the waiting
+ * thread itself when its method is marked quick or N is 1 (then that one
+ * thread is all there is). Handlers of several calls run concurrently and should not block
+ * for long: a blocked handler holds its thread. */
 typedef grpc_status_code (*rpc_handler_fn)(rpc_ctx_t *ctx, const ProtobufCMessage *req,
                                            ProtobufCMessage *resp);
 
@@ -73,10 +79,15 @@ typedef struct {
     const ProtobufCMessageDescriptor *resp_desc;
     rpc_handler_fn handler;
     void *user;                                     /* handed to the handler as ctx->user */
+    bool quick;                                     /* the handler takes microseconds and never blocks:
+                                                       run it on the thread that received the call, with
+                                                       no handover (a wakeup of another thread per call) */
 } rpc_method_t;
 
 typedef struct {
-    int threads;               /* server threads (sharing one completion queue); 0 = RPC_DEFAULT_THREADS */
+    int threads;               /* handlers that may run at once; with more than 1, one more thread
+                                  waits on the completion queue and runs only quick methods' handlers;
+                                  0 = RPC_DEFAULT_THREADS */
     size_t max_msg_bytes;      /* largest request/response accepted, bytes; 0 = RPC_DEFAULT_MAX_MSG */
     const shm_uidset_t *unix_peers; /* peers allowed on Unix listeners; NULL = our uid and root */
     bool unix_group_set;       /* chown Unix socket files to unix_gid */

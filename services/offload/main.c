@@ -108,7 +108,7 @@ static const opt_t opts[] = {
       "ring threads poll this long before sleeping (lower latency, more CPU)", &o_ring_spin_us },
     { "token-file", OPT_STRING, NULL, 0, 0, NULL,
       "file holding a token clients must present (OpenSession, Release)", &o_token_file },
-    { "threads", OPT_INT, "4", 1, 256, NULL, "gRPC server threads", &o_threads },
+    { "threads", OPT_INT, "4", 1, 256, NULL, "gRPC handler threads (one more waits for calls)", &o_threads },
     { "max-msg-bytes", OPT_SIZE, "64M", 64 << 10, 2047ull << 20, NULL,
       "largest gRPC message (limits remote-mode blobs)", &o_max_msg },
     { "drain-grace", OPT_DURATION, "10s", 0, 3600, NULL,

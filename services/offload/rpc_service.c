@@ -429,12 +429,16 @@ static grpc_status_code h_free(rpc_ctx_t *ctx, const ProtobufCMessage *rq, Proto
 
 #define M(name, fn, req, resp) \
     { OFFLOAD_SVC name, &ballast__offload__v1__##req##__descriptor, \
-      &ballast__offload__v1__##resp##__descriptor, fn, NULL }
+      &ballast__offload__v1__##resp##__descriptor, fn, NULL, false }
+/* Heartbeat's handler only stamps the session: quick (common/rpc.h) */
+#define M_QUICK(name, fn, req, resp) \
+    { OFFLOAD_SVC name, &ballast__offload__v1__##req##__descriptor, \
+      &ballast__offload__v1__##resp##__descriptor, fn, NULL, true }
 
 static const rpc_method_t methods_tmpl[] = {
     M("OpenSession", h_open, open_session_request, open_session_response),
     M("CloseSession", h_close, close_session_request, close_session_response),
-    M("Heartbeat", h_heartbeat, heartbeat_request, heartbeat_response),
+    M_QUICK("Heartbeat", h_heartbeat, heartbeat_request, heartbeat_response),
     M("Stats", h_stats, stats_request, stats_response),
     M("ListKeys", h_list, list_keys_request, list_keys_response),
     M("Release", h_release, release_request, release_response),

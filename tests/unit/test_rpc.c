@@ -352,6 +352,88 @@ Test(rpc, deadline_exceeded_and_server_still_answers) {
     rpc_server_free(s);
 }
 
+/* ---- quick methods run on the thread waiting on the completion queue ---- */
+
+#define QUICK_PATH "/ballast.test.v1.Echo/QuickEcho"
+static atomic_int quick_thread = -1, slow_thread = -1;
+
+static grpc_status_code quick_handler(rpc_ctx_t *ctx, const ProtobufCMessage *req, ProtobufCMessage *resp) {
+    atomic_store(&quick_thread, ctx->thread);
+    return echo_handler(ctx, req, resp);
+}
+
+static grpc_status_code slow_handler(rpc_ctx_t *ctx, const ProtobufCMessage *req, ProtobufCMessage *resp) {
+    if (ctx->thread == 0) atomic_store(&slow_thread, 0); /* 0 would be wrong: remember it */
+    else if (atomic_load(&slow_thread) != 0) atomic_store(&slow_thread, ctx->thread);
+    return echo_handler(ctx, req, resp);
+}
+
+typedef struct {
+    rpc_client_t *c;
+    int64_t seq;
+    grpc_status_code st;
+} busy_call_t;
+
+static void *busy_call(void *arg) {
+    busy_call_t *a = arg;
+    char msg[256];
+    uint8_t b[4] = {9, 8, 7, (uint8_t)a->seq};
+    a->st = echo_once(a->c, b, sizeof b, a->seq, 1500, 10000, msg, sizeof msg);
+    return NULL;
+}
+
+/* With 2 handler threads both held by 1.5 s calls, a quick method still
+ * answers at once: it runs on thread 0 (the one waiting on the completion
+ * queue), the others never do. */
+Test(rpc, quick_methods_answer_while_the_handlers_are_busy) {
+    char addr[128], err[256];
+    unix_addr(addr, sizeof addr, "quick");
+    rpc_server_opts_t o = {.threads = 2};
+    rpc_server_t *s = rpc_server_new(&o, err, sizeof err);
+    cr_assert(s, "%s", err);
+    rpc_method_t slow = echo_method, quick = echo_method;
+    slow.handler = slow_handler;
+    quick.path = QUICK_PATH;
+    quick.handler = quick_handler;
+    quick.quick = true;
+    cr_assert_eq(rpc_server_add_method(s, &slow, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(rpc_server_add_method(s, &quick, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(rpc_server_listen(s, addr, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(rpc_server_start(s, err, sizeof err), 0, "%s", err);
+    rpc_client_t *c = open_client(addr);
+    uint64_t seed = 0x9e3779b9 ^ (uint64_t)getpid();
+    echo_ok(c, &seed); /* connected */
+    busy_call_t a[2] = {{c, 1, GRPC_STATUS_UNKNOWN}, {c, 2, GRPC_STATUS_UNKNOWN}};
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&t[i], NULL, busy_call, &a[i]), 0);
+    usleep(300 * 1000); /* both slow calls are in their handlers (or queued for them) */
+    uint8_t buf[64];
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (uint8_t)rnd(&seed);
+    Ballast__Test__V1__EchoRequest req = BALLAST__TEST__V1__ECHO_REQUEST__INIT;
+    req.payload.data = buf;
+    req.payload.len = sizeof buf;
+    req.seq = 77;
+    ProtobufCMessage *r = NULL;
+    char msg[256];
+    double t0 = clock_now_ms();
+    grpc_status_code st = rpc_call(c, QUICK_PATH, &req.base, &ballast__test__v1__echo_response__descriptor, &r,
+                                   5000, false, msg, sizeof msg);
+    double dt = clock_now_ms() - t0;
+    cr_assert_eq(st, GRPC_STATUS_OK, "%s", msg);
+    Ballast__Test__V1__EchoResponse *resp = (void *)r;
+    cr_assert_eq(resp->crc, crc32_ieee(buf, sizeof buf));
+    protobuf_c_message_free_unpacked(r, NULL);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(t[i], NULL);
+        cr_assert_eq(a[i].st, GRPC_STATUS_OK, "slow call %d: %s", i, rpc_status_name(a[i].st));
+    }
+    cr_assert(dt < 1000, "the quick call waited %.0f ms behind two 1.5 s calls", dt);
+    cr_assert_eq(atomic_load(&quick_thread), 0, "the quick method ran on thread %d", atomic_load(&quick_thread));
+    cr_assert_geq(atomic_load(&slow_thread), 1, "a handler ran on the thread waiting on the queue");
+    rpc_client_close(c);
+    rpc_server_free(s);
+}
+
 Test(rpc, unreachable_address_fails_fast_with_unavailable) {
     char addrs[2][128];
     snprintf(addrs[0], sizeof addrs[0], "unix:/tmp/ballast-test-rpc-%d-nobody.sock",
