@@ -44,6 +44,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -272,6 +273,16 @@ static int futex_sleep(_Atomic uint32_t *flag, int timeout_ms) {
     return errno == EAGAIN || errno == EINTR || errno == ETIMEDOUT ? 0 : -errno;
 }
 
+/* Note this side's CPU in its header line (only when it changed). */
+static inline void note_cpu(ring_t *r, _Atomic uint32_t *slot) {
+    int cpu = sched_getcpu();
+    uint32_t v = cpu >= 0 ? (uint32_t)cpu + 1 : 0;
+    if (v != r->my_cpu) {
+        r->my_cpu = v;
+        atomic_store_explicit(slot, v, memory_order_relaxed);
+    }
+}
+
 /* ---- producer ---- */
 
 static int64_t cons_ready(ring_t *r, uint32_t want);
@@ -299,6 +310,11 @@ static void spin_learn(ring_t *r, int64_t gap_ns) {
 static int spin_wait(ring_t *r, bool consumer, int64_t t0) {
     uint32_t budget = r->spin_ns;
     if (budget == 0 || !spin_allowed()) return 0;
+    /* the peer last ran here: it cannot answer while we spin, so give it the
+     * CPU instead (sched_yield), for as long as a spin would have lasted */
+    uint32_t peer = atomic_load_explicit(consumer ? &r->hdr->prod_cpu : &r->hdr->cons_cpu, memory_order_relaxed);
+    int cpu = sched_getcpu();
+    bool yield = cpu >= 0 && peer == (uint32_t)cpu + 1;
     if (r->spin_off) {
         r->spin_off--;
         return 0;
@@ -309,6 +325,11 @@ static int spin_wait(ring_t *r, bool consumer, int64_t t0) {
             r->spin_fails = 0;
             if (v > 0) spin_learn(r, clock_now_ns() - t0);
             return v < 0 ? (int)v : 1;
+        }
+        if (yield) {
+            sched_yield();
+            if (clock_now_ns() - t0 >= (int64_t)budget) break;
+            continue;
         }
         cpu_relax();
         if (i % 16 == 0 && clock_now_ns() - t0 >= (int64_t)budget) break;
@@ -344,6 +365,7 @@ static void prod_publish(ring_t *r) {
         atomic_store_explicit(&r->hdr->tail, r->tail, memory_order_release);
         return;
     }
+    note_cpu(r, &r->hdr->prod_cpu);
     atomic_store_explicit(&r->hdr->tail, r->tail, memory_order_seq_cst);
     wake_peer(&r->hdr->cons_waiting, r->data_fd);
 }
@@ -452,6 +474,7 @@ static void cons_publish(ring_t *r) {
         atomic_store_explicit(&r->hdr->head, r->head, memory_order_release);
         return;
     }
+    note_cpu(r, &r->hdr->cons_cpu);
     atomic_store_explicit(&r->hdr->head, r->head, memory_order_seq_cst);
     wake_peer(&r->hdr->prod_waiting, r->space_fd);
 }

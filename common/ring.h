@@ -31,8 +31,11 @@
  * A peer that takes 50 us between requests (it copies a megabyte) is thus
  * waited for by spinning, one that takes milliseconds is slept for. After
  * RING_SPIN_FAILS spins in a row that ran out, spinning stops for
- * RING_SPIN_PROBE waits. No spinning at all when the machine has one online
- * CPU (the peer could not run while we spin).
+ * RING_SPIN_PROBE waits. No spinning when the peer last ran on this CPU
+ * (each side notes its CPU in the header as it pushes or pops: a hint, never
+ * trusted for more), nor at all when the machine has one online CPU: the
+ * peer could not run while we spin, and a spinning ballastd thread would
+ * hold up whatever else runs there.
  *
  * Doorbells: a consumer that finds the ring empty sets cons_waiting,
  * re-checks the ring and only then sleeps on the data eventfd; a producer
@@ -71,11 +74,13 @@ typedef struct {
     uint32_t entries_off;            /* bytes from header start to entry 0 (RING_HDR_BYTES) */
     uint8_t  pad0[RING_LINE - 24];
     _Atomic uint32_t head;           /* entries consumed (free-running); consumer writes */
-    uint8_t  pad1[RING_LINE - 4];
+    _Atomic uint32_t cons_cpu;       /* CPU the consumer last popped on, + 1 (0: not yet); a hint */
+    uint8_t  pad1[RING_LINE - 8];
     _Atomic uint32_t tail;           /* entries produced (free-running); producer writes */
-    uint8_t  pad2[RING_LINE - 4];
-    _Atomic uint32_t cons_waiting;   /* 1: consumer sleeps on the data doorbell */
-    _Atomic uint32_t prod_waiting;   /* 1: producer sleeps on the space doorbell */
+    _Atomic uint32_t prod_cpu;       /* CPU the producer last pushed on, + 1 (0: not yet); a hint */
+    uint8_t  pad2[RING_LINE - 8];
+    _Atomic uint32_t cons_waiting;   /* 1: consumer sleeps on the data doorbell, 2: on this word */
+    _Atomic uint32_t prod_waiting;   /* 1: producer sleeps on the space doorbell, 2: on this word */
     uint8_t  pad3[RING_LINE - 8];
 } ring_hdr_t;
 
@@ -97,6 +102,7 @@ typedef struct {
     uint32_t spin_off;     /* waits left with spinning paused */
     uint32_t gap_n;        /* waits recorded (gap_ns[gap_n % RING_SPIN_HIST] is next) */
     uint32_t gap_ns[RING_SPIN_HIST]; /* how long the last waits' entries took to come, ns (capped) */
+    uint32_t my_cpu;       /* last CPU noted in the header by this side, + 1 */
     char err[RING_ERR_LEN];/* what was wrong when a call returned -EBADMSG */
 } ring_t;
 
