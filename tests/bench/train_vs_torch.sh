@@ -68,7 +68,7 @@ bench_case() {  # label cfg B T threads
     printf 'train_vs_torch:   pytorch     %9.1f tokens/s [%.1f-%.1f]\n' "$bm" "$blo" "$bhi"
     awk -v a="$am" -v b="$bm" -v l="$label" -v B="$B" -v T="$T" -v th="$th" 'BEGIN {
         printf "train_vs_torch:   ratio %.2f\n", a / b
-        printf "RATIO CPU training tokens/s ballast/pytorch %s %dx%d %d thread(s) %.2f (%s vs %s tok/s, medians)\n", l, B, T, th, a / b, a, b }'
+        printf "RATIO CPU training tokens/s ballast/pytorch %s %dx%d %d thread(s) %.2f (%.1f vs %.1f tok/s, medians)\n", l, B, T, th, a / b, a, b }'
 }
 
 status=0
