@@ -645,10 +645,13 @@ if want largest; then
 fi
 if want torch; then
     if [ "$DRY" = 1 ]; then
-        say "torch-1b, torch-7b: skipped (dry run: the PyTorch baseline needs the GPU)"
+        say "torch-1b, torch-7b, torch-7b-sel: skipped (dry run: the PyTorch baseline needs the GPU)"
         echo '{"kind":"skip","what":"torch","why":"dry run"}' >> "$RES"
     else
         torch_run torch-7b 170 "${SEVEN_B[@]}" --json "$RES"
+        # PyTorch's selective checkpointing (the attention op's outputs kept),
+        # beside ours-7b-sel
+        torch_run torch-7b-sel 170 "${SEVEN_B[@]}" selective --json "$RES"
     fi
 fi
 if want actoff; then

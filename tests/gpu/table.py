@@ -21,9 +21,9 @@ for r in rows:
 b = [r for r in rows if r.get("kind") == "bench"]
 if b:
     print("\n== benchmark: seq 4096, one GPU, MFU against 989 TFLOP/s (6 N + 12 L H Dh T FLOPs per token) ==")
-    print(f"{'model':<12} {'impl':<15} {'ckpt':<5} {'s/step':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
+    print(f"{'model':<12} {'impl':<15} {'ckpt':<9} {'s/step':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
     for r in sorted(b, key=lambda r: (r["model"], r["impl"])):
-        print(f"{r['model']:<12} {r['impl']:<15} {'yes' if r['act_ckpt'] else 'no':<5} {r['s_per_step']:>8.3f} "
+        print(f"{r['model']:<12} {r['impl']:<15} {r.get('ckpt_mode', 'full' if r['act_ckpt'] else 'none'):<9} {r['s_per_step']:>8.3f} "
               f"{r['tokens_per_s']:>10.0f} {r['tflops']:>8.1f} {100 * r['mfu']:>5.1f}%")
 p = [r for r in rows if r.get("kind") == "pool_bw"]
 if p:

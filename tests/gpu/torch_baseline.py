@@ -8,14 +8,24 @@ way: fp32 parameters and AdamW state, bf16 autocast, SDPA attention
 (PyTorch picks its flash kernel for causal bf16; GQA via enable_gqa), optional per-block activation checkpointing,
 torch.compile when it works (falls back to eager and says so).
 
+Checkpointing: `full` (the flag alone) recomputes each block from its input,
+as ballast's full mode does. `selective` is PyTorch's selective activation
+checkpointing (torch.utils.checkpoint with a context_fn from
+create_selective_checkpoint_contexts, PyTorch 2.4 and later): the outputs of
+the SDPA attention op (its output and log-sum-exp) are saved and everything
+else in the block is recomputed, which is what ballast's selective mode
+keeps.
+
 Throughput is counted as ballast counts it (workers/model/config.c,
 llama_flops_per_token): 6 x (matmul parameters + V x D) + 12 L H Dh T FLOPs
 per token. Prints one line and, with --json FILE, appends one JSON line.
 
   python3 tests/gpu/torch_baseline.py --model llama3.2-1b --seq-len 4096
   python3 tests/gpu/torch_baseline.py --model llama2-7b --activation-checkpointing
+  python3 tests/gpu/torch_baseline.py --model llama2-7b --activation-checkpointing selective
 """
 import argparse
+import functools
 import json
 import sys
 import time
@@ -82,11 +92,36 @@ class Block(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
+# The SDPA kernels whose outputs selective checkpointing saves; whichever of
+# them this PyTorch has (the one SDPA picks is among them).
+SDPA_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention")
+
+
+def selective_context_fn():
+    """context_fn for torch.utils.checkpoint that saves the attention op's
+    outputs and recomputes the rest; None with the reason when this PyTorch
+    has no selective checkpointing."""
+    try:
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    except ImportError:
+        return None, f"PyTorch {torch.__version__} has no selective activation checkpointing (2.4 or later has)"
+    keep = {getattr(torch.ops.aten, n).default for n in SDPA_OPS if hasattr(torch.ops.aten, n)}
+    if not keep:
+        return None, f"PyTorch {torch.__version__} has none of the SDPA ops {', '.join(SDPA_OPS)}"
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return functools.partial(create_selective_checkpoint_contexts, policy), ""
+
+
 class Llama(nn.Module):
-    def __init__(self, c, act_ckpt):
+    def __init__(self, c, act_ckpt, context_fn=None):
         super().__init__()
         self.c = c
         self.act_ckpt = act_ckpt
+        self.context_fn = context_fn
         self.embed = nn.Embedding(c["vocab"], c["dim"])
         self.blocks = nn.ModuleList([Block(c) for _ in range(c["layers"])])
         self.norm = RMSNorm(c["dim"], c["eps"])
@@ -105,7 +140,9 @@ class Llama(nn.Module):
     def forward(self, tokens, targets, cos, sin):
         x = self.embed(tokens)
         for b in self.blocks:
-            if self.act_ckpt and self.training:
+            if self.act_ckpt != "none" and self.training and self.context_fn:
+                x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, use_reentrant=False, context_fn=self.context_fn)
+            elif self.act_ckpt != "none" and self.training:
                 x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, use_reentrant=False)
             else:
                 x = b(x, cos, sin)
@@ -129,12 +166,21 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3, help="timed steps")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
-    ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--activation-checkpointing", nargs="?", const="full", default="none",
+                    choices=("none", "full", "selective"),
+                    help="full (the flag alone): recompute each block from its input; selective: keep the "
+                         "attention op's outputs, recompute the rest (PyTorch 2.4+)")
     ap.add_argument("--no-compile", action="store_true", help="eager mode only")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--json", help="append one JSON line of results to this file")
     a = ap.parse_args()
 
+    context_fn = None
+    if a.activation_checkpointing == "selective":
+        context_fn, why = selective_context_fn()
+        if context_fn is None:
+            print(f"torch_baseline: --activation-checkpointing selective: {why}; use full or none", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("torch_baseline: no GPU visible to PyTorch", file=sys.stderr)
         return 2
@@ -143,7 +189,7 @@ def main():
     dev = torch.device("cuda")
     torch.manual_seed(1)
     torch.backends.cuda.matmul.allow_tf32 = True
-    model = Llama(c, a.activation_checkpointing).to(dev)
+    model = Llama(c, a.activation_checkpointing, context_fn).to(dev)
     nparams = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
     B, T = a.micro_batch, a.seq_len
@@ -190,12 +236,13 @@ def main():
     tflops = flops_per_token(c, T) * B * T / dt / 1e12
     mem = torch.cuda.max_memory_allocated() / 2**30
     print(f"torch_baseline: {a.model} ({nparams / 1e9:.2f}B params) B={B} T={T} {mode}"
-          f"{' +act-ckpt' if a.activation_checkpointing else ''}: {dt:.3f} s/step, {tps:.0f} tokens/s, "
+          f"{'' if a.activation_checkpointing == 'none' else ' +act-ckpt ' + a.activation_checkpointing}: {dt:.3f} s/step, {tps:.0f} tokens/s, "
           f"{tflops:.1f} TFLOP/s, MFU {100 * tflops / a.peak_tflops:.1f}%, peak memory {mem:.1f} GiB, loss {loss.item():.3f}")
     if a.json:
         with open(a.json, "a") as f:
             f.write(json.dumps(dict(kind="bench", impl=f"torch-{mode}", model=a.model, seq=T, batch=B,
-                                    act_ckpt=a.activation_checkpointing, s_per_step=round(dt, 4),
+                                    act_ckpt=a.activation_checkpointing != "none",
+                                    ckpt_mode=a.activation_checkpointing, s_per_step=round(dt, 4),
                                     tokens_per_s=round(tps, 1), tflops=round(tflops, 2),
                                     mfu=round(tflops / a.peak_tflops, 4), peak_gib=round(mem, 1))) + "\n")
     return 0
