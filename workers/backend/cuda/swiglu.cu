@@ -18,20 +18,35 @@ __device__ __forceinline__ void swiglu_b(float dh, float g, float u, float *dg, 
     *du = dh * (g * s);
 }
 
+/* Eight elements in 16-byte vectors. */
+__device__ __forceinline__ uint4 swiglu_f8(uint4 gv, uint4 uv) {
+    uint4 hv;
+    const bf16 *gg = (const bf16 *)&gv, *uu = (const bf16 *)&uv;
+    bf16 *hh = (bf16 *)&hv;
+#pragma unroll
+    for (int k = 0; k < 8; k++) hh[k] = __float2bfloat16(swiglu_f(__bfloat162float(gg[k]), __bfloat162float(uu[k])));
+    return hv;
+}
+
+__device__ __forceinline__ void swiglu_b8(uint4 dv, uint4 gv, uint4 uv, uint4 *dgv, uint4 *duv) {
+    const bf16 *d8 = (const bf16 *)&dv, *g8 = (const bf16 *)&gv, *u8 = (const bf16 *)&uv;
+    bf16 *o8 = (bf16 *)dgv, *p8 = (bf16 *)duv;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float a, b;
+        swiglu_b(__bfloat162float(d8[k]), __bfloat162float(g8[k]), __bfloat162float(u8[k]), &a, &b);
+        o8[k] = __float2bfloat16(a);
+        p8[k] = __float2bfloat16(b);
+    }
+}
+
 /* ---- kernels ---- */
 
 __global__ void swiglu_fwd_kernel(bf16 *h, const bf16 *g, const bf16 *u, size_t n, bool vec) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (vec) {
-        for (size_t i = i0; i < n / 8; i += stride) {
-            uint4 gv = ((const uint4 *)g)[i], uv = ((const uint4 *)u)[i], hv;
-            const bf16 *gg = (const bf16 *)&gv, *uu = (const bf16 *)&uv;
-            bf16 *hh = (bf16 *)&hv;
-#pragma unroll
-            for (int k = 0; k < 8; k++) hh[k] = __float2bfloat16(swiglu_f(__bfloat162float(gg[k]), __bfloat162float(uu[k])));
-            ((uint4 *)h)[i] = hv;
-        }
+        for (size_t i = i0; i < n / 8; i += stride) ((uint4 *)h)[i] = swiglu_f8(((const uint4 *)g)[i], ((const uint4 *)u)[i]);
     } else {
         for (size_t i = i0; i < n; i += stride) h[i] = __float2bfloat16(swiglu_f(__bfloat162float(g[i]), __bfloat162float(u[i])));
     }
@@ -42,16 +57,8 @@ __global__ void swiglu_bwd_kernel(bf16 *dg, bf16 *du, const bf16 *dh, const bf16
     size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (vec) {
         for (size_t i = i0; i < n / 8; i += stride) {
-            uint4 dv = ((const uint4 *)dh)[i], gv = ((const uint4 *)g)[i], uv = ((const uint4 *)u)[i], ov, pv;
-            const bf16 *d8 = (const bf16 *)&dv, *g8 = (const bf16 *)&gv, *u8 = (const bf16 *)&uv;
-            bf16 *o8 = (bf16 *)&ov, *p8 = (bf16 *)&pv;
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float a, b;
-                swiglu_b(__bfloat162float(d8[k]), __bfloat162float(g8[k]), __bfloat162float(u8[k]), &a, &b);
-                o8[k] = __float2bfloat16(a);
-                p8[k] = __float2bfloat16(b);
-            }
+            uint4 ov, pv;
+            swiglu_b8(((const uint4 *)dh)[i], ((const uint4 *)g)[i], ((const uint4 *)u)[i], &ov, &pv);
             ((uint4 *)dg)[i] = ov;
             ((uint4 *)du)[i] = pv;
         }
@@ -72,14 +79,7 @@ __global__ void swiglu_gu_fwd_kernel(bf16 *h, const bf16 *gu, int F, bool vec) {
     const bf16 *g = gu + (size_t)blockIdx.x * 2 * F, *u = g + F;
     bf16 *hr = h + (size_t)blockIdx.x * F;
     if (vec) {
-        for (int i = threadIdx.x; i < F / 8; i += blockDim.x) {
-            uint4 gv = ((const uint4 *)g)[i], uv = ((const uint4 *)u)[i], hv;
-            const bf16 *gg = (const bf16 *)&gv, *uu = (const bf16 *)&uv;
-            bf16 *hh = (bf16 *)&hv;
-#pragma unroll
-            for (int k = 0; k < 8; k++) hh[k] = __float2bfloat16(swiglu_f(__bfloat162float(gg[k]), __bfloat162float(uu[k])));
-            ((uint4 *)hr)[i] = hv;
-        }
+        for (int i = threadIdx.x; i < F / 8; i += blockDim.x) ((uint4 *)hr)[i] = swiglu_f8(((const uint4 *)g)[i], ((const uint4 *)u)[i]);
     } else {
         for (int i = threadIdx.x; i < F; i += blockDim.x)
             hr[i] = __float2bfloat16(swiglu_f(__bfloat162float(g[i]), __bfloat162float(u[i])));
@@ -92,16 +92,8 @@ __global__ void swiglu_gu_bwd_kernel(bf16 *dgu, const bf16 *dh, const bf16 *gu, 
     bf16 *dg = dgu + r * 2 * F, *du = dg + F;
     if (vec) {
         for (int i = threadIdx.x; i < F / 8; i += blockDim.x) {
-            uint4 dv = ((const uint4 *)d)[i], gv = ((const uint4 *)g)[i], uv = ((const uint4 *)u)[i], ov, pv;
-            const bf16 *d8 = (const bf16 *)&dv, *g8 = (const bf16 *)&gv, *u8 = (const bf16 *)&uv;
-            bf16 *o8 = (bf16 *)&ov, *p8 = (bf16 *)&pv;
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float a, b;
-                swiglu_b(__bfloat162float(d8[k]), __bfloat162float(g8[k]), __bfloat162float(u8[k]), &a, &b);
-                o8[k] = __float2bfloat16(a);
-                p8[k] = __float2bfloat16(b);
-            }
+            uint4 ov, pv;
+            swiglu_b8(((const uint4 *)d)[i], ((const uint4 *)g)[i], ((const uint4 *)u)[i], &ov, &pv);
             ((uint4 *)dg)[i] = ov;
             ((uint4 *)du)[i] = pv;
         }
