@@ -32,15 +32,19 @@
  * deadlocks where they are not, the emulator's one-block-at-a-time
  * included). So the dk/dv pass recomputes S and dP, and dq owns its rows.
  *
- * Occupancy (per SM: 64K registers, 164 KiB shared on sm_80, 227 on sm_90):
- * forward shared memory is Q plus two K/V stages, (64 + 4 * 64) * Dh * 2
- * bytes = 40 KiB (Dh 64) or 80 KiB (Dh 128): 4 / 5 blocks (Dh 64) and 2 / 2
- * (Dh 128) on sm_80 / sm_90, against 2 / 3 and 1 / 2 of the WMMA version's
- * 71 and 95 KiB, with no fp32 staging tile. A thread holds its O rows
- * (Dh / 2 floats), 32 score floats and Q's A fragments (Dh / 4 registers),
- * ~110 / ~190 registers, which those block counts fit (16 warps x 32 x 110
- * < 64K). The backward holds two tiles resident and two double-buffered
- * (96 KiB at Dh 128, 48 at Dh 64), and two Dh x 16 accumulators per warp. */
+ * Occupancy (per SM: 64K registers; 164 KiB shared on sm_80, 227 on
+ * sm_90). Forward shared memory is Q plus two K/V stages, (64 + 4 * 64) *
+ * Dh * 2 bytes: 40 KiB at Dh 64, 80 at Dh 128, against the WMMA version's
+ * 71 and 95 (its fp32 score and bf16 P scratch are gone: they live in
+ * registers). Registers (ptxas 13): Dh 64 is held to 128 a thread by its
+ * launch bounds (4 blocks: 4 x 128 x 128 = 64K; it spills 8 bytes on
+ * sm_80, 32 on sm_90a), Dh 128 takes 203-215 (2 blocks). So a forward SM holds 16 warps at Dh 64 (was 8 on sm_80, 12
+ * on sm_90: shared memory bound) and 8 at Dh 128 (was 4 on sm_80, 8 on
+ * sm_90). Per thread: O's Dh / 2 floats, 32 score floats, Q's A fragments
+ * (Dh / 4 registers, loaded once). The backward keeps K, V (or Q, dO)
+ * resident and double-buffers the other two, 96 KiB at Dh 128 and 48 at
+ * Dh 64, with two Dh x 16 fp32 accumulators per warp in the dk/dv kernel
+ * (~250 registers at Dh 128: 1 block on sm_80, 2 on sm_90). */
 #include "workers/backend/cuda/common.cuh"
 #include "workers/backend/cuda/warp_mma.cuh"
 
@@ -170,7 +174,7 @@ struct tc_dims {
 /* ---- forward ---- */
 
 template <int DH>
-__global__ void __launch_bounds__(TC_WARPS * 32) attn_fwd_tc(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+__global__ void __launch_bounds__(TC_WARPS * 32, DH == 64 ? 4 : 2) attn_fwd_tc(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                                              const bf16 *v, int T, int H, int Hkv, float scale) {
     constexpr int KS = DH / 16, NS = TC_BC / 8, NO = DH / 8;
     extern __shared__ __align__(128) unsigned char smem[];
