@@ -97,7 +97,7 @@ $(BUILD)/tests/emu/bin/ballast $(BUILD)/tests/emu/bin/ballastd: $(BUILD)/tests/e
 	$(Q)cp $< $@
 
 # the emulator's own semantics (tests/emu/selftest.cu)
-$(EMU_DIR)/obj/tests/emu/selftest.o: $(EMU_DIR)/src/tests/emu/selftest.cu.cc $(EMU_HDRS)
+$(EMU_DIR)/obj/tests/emu/selftest.o: $(EMU_DIR)/src/tests/emu/selftest.cu.cc $(EMU_CUH) $(EMU_HDRS)
 	@mkdir -p $(@D)
 	@echo "  EMU  tests/emu/selftest.cu"
 	$(Q)$(EMU_CXX) $(EMU_CXXFLAGS) -c $< -o $@

@@ -2,7 +2,9 @@
  * as the backend's kernels (cu2cc.py, the emulation headers, runtime and
  * scheduler): block reductions through shared memory and shuffles, every
  * shuffle kind against its CUDA definition, votes, WMMA against a plain
- * product, stream order and event waits, pageable and pinned copies.
+ * product, the PTX primitives of warp_mma.cuh (mma.sync m16n8k16,
+ * ldmatrix x4 and .trans, cp.async groups) against scalar references,
+ * stream order and event waits, pageable and pinned copies.
  * Then, each in a child process that must die with the emulator's
  * message: threads at different barriers, a missing barrier (wrong bits on
  * some seed), a kernel given a pageable host pointer, a copy past an
@@ -13,6 +15,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
+
+#include "workers/backend/cuda/warp_mma.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +108,56 @@ __global__ void wmma_kernel(float *c, const __nv_bfloat16 *a, const __nv_bfloat1
     wmma::load_matrix_sync(fb, b, 16);
     wmma::mma_sync(fc, fa, fb, fc);
     wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
+}
+
+/* ---- the PTX primitives of warp_mma.cuh ---- */
+
+/* D (16x8) = A (16x16 row-major) . B (16x8 as Bt: 8 rows of 16, i.e. col) + C,
+ * each lane packing its fragments straight from memory by the ISA's layout */
+__global__ void ptx_mma_kernel(float *d, const __nv_bfloat16 *a, const __nv_bfloat16 *bt, const float *c) {
+    int l = threadIdx.x, g = l >> 2, t = l & 3;
+    const uint16_t *A = (const uint16_t *)a, *Bt = (const uint16_t *)bt;
+    uint32_t fa[4], fb[2];
+    float fc[4], fd[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i & 1), col = 2 * t + 8 * (i >> 1);
+        fa[i] = A[row * 16 + col] | ((uint32_t)A[row * 16 + col + 1] << 16);
+    }
+    for (int i = 0; i < 2; i++) fb[i] = Bt[g * 16 + 2 * t + 8 * i] | ((uint32_t)Bt[g * 16 + 2 * t + 8 * i + 1] << 16);
+    for (int i = 0; i < 4; i++) fc[i] = c[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)];
+    warp_mma_bf16(fd, fa, fb, fc);
+    for (int i = 0; i < 4; i++) d[(g + 8 * (i >> 1)) * 8 + 2 * t + (i & 1)] = fd[i];
+}
+
+/* a 16x16 bf16 tile through shared memory, read back with ldmatrix x4:
+ * lanes 0-15 give rows 0-15 of columns 0-7, lanes 16-31 of columns 8-15 */
+__global__ void ptx_ldmatrix_kernel(uint32_t *out, const __nv_bfloat16 *x, int trans) {
+    __shared__ __align__(16) __nv_bfloat16 tile[256];
+    int l = threadIdx.x;
+    for (int i = l; i < 256; i += 32) tile[i] = x[i];
+    __syncwarp();
+    uint32_t r[4];
+    const __nv_bfloat16 *row = tile + (l & 15) * 16 + (l >> 4) * 8;
+    if (trans) warp_ldmatrix_x4<true>(r, row);
+    else warp_ldmatrix_x4<false>(r, row);
+    for (int j = 0; j < 4; j++) out[4 * l + j] = r[j];
+}
+
+/* cp.async: out[0..] what thread l sees of its 16 bytes before any wait,
+ * after wait<1> (first group landed), after wait<0> (both) */
+__global__ void ptx_cp_async_kernel(float *out, const float *src) {
+    __shared__ __align__(16) float buf[2][32 * 4];
+    int l = threadIdx.x;
+    for (int i = 0; i < 4; i++) buf[0][4 * l + i] = buf[1][4 * l + i] = -1.f;
+    cp_async_16(&buf[0][4 * l], src + 4 * l, true);
+    cp_async_commit();
+    cp_async_16(&buf[1][4 * l], src + 128 + 4 * l, l % 2 == 0); /* odd lanes zero-fill */
+    cp_async_commit();
+    out[l] = buf[0][4 * l] + buf[1][4 * l];
+    cp_async_wait<1>();
+    out[32 + l] = buf[0][4 * l] + 100.f * buf[1][4 * l + 1];
+    cp_async_wait<0>();
+    out[64 + l] = buf[0][4 * l + 2] + 100.f * buf[1][4 * l + 3];
 }
 
 /* ---- helpers ---- */
@@ -259,6 +313,79 @@ int main(void) {
             }
         check(err < 1e-5, "wmma", "the product differs from the host's");
         CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc));
+    }
+    /* mma.sync m16n8k16 against a scalar product on random data */
+    {
+        __nv_bfloat16 ha[256], hb[128];
+        float fa[256], fb[128], hc[128], hd[128];
+        for (int i = 0; i < 256; i++) ha[i] = __float2bfloat16(frand(&seed) * 4), fa[i] = __bfloat162float(ha[i]);
+        for (int i = 0; i < 128; i++) hb[i] = __float2bfloat16(frand(&seed) * 4), fb[i] = __bfloat162float(hb[i]);
+        for (int i = 0; i < 128; i++) hc[i] = frand(&seed);
+        __nv_bfloat16 *da, *db;
+        float *dc, *dd;
+        CK(cudaMalloc((void **)&da, sizeof ha)); CK(cudaMalloc((void **)&db, sizeof hb));
+        CK(cudaMalloc((void **)&dc, sizeof hc)); CK(cudaMalloc((void **)&dd, sizeof hd));
+        CK(cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(db, hb, sizeof hb, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dc, hc, sizeof hc, cudaMemcpyHostToDevice));
+        ptx_mma_kernel<<<1, 32>>>(dd, da, db, dc);
+        CK(cudaMemcpy(hd, dd, sizeof hd, cudaMemcpyDeviceToHost));
+        double err = 0;
+        for (int i = 0; i < 16; i++)
+            for (int j = 0; j < 8; j++) {
+                double s = hc[i * 8 + j];
+                for (int k = 0; k < 16; k++) s += (double)fa[i * 16 + k] * fb[j * 16 + k];
+                err = fmax(err, fabs(s - hd[i * 8 + j]));
+            }
+        check(err < 1e-4, "ptx_mma_m16n8k16", "D differs from the scalar A.B + C");
+        CK(cudaFree(da)); CK(cudaFree(db)); CK(cudaFree(dc)); CK(cudaFree(dd));
+    }
+    /* ldmatrix x4 and x4.trans against the ISA's lane mapping */
+    {
+        __nv_bfloat16 hx[256];
+        uint32_t hr[128];
+        for (int i = 0; i < 256; i++) hx[i] = __float2bfloat16(frand(&seed));
+        const uint16_t *X = (const uint16_t *)hx;
+        __nv_bfloat16 *dx;
+        uint32_t *dr;
+        CK(cudaMalloc((void **)&dx, sizeof hx)); CK(cudaMalloc((void **)&dr, sizeof hr));
+        CK(cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice));
+        for (int trans = 0; trans < 2; trans++) {
+            ptx_ldmatrix_kernel<<<1, 32>>>(dr, dx, trans);
+            CK(cudaMemcpy(hr, dr, sizeof hr, cudaMemcpyDeviceToHost));
+            bool ok = true;
+            for (int l = 0; l < 32; l++)
+                for (int j = 0; j < 4; j++) {
+                    /* matrix j: rows 8(j%2).., columns 8(j/2).. of the tile */
+                    int r0 = 8 * (j & 1), c0 = 8 * (j >> 1), r = l >> 2, c = 2 * (l & 3);
+                    uint32_t e0 = trans ? X[(r0 + c) * 16 + c0 + r] : X[(r0 + r) * 16 + c0 + c];
+                    uint32_t e1 = trans ? X[(r0 + c + 1) * 16 + c0 + r] : X[(r0 + r) * 16 + c0 + c + 1];
+                    ok &= hr[4 * l + j] == (e0 | (e1 << 16));
+                }
+            check(ok, trans ? "ptx_ldmatrix_x4_trans" : "ptx_ldmatrix_x4", "a lane's register differs from the ISA's mapping");
+        }
+        CK(cudaFree(dx)); CK(cudaFree(dr));
+    }
+    /* cp.async lands at the wait that retires its group, zero-fills when invalid */
+    {
+        float hs[256], ho[96];
+        for (int i = 0; i < 256; i++) hs[i] = (float)(i + 1);
+        float *ds, *dout;
+        CK(cudaMalloc((void **)&ds, sizeof hs)); CK(cudaMalloc((void **)&dout, sizeof ho));
+        CK(cudaMemcpy(ds, hs, sizeof hs, cudaMemcpyHostToDevice));
+        ptx_cp_async_kernel<<<1, 32>>>(dout, ds);
+        CK(cudaMemcpy(ho, dout, sizeof ho, cudaMemcpyDeviceToHost));
+        bool before = true, first = true, both = true;
+        for (int l = 0; l < 32; l++) {
+            before &= ho[l] == -2.f;
+            first &= ho[32 + l] == hs[4 * l] - 100.f;
+            float b3 = l % 2 == 0 ? hs[128 + 4 * l + 3] : 0.f;
+            both &= ho[64 + l] == hs[4 * l + 2] + 100.f * b3;
+        }
+        check(before, "cp_async_lands_at_wait", "shared memory changed before any cp.async.wait_group");
+        check(first, "cp_async_wait_group_1", "wait_group 1 did not land exactly the older group");
+        check(both, "cp_async_wait_group_0_zero_fill", "wait_group 0 did not land both groups (odd lanes zeros)");
+        CK(cudaFree(ds)); CK(cudaFree(dout));
     }
     /* streams: work on s2 ordered after s1 by an event; the host reads after syncing s2 */
     {

@@ -6,7 +6,8 @@
  * run every case: tensor cores ("tc", the default) and SIMT ("simt"), then
  * cuDNN's fused attention ("cudnn") where libcudnn.so.9 loads and passes
  * the backend's start-up self-check (otherwise one SKIP line with the
- * reason). */
+ * reason). Each of our paths also runs the same inputs twice and wants the
+ * same bits (the determinism contract). */
 #include "tests/gpu/gpucheck.h"
 
 static const char *g_impl = "tc";
@@ -119,6 +120,49 @@ static void run_long(int T, int H, int Hkv, int Dh) {
     free(q); free(k); free(v); free(ho); free(ref); free(got); free(s);
 }
 
+/* Determinism: the same inputs through forward and backward twice give
+ * the same bits in out, lse, dq, dk and dv (the emulator draws a new thread
+ * and block order for every launch, so a result that depends on the order
+ * of a sum differs). One TAP line. */
+static void run_bits(int B, int T, int H, int Hkv, int Dh) {
+    if (!gc_case("%s_B%d_T%d_H%d_Hkv%d_Dh%d_same_bits", g_impl, B, T, H, Hkv, Dh)) return;
+    size_t nq = (size_t)B * T * H * Dh, nk = (size_t)B * T * Hkv * Dh;
+    float *q = gc_host(nq), *k = gc_host(nk), *v = gc_host(nk), *g = gc_host(nq);
+    gc_rand(q, nq, -2, 2); gc_rand(k, nk, -2, 2); gc_rand(v, nk, -1, 1); gc_rand(g, nq, -1, 1);
+    const backend_t *be = GC.gpu;
+    size_t natt = be->attention_state_numel(B, T, H);
+    act_t *gq = gc_dev_act(q, nq), *gk = gc_dev_act(k, nk), *gv = gc_dev_act(v, nk), *gg = gc_dev_act(g, nq);
+    float *res[2][5];
+    for (int r = 0; r < 2; r++) {
+        act_t *go = gc_dev_act(q, nq), *gdq = gc_dev_act(q, nq), *gdk = gc_dev_act(k, nk), *gdv = gc_dev_act(k, nk);
+        float *gatt = (float *)be->alloc(natt * sizeof(float));
+        gc_poison_act(go, nq); gc_poison_act(gdq, nq); gc_poison_act(gdk, nk); gc_poison_act(gdv, nk);
+        gc_poison_f32(gatt, natt);
+        be->attention_fwd(go, gatt, gq, gk, gv, B, T, H, Hkv, Dh);
+        be->attention_bwd(gdq, gdk, gdv, gg, go, gq, gk, gv, gatt, B, T, H, Hkv, Dh);
+        res[r][0] = gc_get_act(go, nq); res[r][1] = gc_get_f32(gatt, (size_t)B * H * T);
+        res[r][2] = gc_get_act(gdq, nq); res[r][3] = gc_get_act(gdk, nk); res[r][4] = gc_get_act(gdv, nk);
+        be->free(go); be->free(gdq); be->free(gdk); be->free(gdv); be->free(gatt);
+    }
+    const char *names[5] = { "out", "lse", "dq", "dk", "dv" };
+    size_t ns[5] = { nq, (size_t)B * H * T, nq, nk, nk };
+    int di = -1;
+    size_t at = 0;
+    for (int i = 0; i < 5 && di < 0; i++)
+        for (size_t e = 0; e < ns[i]; e++)
+            if (memcmp(&res[0][i][e], &res[1][i][e], sizeof(float)) != 0) { di = i; at = e; break; }
+    GC.cases++;
+    printf("%s - %s/%s out, lse, dq, dk, dv\n", di >= 0 ? "not ok" : "ok", GC.family, GC.name);
+    if (di >= 0) {
+        printf("#   %s differs between two runs at %zu: %.9g then %.9g\n", names[di], at, res[0][di][at], res[1][di][at]);
+        GC.failed++;
+    }
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 5; i++) free(res[r][i]);
+    be->free(gq); be->free(gk); be->free(gv); be->free(gg);
+    free(q); free(k); free(v); free(g);
+}
+
 int main(void) {
     gc_init("attention");
     const char *impls[] = { "tc", "simt", "cudnn" };
@@ -144,6 +188,10 @@ int main(void) {
         run(1, 100, 8, 2, 128);
         run(1, 257, 4, 4, 128);
         run(2, 64, 6, 1, 64);
+        run(2, 77, 4, 2, 64);   /* T not a multiple of 64, B 2, GQA ratio 2 */
+        run(1, 200, 8, 2, 128); /* T not a multiple of 64, GQA ratio 4 */
+        run_bits(2, 77, 8, 2, 64);
+        run_bits(1, 130, 4, 2, 128);
         if (gc_emulated()) { /* the emulator runs kernels on the CPU: the long cases shrink */
             run(1, 130, 2, 1, 128);
             run_long(300, 2, 1, 128);

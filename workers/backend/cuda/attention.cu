@@ -7,7 +7,7 @@
  * failure there shows only at run time on the GPU), are deterministic (no
  * atomics: the backward is two passes, one owning dq, one owning dk and dv)
  * and can be checked line by line against the CPU oracle. Two paths:
- * attention_tc.cu (WMMA tensor cores, the default) and the SIMT kernels
+ * attention_tc.cu (mma.sync tensor cores, the default) and the SIMT kernels
  * here (fp32 FMA: slower, simplest to trust), chosen with
  * cuda_attention_use() (the worker's --attention own is tc). cuDNN's fused
  * attention (attention_cudnn.cu) is a third path behind the same
@@ -418,10 +418,11 @@ void launch_attention_bwd_own(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, co
     check_shape(H, Hkv, Dh);
     size_t rows = (size_t)B * T * H;
     float *dvec = (float *)cuda_scratch(SCRATCH_ATTN, rows * sizeof(float));
+    float scale = (float)(1.0 / sqrt((double)Dh));
+    /* the tensor-core dq kernel computes the row dot itself */
+    if (use_tc()) { launch_attention_bwd_tc(dq, dk, dv, dvec, dout, out, q, k, v, lse, B, T, H, Hkv, Dh, scale); return; }
     attn_bwd_rowdot<<<cuda_blocks(rows * 32, 256), 256, 0, cuda_compute_stream()>>>(dvec, dout, out, B, T, H, Dh);
     CUDA_LAUNCH_CHECK("attn_bwd_rowdot");
-    float scale = (float)(1.0 / sqrt((double)Dh));
-    if (use_tc()) { launch_attention_bwd_tc(dq, dk, dv, dout, q, k, v, lse, dvec, B, T, H, Hkv, Dh, scale); return; }
     if (Dh == 64) launch_bwd_dh<64>(dq, dk, dv, dout, q, k, v, lse, dvec, B, T, H, Hkv, scale);
     else launch_bwd_dh<128>(dq, dk, dv, dout, q, k, v, lse, dvec, B, T, H, Hkv, scale);
 }

@@ -160,9 +160,10 @@ void launch_attention_bwd(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const 
                           const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H, int Hkv, int Dh);
 void launch_attention_fwd_tc(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int B, int T, int H,
                              int Hkv, int Dh, float scale);                            /* attention_tc.cu */
-void launch_attention_bwd_tc(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
-                             const bf16 *v, const float *lse, const float *dvec, int B, int T, int H, int Hkv, int Dh,
-                             float scale);
+/* dvec: (B, H, T) fp32 scratch the tensor-core backward fills with D = rowsum(dO * O) */
+void launch_attention_bwd_tc(bf16 *dq, bf16 *dk, bf16 *dv, float *dvec, const bf16 *dout, const bf16 *out,
+                             const bf16 *q, const bf16 *k, const bf16 *v, const float *lse, int B, int T, int H,
+                             int Hkv, int Dh, float scale);
 /* our own kernels whatever --attention chose (attention.cu), and cuDNN's
  * fused attention (attention_cudnn.cu: 0 when it ran, -1 with the reason
  * when it refused the call) */
