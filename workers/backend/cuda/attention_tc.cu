@@ -76,6 +76,24 @@ __device__ __forceinline__ void tc_load_async(bf16 *dst, const bf16 *src, size_t
     }
 }
 
+/* Tile j of a double-buffered K/V stream (KV: two stages of K then V, each
+ * TC_BC x DH): start tile j + 1's copy into the other stage, so that it
+ * overlaps tile j's products, and wait until tile j has landed (all of it
+ * at the last tile). The caller synchronises the block next. */
+template <int DH>
+__device__ __forceinline__ void tc_kv_next(bf16 *KV, const bf16 *kbase, const bf16 *vbase, size_t ks, int j,
+                                           int ntiles, int T) {
+    if (j + 1 < ntiles) {
+        bf16 *Kn = KV + (size_t)((j + 1) & 1) * 2 * TC_BC * DH;
+        tc_load_async<DH>(Kn, kbase, ks, (j + 1) * TC_BC, T);
+        tc_load_async<DH>(Kn + TC_BC * DH, vbase, ks, (j + 1) * TC_BC, T);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+}
+
 /* A fragment of rows r0..r0+15, columns 16 kk..16 kk+15 of a tile. */
 template <int DH>
 __device__ __forceinline__ void tc_frag_a(uint32_t (&a)[4], const bf16 *tile, int r0, int kk) {
@@ -199,13 +217,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, DH == 64 ? 4 : 2) attn_fwd_tc(b
         for (int i = 0; i < 4; i++) o[n][i] = 0.f;
     for (int j = 0; j < ntiles; j++) {
         const bf16 *Ks = KV + (size_t)(j & 1) * 2 * TC_BC * DH, *Vs = Ks + TC_BC * DH;
-        if (j + 1 < ntiles) { /* the next stage's copy overlaps this tile's products */
-            bf16 *Kn = KV + (size_t)((j + 1) & 1) * 2 * TC_BC * DH;
-            tc_load_async<DH>(Kn, kbase, ks, (j + 1) * TC_BC, T);
-            tc_load_async<DH>(Kn + TC_BC * DH, vbase, ks, (j + 1) * TC_BC, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else cp_async_wait<0>();
+        tc_kv_next<DH>(KV, kbase, vbase, ks, j, ntiles, T);
         __syncthreads();
         if (j == 0)
 #pragma unroll
@@ -338,13 +350,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32) attn_bwd_dq_tc(bf16 *dq, float 
         for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
     for (int j = 0; j < ntiles; j++) {
         const bf16 *Ks = KV + (size_t)(j & 1) * 2 * TC_BC * DH, *Vs = Ks + TC_BC * DH;
-        if (j + 1 < ntiles) {
-            bf16 *Kn = KV + (size_t)((j + 1) & 1) * 2 * TC_BC * DH;
-            tc_load_async<DH>(Kn, kbase, ks, (j + 1) * TC_BC, T);
-            tc_load_async<DH>(Kn + TC_BC * DH, vbase, ks, (j + 1) * TC_BC, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else cp_async_wait<0>();
+        tc_kv_next<DH>(KV, kbase, vbase, ks, j, ntiles, T);
         __syncthreads();
         float s[NS][4], dp[NS][4];
         tc_abt<DH>(s, Qs, 16 * w, Ks);  /* S = Q_w K^T */

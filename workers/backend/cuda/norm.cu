@@ -17,7 +17,7 @@ __device__ double block_sum_d(double v) {
     buf[threadIdx.x] = v;
     __syncthreads();
     for (int s = NORM_THREADS / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+        if ((int)threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
         __syncthreads();
     }
     double r = buf[0];
