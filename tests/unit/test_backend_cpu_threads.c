@@ -2,8 +2,9 @@
  * same inputs give the same bits at 1, 2 and 4 threads (checkpoint resume,
  * activation checkpointing and the layout-equality tests rely on it), for
  * the matmuls (forward, dx overwritten and accumulated, dw accumulated) on
- * the model's shapes, their tensor-parallel halves and quarters, and random
- * shapes across the GEMM's tile edges; for attention forward and backward
+ * the model's shapes, their tensor-parallel halves and quarters, random
+ * shapes across the GEMM's tile edges, and weight gradients over enough
+ * tokens that the GEMM cuts them along K; for attention forward and backward
  * (grouped-query, several query tiles, ragged last tile); and for the
  * element-wise and row ops. The matmuls and attention run twice: on
  * OpenBLAS (when it loads here) and on the backend's own kernel
@@ -11,6 +12,7 @@
  * random (seeded: $BALLAST_TEST_SEED repeats a run); accumulating outputs
  * start from random values. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,6 +108,37 @@ static void random_shapes(int rounds) {
     check_matmul(3, 1, 2000);
 }
 
+/* Weight gradients over many tokens: K (the tokens) is the GEMM's longest
+ * side, which the GEMM cuts along K (cpu_gemm.c). dw accumulated onto random
+ * values is also checked against a double-precision sum, norm-wise. */
+static void check_dw_reference(int N, int I, int O) {
+    float *x = rvec((size_t)N * I, 1), *w = rvec((size_t)O * I, 0.1f), *g = rvec((size_t)N * O, 1);
+    float *dw = rvec((size_t)O * I, 1);
+    double *ref = malloc((size_t)O * I * sizeof(double));
+    cr_assert_not_null(ref);
+    for (size_t i = 0; i < (size_t)O * I; i++) ref[i] = dw[i];
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < O; o++)
+            for (int i = 0; i < I; i++) ref[(size_t)o * I + i] += (double)g[(size_t)n * O + o] * x[(size_t)n * I + i];
+    backend_cpu(2)->matmul_bwd(NULL, dw, g, x, w, N, I, O, false);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < (size_t)O * I; i++) {
+        num += (dw[i] - ref[i]) * (dw[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    /* fp32 sums of N products: relative error about 2^-24 sqrt(N) per element, 1e-6 at N = 4096 */
+    cr_assert(sqrt(num / den) < 1e-5, "dw over N %d I %d O %d: relative L2 error %.3g against the double sum", N, I, O,
+              sqrt(num / den));
+    free(x); free(w); free(g); free(dw); free(ref);
+}
+
+static void kcut_shapes(int rounds) {
+    check_matmul(2048, 256, 256);            /* the benchmark model's q, o weight gradient */
+    check_matmul(1024, 255, 257);            /* the smallest K that is cut */
+    for (int r = 0; r < rounds; r++) check_matmul(rnd(1025, 4200), rnd(1, 700), rnd(1, 700));
+    check_dw_reference(rnd(1100, 3000), rnd(40, 300), rnd(40, 300));
+}
+
 static void check_attention(int B, int T, int H, int Hkv, int Dh) {
     size_t nq = (size_t)B * T * H * Dh, nk = (size_t)B * T * Hkv * Dh;
     float *q = rvec(nq, 2), *k = rvec(nk, 2), *v = rvec(nk, 1), *g = rvec(nq, 1);
@@ -150,6 +183,7 @@ static void attention_shapes(void) {
 Test(backend_cpu_threads, matmul_model_shapes) { seed(71); model_shapes(2, 4); }
 Test(backend_cpu_threads, matmul_random_shapes) { seed(72); random_shapes(12); }
 Test(backend_cpu_threads, attention) { seed(73); attention_shapes(); }
+Test(backend_cpu_threads, matmul_weight_grads_cut_along_k) { seed(74); kcut_shapes(4); }
 /* the built-in kernel: fewer shapes (it is slower), the same edges */
 Test(backend_cpu_threads, matmul_builtin, .init = builtin) { seed(75); model_shapes(1, 2); random_shapes(6); }
 Test(backend_cpu_threads, attention_builtin, .init = builtin) { seed(77); attention_shapes(); }

@@ -18,7 +18,16 @@
  * runs the tile: bit-identical results for 1 or n threads, with either
  * implementation (tests/unit/test_backend_cpu_threads.c checks both at 1,
  * 2 and 4 threads). The two implementations round differently from each
- * other; a run uses one. */
+ * other; a run uses one.
+ *
+ * A GEMM whose K is its longest side and whose C is small (the weight
+ * gradients, dout^T @ x over the batch's tokens) is cut along K instead:
+ * KSPLIT chunks of K, fixed by the shape, each a whole-C call; the first
+ * accumulates into C with the caller's beta, the others into scratch, and
+ * C then adds them in chunk order. Cutting such a C into tiles leaves
+ * thin tiles that OpenBLAS runs at 0.8 of its speed on the whole product
+ * (tests/bench/cpu_gemm.sh); a chunk of K keeps the whole C and runs at
+ * 0.9-1.0 of it. */
 #include "workers/backend/cpu_internal.h"
 
 #include <dlfcn.h>
@@ -37,6 +46,12 @@
 #define TILE_N 512
 #define TILE_MIN 64
 #define TILE_COUNT 4
+/* The K cut: when K is the longest side, C has at most KSPLIT_MAX_C
+ * elements and each chunk gets at least KSPLIT_MIN_K of K, K is cut into
+ * KSPLIT chunks of a multiple of 64. */
+#define KSPLIT 4
+#define KSPLIT_MIN_K 256
+#define KSPLIT_MAX_C (1u << 20)
 
 /* ---- OpenBLAS, opened at run time ---- */
 
@@ -191,9 +206,53 @@ void cpu_gemm1(bool ta, bool tb, int M, int N, int K, float alpha, const float *
             lda, B, ldb, beta, C, ldc);
 }
 
+/* The scratch of the K cut on the calling thread, grown as needed and kept. */
+static float *ksplit_buf(size_t n) {
+    static _Thread_local float *buf;
+    static _Thread_local size_t cap;
+    if (n > cap) {
+        free(buf);
+        buf = malloc(n * sizeof(float));
+        CHECK_ALLOC(buf);
+        cap = n;
+    }
+    return buf;
+}
+
+/* C = alpha op(A) op(B) + beta C with K in nk chunks of kc (see the top). */
+static void gemm_ksplit(bool ta, bool tb, int M, int N, int K, int kc, int nk, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, float *C, int ldc) {
+    size_t mn = (size_t)M * N;
+    float *P = ksplit_buf((size_t)(nk - 1) * mn);
+#pragma omp parallel for schedule(dynamic) if ((double)M * N * K > PAR_MIN_FLOPS)
+    for (int c = 0; c < nk; c++) {
+        int k0 = c * kc, kb = K - k0 < kc ? K - k0 : kc;
+        const float *a = ta ? A + (size_t)k0 * lda : A + k0;    /* columns k0.. of op(A) */
+        const float *b = tb ? B + k0 : B + (size_t)k0 * ldb;    /* rows k0.. of op(B) */
+        if (c == 0) cpu_gemm1(ta, tb, M, N, kb, alpha, a, lda, b, ldb, beta, C, ldc);
+        else cpu_gemm1(ta, tb, M, N, kb, alpha, a, lda, b, ldb, 0.f, P + (size_t)(c - 1) * mn, N);
+    }
+#pragma omp parallel for schedule(static) if ((double)M * N * nk > PAR_MIN_FLOPS)
+    for (int i = 0; i < M; i++) {
+        float *c = C + (size_t)i * ldc;
+        const float *p = P + (size_t)i * N;
+        for (int j = 0; j < N; j++) {
+            float s = p[j];
+            for (int q = 1; q < nk - 1; q++) s += p[(size_t)q * mn + j];
+            c[j] += s;
+        }
+    }
+}
+
 void cpu_gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
               float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;
+    if (K > M && K > N && (size_t)M * N <= KSPLIT_MAX_C && K >= KSPLIT * KSPLIT_MIN_K) {
+        int kc = (K + KSPLIT - 1) / KSPLIT;
+        kc = (kc + 63) / 64 * 64;
+        gemm_ksplit(ta, tb, M, N, K, kc, (K + kc - 1) / kc, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
     int bm = TILE_M, bn = TILE_N;
     while (((M + bm - 1) / bm) * ((N + bn - 1) / bn) < TILE_COUNT && (bm > TILE_MIN || bn > TILE_MIN)) {
         if (bn >= bm && bn > TILE_MIN) bn /= 2;
