@@ -132,19 +132,24 @@ static void kernel_4x16(int kb, const float *Ap, const float *Bp, float *C, size
     V8_ST(C + 3 * ldc, c30); V8_ST(C + 3 * ldc + 8, c31);
 }
 
-/* The calling thread's packing buffer, grown as needed and kept (the
- * OpenMP team's threads live as long as the process). */
-static float *pack_buf(size_t n) {
-    static _Thread_local float *buf;
-    static _Thread_local size_t cap;
-    if (n > cap) {
-        free(buf);
-        buf = malloc(n * sizeof(float));
-        CHECK_ALLOC(buf);
-        cap = n;
+/* Scratch of n floats on the calling thread, one per purpose (*buf, *cap
+ * thread-local), grown as needed and kept (the OpenMP team's threads live
+ * as long as the process). */
+static float *thread_buf(float **buf, size_t *cap, size_t n) {
+    if (n > *cap) {
+        free(*buf);
+        *buf = malloc(n * sizeof(float));
+        CHECK_ALLOC(*buf);
+        *cap = n;
     }
-    return buf;
+    return *buf;
 }
+
+static _Thread_local float *g_pack_buf, *g_ksplit_buf;
+static _Thread_local size_t g_pack_cap, g_ksplit_cap;
+
+/* The packing buffer of the built-in kernel. */
+static float *pack_buf(size_t n) { return thread_buf(&g_pack_buf, &g_pack_cap, n); }
 
 /* C = alpha * op(A) @ op(B) + beta * C on the calling thread. K in blocks
  * of KC; per block, op(B) packed in 16-column panels and each 4-row strip
@@ -206,18 +211,8 @@ void cpu_gemm1(bool ta, bool tb, int M, int N, int K, float alpha, const float *
             lda, B, ldb, beta, C, ldc);
 }
 
-/* The scratch of the K cut on the calling thread, grown as needed and kept. */
-static float *ksplit_buf(size_t n) {
-    static _Thread_local float *buf;
-    static _Thread_local size_t cap;
-    if (n > cap) {
-        free(buf);
-        buf = malloc(n * sizeof(float));
-        CHECK_ALLOC(buf);
-        cap = n;
-    }
-    return buf;
-}
+/* The scratch of the K cut. */
+static float *ksplit_buf(size_t n) { return thread_buf(&g_ksplit_buf, &g_ksplit_cap, n); }
 
 /* C = alpha op(A) op(B) + beta C with K in nk chunks of kc (see the top). */
 static void gemm_ksplit(bool ta, bool tb, int M, int N, int K, int kc, int nk, float alpha, const float *A, int lda,
