@@ -573,6 +573,8 @@ torch_run() {   # torch_run NAME SECONDS torch_baseline.py-ARGS...: python3 with
 }
 ONE_B=(--model llama3.2-1b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 2)
 SEVEN_B=(--model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 --activation-checkpointing)
+# PyTorch's selective checkpointing (torch_baseline.py keeps the attention op's outputs)
+TORCH_7B_SEL=(--model llama2-7b --seq-len 4096 --micro-batch 1 --steps 3 --warmup 1 --activation-checkpointing selective)
 # selective checkpointing where gpu_train takes it (its --help names the value)
 SEVEN_B_SEL=()
 if [ -x "$GPU_TRAIN" ] && "${OURS[@]}" "$GPU_TRAIN" --help 2>&1 | grep -- '--activation-checkpointing' | grep -q selective; then
@@ -649,9 +651,7 @@ if want torch; then
         echo '{"kind":"skip","what":"torch","why":"dry run"}' >> "$RES"
     else
         torch_run torch-7b 170 "${SEVEN_B[@]}" --json "$RES"
-        # PyTorch's selective checkpointing (the attention op's outputs kept),
-        # beside ours-7b-sel
-        torch_run torch-7b-sel 170 "${SEVEN_B[@]}" selective --json "$RES"
+        torch_run torch-7b-sel 170 "${TORCH_7B_SEL[@]}" --json "$RES"   # beside ours-7b-sel
     fi
 fi
 if want actoff; then

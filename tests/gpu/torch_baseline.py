@@ -140,10 +140,9 @@ class Llama(nn.Module):
     def forward(self, tokens, targets, cos, sin):
         x = self.embed(tokens)
         for b in self.blocks:
-            if self.act_ckpt != "none" and self.training and self.context_fn:
-                x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, use_reentrant=False, context_fn=self.context_fn)
-            elif self.act_ckpt != "none" and self.training:
-                x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, use_reentrant=False)
+            if self.act_ckpt != "none" and self.training:
+                kw = {"context_fn": self.context_fn} if self.context_fn else {}
+                x = torch.utils.checkpoint.checkpoint(b, x, cos, sin, use_reentrant=False, **kw)
             else:
                 x = b(x, cos, sin)
         x = self.norm(x)
