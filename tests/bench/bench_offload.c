@@ -12,16 +12,23 @@
  * blobs for about 8 MiB each way. Each round gives one ratio; the figures
  * are the median and the lowest and highest over the rounds. Every pool
  * round trip is checked (dst == src) outside the timed part. --cpu pins
- * this process (the pool's pages are touched where it runs).
+ * this process (the pool's pages are touched where it runs). --rounds 0
+ * skips this part (latency only).
  * Latency, each against its bare baseline (tests/lib/bare_peers.h), both
- * forked before this process starts a thread and pinned to --peer-cpu:
+ * forked before this process starts a thread and pinned to --peer-cpu (the
+ * gRPC server then execs itself, so that it is a program of its own, as
+ * ballastd is):
  * NOP ring round trips against an eventfd ping-pong peer, and Heartbeat RPCs
  * over the Unix socket against a bare gRPC C-core echo server. Ours and the
  * baseline take turns call by call (the one that goes first alternates), so
  * both see the same machine from moment to moment: this machine's latency
  * drifts by a third from one run to the next. --lat-iters pairs of each, in
  * --lat-rounds blocks; each block gives a p50 ratio, reported as the median
- * with the lowest and highest (0 iterations: no latency part).
+ * with the lowest and highest (0 iterations: no latency part). One run sees
+ * one address layout of each program, and on one CPU that alone moves the
+ * ratio (0.93 to 1.30 between runs, each tight within itself: how the
+ * client's and the server's code land on the branch predictors), so
+ * tests/bench/offload.sh takes the median over several fresh launches.
  *   RESULT bench_offload blob=B memcpy_gbps=M pool_gbps=P ratio=R lo=L hi=H rounds=N
  *   RESULT bench_offload_lat ring_p50_us=.. ring_p99_us=.. efd_p50_us=.. efd_p99_us=.. ring_ratio=.. ring_lo=..
  *          ring_hi=.. rpc_p50_us=.. rpc_p99_us=.. bare_p50_us=.. bare_p99_us=.. rpc_ratio=.. rpc_lo=.. rpc_hi=..
@@ -60,7 +67,8 @@ static const opt_t opts[] = {
     { "addr", OPT_STRING, "unix:/run/ballast/ballastd.sock", 0, 0, NULL, "ballastd address (unix:/path)", &o_addr },
     { "mode", OPT_ENUM, "pool", 0, 0, "pool|spill", "put+get vs memcpy, or spilling end to end", &o_mode },
     { "blob", OPT_SIZE, "64M", 4096, 1ull << 40, NULL, "bytes per blob", &o_blob },
-    { "rounds", OPT_INT, "15", 1, 100000, NULL, "pool: alternated rounds (median, lowest, highest)", &o_rounds },
+    { "rounds", OPT_INT, "15", 0, 100000, NULL, "pool: alternated rounds (median, lowest, highest; 0: latency only)",
+      &o_rounds },
     { "lat-iters", OPT_INT, "5000", 0, 10000000, NULL, "pool: latency samples of ours and of each baseline (0: none)",
       &o_lat_iters },
     { "lat-rounds", OPT_INT, "8", 1, 1000, NULL, "pool: blocks the latency samples are cut into (median ratio, lowest, "
@@ -153,6 +161,10 @@ static void latency(oc_client_t *c) {
 
 /* Put+get vs memcpy in alternated rounds; latency afterwards. */
 static int pool_mode(oc_client_t *c) {
+    if (o_rounds == 0) {
+        if (o_lat_iters > 0) latency(c);
+        return 0;
+    }
     size_t n = o_blob;
     int reps = n >= (8u << 20) ? 1 : (int)((8u << 20) / n);
     uint8_t *src = malloc(n), *tmp = malloc(n), *dst = malloc(n);

@@ -13,14 +13,16 @@
 #   3. ring round trip (NOP) vs a bare eventfd ping-pong and the control RPC
 #      (Heartbeat over the Unix socket) vs a bare gRPC C-core unary call
 #      (tests/lib/bare_peers.c, the peers pinned where ballastd runs), taking
-#      turns call by call inside bench_offload, p50 and p99; the ratio is the
-#      median of the p50 ratios of 8 blocks, with the lowest and highest
+#      turns call by call inside bench_offload, p50 and p99; each launch's
+#      ratio is the median of the p50 ratios of 8 blocks, and the figure is
+#      the median over 7 launches, with the lowest and highest
 #                                                         target p50 <= 1.1x
 # Settings: BALLAST_BENCH_DIR (spill directory, default /tmp: put it on the
 # NVMe to measure), BALLAST_BENCH_SPILL_BYTES (256M), BALLAST_BENCH_BLOCK (1M),
 # BALLAST_BENCH_DEPTH (32), BALLAST_BENCH_ROUNDS (4: paired spill rounds;
 # keep it even so that each side goes first as often), BALLAST_BENCH_POOL_ROUNDS
-# (9), BALLAST_BENCH_LAT_ITERS (3000).
+# (9), BALLAST_BENCH_LAT_ITERS (3000), BALLAST_BENCH_LAT_LAUNCHES (7: fresh
+# launches of ballastd and the bare peers for the latency figures).
 # Exit status is 0 when everything ran (missing targets are reported, not
 # fatal: the numbers depend on the machine).
 set -u
@@ -36,6 +38,7 @@ BLOCK=${BALLAST_BENCH_BLOCK:-1M}
 DEPTH=${BALLAST_BENCH_DEPTH:-32}
 PROUNDS=${BALLAST_BENCH_POOL_ROUNDS:-9}
 LATN=${BALLAST_BENCH_LAT_ITERS:-3000}
+LATL=${BALLAST_BENCH_LAT_LAUNCHES:-7}
 for b in "$BALLASTD" "$BO" "$BS"; do [ -x "$b" ] || { echo "offload bench: $b not built (run make)"; exit 1; }; done
 W=$(mktemp -d "$DIR/ballast-bench.XXXXXX")
 PID=
@@ -54,24 +57,47 @@ ncpu=$(nproc)
 places=(same); [ "$ncpu" -ge 2 ] && places+=(cross)
 command -v taskset >/dev/null || { places=(unpinned); echo "note: taskset missing, nothing pinned"; }
 declare -A P
-for place in "${places[@]}"; do
-    case $place in same) scpu=0 ;; cross) scpu=1 ;; *) scpu=-1 ;; esac
-    pre=(); [ "$scpu" -ge 0 ] && pre=(taskset -c "$scpu")
+start_bd() { # start ballastd pinned to CPU $1 (-1: not pinned); sets PID
+    local pre=(); [ "$1" -ge 0 ] && pre=(taskset -c "$1")
     rm -f "$W/ports"
     "${pre[@]}" "$BALLASTD" --socket "$W/b.sock" --pool-bytes 512M --port-file "$W/ports" --log-level warn > "$W/ballastd.log" 2>&1 &
     PID=$!
     for i in $(seq 1 100); do [ -s "$W/ports" ] && break; sleep 0.05; done
     [ -s "$W/ports" ] || { echo "ballastd did not start:"; cat "$W/ballastd.log"; exit 1; }
+}
+stop_bd() { kill -TERM $PID; wait $PID; PID=; }
+for place in "${places[@]}"; do
+    case $place in same) scpu=0 ;; cross) scpu=1 ;; *) scpu=-1 ;; esac
     ccpu=$([ "$scpu" -ge 0 ] && echo 0 || echo -1)
+    start_bd "$scpu"
     for blob in 1M 16M 64M; do
-        lat=0; [ $blob = 64M ] && lat=$LATN
-        o=$("$BO" --addr "unix:$W/b.sock" --blob $blob --rounds "$PROUNDS" --lat-iters $lat --cpu "$ccpu" \
-            --peer-cpu "$scpu" --lat-dir "$W") || { echo "$o"; exit 1; }
+        o=$("$BO" --addr "unix:$W/b.sock" --blob $blob --rounds "$PROUNDS" --lat-iters 0 --cpu "$ccpu" \
+            --peer-cpu "$scpu") || { echo "$o"; exit 1; }
         echo "[$place] $(echo "$o" | grep -v '^RESULT' | tr '\n' ' ')"
         P[$place,$blob]=$(echo "$o" | grep '^RESULT bench_offload ')
-        [ $lat -gt 0 ] && P[$place,lat]=$(echo "$o" | grep '^RESULT bench_offload_lat')
     done
-    kill -TERM $PID; wait $PID; PID=
+    stop_bd
+done
+# Latency: each launch of ballastd and of the bare peers lays their code out
+# anew (ASLR), and with client and server on one CPU that alone moves the
+# ratio from run to run while each run is tight in itself. So the latency
+# runs on $LATL fresh launches per placement; the figure is the median of
+# the launches' ratios, with the lowest and highest.
+for place in "${places[@]}"; do
+    case $place in same) scpu=0 ;; cross) scpu=1 ;; *) scpu=-1 ;; esac
+    ccpu=$([ "$scpu" -ge 0 ] && echo 0 || echo -1)
+    for launch in $(seq 1 "$LATL"); do
+        start_bd "$scpu"
+        o=$("$BO" --addr "unix:$W/b.sock" --rounds 0 --lat-iters "$LATN" --cpu "$ccpu" --peer-cpu "$scpu" \
+            --lat-dir "$W") || { echo "$o"; exit 1; }
+        stop_bd
+        l=$(echo "$o" | grep '^RESULT bench_offload_lat')
+        echo "[$place] launch $launch: ring $(kv "$l" ring_p50_us) vs $(kv "$l" efd_p50_us) us ($(kv "$l" ring_ratio));" \
+             "Heartbeat $(kv "$l" rpc_p50_us) vs $(kv "$l" bare_p50_us) us ($(kv "$l" rpc_ratio)) [p50s, ratio over 8 blocks]"
+        for k in ring_p50_us ring_p99_us efd_p50_us efd_p99_us ring_ratio rpc_p50_us rpc_p99_us bare_p50_us bare_p99_us rpc_ratio; do
+            P[$place,$k]="${P[$place,$k]:-} $(kv "$l" $k)"
+        done
+    done
 done
 
 # ---- 2: spill vs fio ----
@@ -187,19 +213,21 @@ printf '  %-46s %7s MB/s %7s MB/s %8s  [%s, %s] %s\n' "spill write (tier alone) 
 printf '  %-46s %7s MB/s %7s MB/s %8s  [%s, %s] %s\n' "spill read-back (tier alone) vs fio" "$sr" "$fio_r" "$qr" "$qr_lo" "$qr_hi" "$(verdict "$qr" 0.9)"
 printf '  %-46s %7s MB/s %7s MB/s %8s  (no target; fio runs %s..%s)\n' "  reference: fio --fixedbufs read" "$sr" "$fio_rx" "$(ratio_or_na "$sr" "$fio_rx")" "$fio_rx_lo" "$fio_rx_hi"
 above() { /usr/bin/python3 -c "print('ok' if float('$1') <= 1.1 else 'ABOVE TARGET 1.1')"; }
+# lat place key -> "median min max" over the launches
+lat() { stats ${P[$1,$2]}; }
 for place in "${places[@]}"; do
-    l=${P[$place,lat]}
+    read -r rr rr_lo rr_hi <<< "$(lat $place ring_ratio)"; read -r hr hr_lo hr_hi <<< "$(lat $place rpc_ratio)"
     printf '  %-46s p50 %6s us vs %6s us %6s  [%s, %s] (p99 %s vs %s) %s\n' "ring round trip vs bare eventfd, $place CPU" \
-        "$(kv "$l" ring_p50_us)" "$(kv "$l" efd_p50_us)" "$(kv "$l" ring_ratio)" "$(kv "$l" ring_lo)" "$(kv "$l" ring_hi)" \
-        "$(kv "$l" ring_p99_us)" "$(kv "$l" efd_p99_us)" "$(above "$(kv "$l" ring_ratio)")"
+        "$(lat $place ring_p50_us | cut -d' ' -f1)" "$(lat $place efd_p50_us | cut -d' ' -f1)" "$rr" "$rr_lo" "$rr_hi" \
+        "$(lat $place ring_p99_us | cut -d' ' -f1)" "$(lat $place efd_p99_us | cut -d' ' -f1)" "$(above "$rr")"
     printf '  %-46s p50 %6s us vs %6s us %6s  [%s, %s] (p99 %s vs %s) %s\n' "Heartbeat RPC vs bare gRPC unary, $place CPU" \
-        "$(kv "$l" rpc_p50_us)" "$(kv "$l" bare_p50_us)" "$(kv "$l" rpc_ratio)" "$(kv "$l" rpc_lo)" "$(kv "$l" rpc_hi)" \
-        "$(kv "$l" rpc_p99_us)" "$(kv "$l" bare_p99_us)" "$(above "$(kv "$l" rpc_ratio)")"
+        "$(lat $place rpc_p50_us | cut -d' ' -f1)" "$(lat $place bare_p50_us | cut -d' ' -f1)" "$hr" "$hr_lo" "$hr_hi" \
+        "$(lat $place rpc_p99_us | cut -d' ' -f1)" "$(lat $place bare_p99_us | cut -d' ' -f1)" "$(above "$hr")"
 done
 for place in "${places[@]}"; do
-    l=${P[$place,lat]}
-    echo "RATIO ring round trip p50 / bare eventfd ping-pong, ballastd on $place CPU $(kv "$l" ring_ratio) median of 8 interleaved blocks, spread $(kv "$l" ring_lo)..$(kv "$l" ring_hi) (target <= 1.1; $(kv "$l" ring_p50_us) vs $(kv "$l" efd_p50_us) us)"
-    echo "RATIO Heartbeat p50 / bare gRPC C-core unary call, $place CPU $(kv "$l" rpc_ratio) median of 8 interleaved blocks, spread $(kv "$l" rpc_lo)..$(kv "$l" rpc_hi) (target <= 1.1; $(kv "$l" rpc_p50_us) vs $(kv "$l" bare_p50_us) us)"
+    read -r rr rr_lo rr_hi <<< "$(lat $place ring_ratio)"; read -r hr hr_lo hr_hi <<< "$(lat $place rpc_ratio)"
+    echo "RATIO ring round trip p50 / bare eventfd ping-pong, ballastd on $place CPU $rr median of $LATL launches (each the median of 8 interleaved blocks), spread $rr_lo..$rr_hi (target <= 1.1; $(lat $place ring_p50_us | cut -d' ' -f1) vs $(lat $place efd_p50_us | cut -d' ' -f1) us)"
+    echo "RATIO Heartbeat p50 / bare gRPC C-core unary call, $place CPU $hr median of $LATL launches (each the median of 8 interleaved blocks), spread $hr_lo..$hr_hi (target <= 1.1; $(lat $place rpc_p50_us | cut -d' ' -f1) vs $(lat $place bare_p50_us | cut -d' ' -f1) us)"
     for blob in 1M 16M 64M; do
         r=${P[$place,$blob]}
         echo "RATIO put+get $blob through the shared pool / memcpy, ballastd on $place CPU $(kv "$r" ratio) median of $PROUNDS alternated rounds, spread $(kv "$r" lo)..$(kv "$r" hi) (target $([ $blob = 1M ] && echo '0.7 across CPUs' || echo 0.9); $(kv "$r" pool_gbps) vs $(kv "$r" memcpy_gbps) GB/s)"

@@ -4,7 +4,11 @@
  *   - an eventfd ping-pong peer (the ring round trip's baseline): it blocks
  *     in read(2) on one eventfd and answers on another, no ring, no spin;
  *   - a bare gRPC C-core echo server on a Unix socket (the control RPC's
- *     baseline): one completion queue, one thread, every request echoed;
+ *     baseline): one completion queue, one thread, the method registered
+ *     with its request read in, every request echoed in one batch; it runs
+ *     as its own program (bench_grpc_bare --serve, exec'd from the fork),
+ *     as ballastd does, so that it shares no address layout with the
+ *     client;
  *     its client side is what a careful client does (one channel, one pluck
  *     queue for all calls, a registered method, the same six-op batch as
  *     common/rpc.c sends).
@@ -42,11 +46,16 @@ void bare_efd_start(bare_efd_t *e, int cpu);
 double bare_efd_rtt_us(bare_efd_t *e);          /* one round trip, microseconds */
 void bare_efd_stop(bare_efd_t *e);
 
-/* Fork the echo server on dir/bare-PID-N.sock and wait until it listens. */
+/* Fork and exec the echo server (bench_grpc_bare --serve, in this
+ * program's directory) on dir/bare-PID-N.sock and wait until it listens. */
 void bare_grpc_start(bare_grpc_t *g, const char *dir, int cpu, size_t bytes);
 void bare_grpc_connect(bare_grpc_t *g);          /* grpc_init + channel; once */
 double bare_grpc_call_us(bare_grpc_t *g);       /* one unary call, microseconds */
 void bare_grpc_stop(bare_grpc_t *g);            /* channel closed, server killed, socket removed */
+
+/* The echo server itself (bench_grpc_bare --serve): listens on addr,
+ * writes one byte to ready_fd once it does, then serves until killed. */
+void bare_grpc_serve(const char *addr, int ready_fd);
 
 /* Sort v[n] and give its q-quantile (0.5: median). */
 double bare_quantile(double *v, size_t n, double q);
