@@ -81,9 +81,16 @@ static bool path_ok(const char *p) {
     return true;
 }
 
-/* Copy a byte buffer into one contiguous slice (decompressing if needed).
- * Returns false when gRPC cannot read the buffer. */
+/* A byte buffer as one contiguous slice: a new reference to its only slice
+ * when it is one uncompressed slice (a small message, most of them), else a
+ * copy (decompressing if needed). Returns false when gRPC cannot read the
+ * buffer. */
 static bool bb_flatten(grpc_byte_buffer *bb, grpc_slice *out) {
+    if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+        bb->data.raw.slice_buffer.count == 1) {
+        *out = grpc_slice_ref(bb->data.raw.slice_buffer.slices[0]);
+        return true;
+    }
     grpc_byte_buffer_reader r;
     if (!grpc_byte_buffer_reader_init(&r, bb)) return false;
     *out = grpc_byte_buffer_reader_readall(&r);
@@ -91,9 +98,9 @@ static bool bb_flatten(grpc_byte_buffer *bb, grpc_slice *out) {
     return true;
 }
 
-/* Pack msg into a new byte buffer; NULL when out of memory. */
-static grpc_byte_buffer *pack_msg(const ProtobufCMessage *msg, size_t *len_out) {
-    size_t n = protobuf_c_message_get_packed_size(msg);
+/* Pack msg, whose packed size is n, into a new byte buffer; NULL when out
+ * of memory. */
+static grpc_byte_buffer *pack_sized(const ProtobufCMessage *msg, size_t n) {
     grpc_slice s = grpc_slice_malloc(n);
     size_t w = protobuf_c_message_pack(msg, GRPC_SLICE_START_PTR(s));
     if (w != n) {
@@ -102,8 +109,12 @@ static grpc_byte_buffer *pack_msg(const ProtobufCMessage *msg, size_t *len_out) 
     }
     grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
     grpc_slice_unref(s);
-    if (len_out) *len_out = n;
     return bb;
+}
+
+/* Pack msg into a new byte buffer; NULL when out of memory. */
+static grpc_byte_buffer *pack_msg(const ProtobufCMessage *msg) {
+    return pack_sized(msg, protobuf_c_message_get_packed_size(msg));
 }
 
 /* ---- server types ---- */
@@ -194,6 +205,11 @@ struct rpc_server {
     pthread_t acc_tid;
     bool acc_started;
     atomic_bool acc_stop;
+    /* The credentials of each connection the acceptor handed to gRPC, by
+     * descriptor (see ctx_peer); grown by the acceptor, read per call. */
+    pthread_mutex_t fdp_mu;
+    struct fd_peer { bool set; shm_peer_t peer; } *fdp;  /* [nfdp] */
+    size_t nfdp;
     /* TLS for TCP listeners (PEM text, owned), NULL = plaintext */
     char *tls_cert, *tls_key, *tls_ca;
 };
@@ -432,15 +448,26 @@ static const char *wire_nul_string(const ProtobufCMessageDescriptor *d, const ui
 }
 
 /* Fill the peer fields of ctx: a connection accepted on one of our Unix
- * listeners is named "fd:N" by gRPC; its SO_PEERCRED is read from N, which
- * stays open (and so cannot name another connection) while the call lives. */
+ * listeners is named "fd:N" by gRPC. N stays open (and so cannot name
+ * another connection) while the call lives; its credentials are the ones
+ * the acceptor read from N before handing it over (fd_peer_note), or, when
+ * it has none, N's SO_PEERCRED. */
 static void ctx_peer(rpc_server_t *s, rpc_ctx_t *ctx) {
     if (strncmp(ctx->peer, "fd:", 3) == 0) {
         char *end;
         long fd = strtol(ctx->peer + 3, &end, 10);
         shm_peer_t pc;
         char e[SHM_ERR_LEN];
-        if (!*end && fd >= 0 && fd <= INT32_MAX && shm_peer_cred((int)fd, &pc, e, sizeof e) == 0) {
+        bool known = false;
+        if (!*end && fd >= 0 && fd <= INT32_MAX) {
+            pthread_mutex_lock(&s->fdp_mu);
+            if ((size_t)fd < s->nfdp && s->fdp[fd].set) {
+                pc = s->fdp[fd].peer;
+                known = true;
+            }
+            pthread_mutex_unlock(&s->fdp_mu);
+        }
+        if (known || (!*end && fd >= 0 && fd <= INT32_MAX && shm_peer_cred((int)fd, &pc, e, sizeof e) == 0)) {
             ctx->peer_local = true;
             ctx->peer_uid = (uint32_t)pc.uid;
             ctx->peer_gid = (uint32_t)pc.gid;
@@ -515,7 +542,7 @@ static grpc_status_code run_handler(srv_call_t *sc, char *msg, size_t msglen) {
                 code = GRPC_STATUS_RESOURCE_EXHAUSTED;
                 errbuf_set(msg, msglen, "%s: response of %zu bytes exceeds the server's limit of %zu",
                      m->path, outlen, s->max_msg);
-            } else if (!(sc->resp = pack_msg(resp, NULL))) {
+            } else if (!(sc->resp = pack_sized(resp, outlen))) {
                 code = GRPC_STATUS_INTERNAL;
                 errbuf_set(msg, msglen, "%s: packing the response failed", m->path);
             }
@@ -626,6 +653,26 @@ static void *server_thread(void *arg) {
 
 /* ---- server: Unix listeners ---- */
 
+/* Record fd's credentials before gRPC gets fd. An older entry for the same
+ * number belonged to a connection gRPC has closed (it keeps a descriptor
+ * open while any call on it lives), so it is overwritten. Out of memory: no
+ * entry, and ctx_peer asks the kernel. */
+static void fd_peer_note(rpc_server_t *s, int fd, const shm_peer_t *peer) {
+    pthread_mutex_lock(&s->fdp_mu);
+    if ((size_t)fd >= s->nfdp) {
+        size_t n = s->nfdp ? s->nfdp : 64;
+        while (n <= (size_t)fd) n *= 2;
+        struct fd_peer *p = realloc(s->fdp, n * sizeof *p);
+        if (p) {
+            memset(p + s->nfdp, 0, (n - s->nfdp) * sizeof *p);
+            s->fdp = p;
+            s->nfdp = n;
+        }
+    }
+    if ((size_t)fd < s->nfdp) s->fdp[fd] = (struct fd_peer){ true, *peer };
+    pthread_mutex_unlock(&s->fdp_mu);
+}
+
 /* Hand each connection on our Unix listeners to gRPC once its peer
  * credentials pass the allowed set; refused peers are closed and logged. */
 static void *unix_acceptor(void *arg) {
@@ -650,6 +697,7 @@ static void *unix_acceptor(void *arg) {
                 close(fd);
                 break;
             }
+            fd_peer_note(s, fd, &peer);
             grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
             grpc_server_add_channel_from_fd(s->gs, fd, cr); /* gRPC owns fd now */
             grpc_server_credentials_release(cr);
@@ -791,6 +839,7 @@ rpc_server_t *rpc_server_new(const rpc_server_opts_t *opts, char *err, size_t er
         return NULL;
     }
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->fdp_mu, NULL);
     clock_cond_init(&s->cv);
     pthread_mutex_init(&s->hq_mu, NULL);
     pthread_cond_init(&s->hq_cv, NULL);
@@ -1080,6 +1129,8 @@ void rpc_server_free(rpc_server_t *s) {
     for (size_t i = 0; i < s->nhealth; i++) free(s->health[i].service);
     free(s->health);
     free(s->threads);
+    free(s->fdp);
+    pthread_mutex_destroy(&s->fdp_mu);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->hq_mu);
@@ -1232,15 +1283,16 @@ static void cq_give(rpc_client_t *c, grpc_completion_queue *cq) {
     }
 }
 
-/* The channel's registered handle for method, registering it on first use;
- * NULL when the table is full or out of memory (the call then names its
- * path itself). */
+/* The channel's registered handle for method, registering it on first use
+ * (only a well-formed path is registered, so a path found here needs no
+ * check); NULL when the table is full or out of memory (the call then
+ * names its path itself). */
 static void *method_handle(rpc_client_t *c, const char *method) {
     void *h = NULL;
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < c->nmethods && !h; i++)
         if (strcmp(c->methods[i].path, method) == 0) h = c->methods[i].handle;
-    if (!h && c->nmethods < CLIENT_METHODS) {
+    if (!h && c->nmethods < CLIENT_METHODS && path_ok(method)) {
         char *p = strdup(method);
         if (p && (h = grpc_channel_register_call(c->ch, p, NULL, NULL)))
             c->methods[c->nmethods++] = (client_method_t){ p, h };
@@ -1257,7 +1309,8 @@ static grpc_status_code call_bb(rpc_client_t *c, const char *method, grpc_byte_b
                                 grpc_slice *out, int64_t deadline_ms, bool wait_for_ready,
                                 char *msg, size_t msglen) {
     *out = grpc_empty_slice();
-    if (!path_ok(method)) {
+    void *mh = method ? method_handle(c, method) : NULL;
+    if (!mh && !path_ok(method)) {
         errbuf_set(msg, msglen, "rpc %s to %s: malformed method path; write \"/pkg.Service/Method\"",
              method ? method : "(null)", c->addr);
         return GRPC_STATUS_INVALID_ARGUMENT;
@@ -1267,7 +1320,6 @@ static grpc_status_code call_bb(rpc_client_t *c, const char *method, grpc_byte_b
                                          gpr_time_from_millis(deadline_ms, GPR_TIMESPAN))
                           : gpr_inf_future(GPR_CLOCK_MONOTONIC);
     grpc_completion_queue *cq = cq_take(c);
-    void *mh = method_handle(c, method);
     grpc_call *call;
     if (mh) {
         call = grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, mh, dl, NULL);
@@ -1325,8 +1377,8 @@ static grpc_status_code call_bb(rpc_client_t *c, const char *method, grpc_byte_b
             status = GRPC_STATUS_INTERNAL;
             errbuf_set(msg, msglen, "rpc %s to %s: server answered OK without a message", method,
                  c->addr);
-        } else {
-            errbuf_set(msg, msglen, "%s", "");
+        } else if (msglen) {
+            msg[0] = '\0';
         }
     }
 
@@ -1372,7 +1424,7 @@ grpc_status_code rpc_call(rpc_client_t *c, const char *method, const ProtobufCMe
                           const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp,
                           int64_t deadline_ms, bool wait_for_ready, char *msg, size_t msglen) {
     *resp = NULL;
-    grpc_byte_buffer *bb = pack_msg(req, NULL);
+    grpc_byte_buffer *bb = pack_msg(req);
     if (!bb) {
         errbuf_set(msg, msglen, "rpc %s to %s: cannot pack the %s request", method, c->addr,
              req->descriptor->name);

@@ -138,9 +138,7 @@ static grpc_status_code h_heartbeat(rpc_ctx_t *ctx, const ProtobufCMessage *rq, 
     Ballast__Offload__V1__HeartbeatResponse *resp = (void *)rs;
     char err[SESS_ERR_LEN] = "";
     sess_caller_t caller = caller_of(ctx);
-    status_t code = sess_check_owner(svc->sessions, req->session_id, &caller, err, sizeof err);
-    if (code) return sess_fail(ctx, code, err);
-    code = sess_heartbeat(svc->sessions, req->session_id, &resp->lease_seconds,
+    status_t code = sess_heartbeat(svc->sessions, req->session_id, &caller, &resp->lease_seconds,
                                    &resp->used_bytes, &resp->quota_bytes, err, sizeof err);
     return code ? sess_fail(ctx, code, err) : GRPC_STATUS_OK;
 }

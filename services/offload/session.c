@@ -882,10 +882,16 @@ status_t sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *free
     return STATUS_OK;
 }
 
-status_t sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *used,
-                        uint64_t *quota, char *err, size_t errlen) {
+status_t sess_heartbeat(sess_mgr_t *m, uint64_t sid, const sess_caller_t *caller, double *lease_s,
+                        uint64_t *used, uint64_t *quota, char *err, size_t errlen) {
     pthread_mutex_lock(&m->mu);
     sess_t *s = find_locked(m, sid);
+    if (caller && !(s && owner_ok(s, caller))) { /* as sess_check_owner */
+        pthread_mutex_unlock(&m->mu);
+        errbuf_set(err, errlen, "no session %016llx of this caller (closed, expired, or opened by another "
+                   "user): open a new session", (unsigned long long)sid);
+        return STATUS_NOT_FOUND;
+    }
     if (!s || s->detached) {
         pthread_mutex_unlock(&m->mu);
         errbuf_set(err, errlen, "no session %016llx (closed or its lease expired): open a new session",

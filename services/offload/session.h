@@ -129,9 +129,11 @@ status_t sess_check_owner(sess_mgr_t *m, uint64_t sid, const sess_caller_t *call
 bool sess_row_owned(const sess_row_t *r, const sess_caller_t *caller);
 status_t sess_close(sess_mgr_t *m, uint64_t sid, bool keep_blobs, uint64_t *freed_bytes,
                     char *err, size_t errlen);
-/* Renew the lease; *lease_s, *used, *quota (may be NULL) describe the session. */
-status_t sess_heartbeat(sess_mgr_t *m, uint64_t sid, double *lease_s, uint64_t *used,
-                        uint64_t *quota, char *err, size_t errlen);
+/* Renew the lease; *lease_s, *used, *quota (may be NULL) describe the
+ * session. With a caller, the session must be the caller's, checked under
+ * the same lock (the answer of sess_check_owner otherwise). */
+status_t sess_heartbeat(sess_mgr_t *m, uint64_t sid, const sess_caller_t *caller, double *lease_s,
+                        uint64_t *used, uint64_t *quota, char *err, size_t errlen);
 /* Look up a live session for a remote call and renew its lease; *job_id
  * gets its job. Counts the op (and the error when ok is false, see
  * sess_count). */

@@ -307,9 +307,19 @@ Test(session, limits) {
     cr_assert_eq(sess_open(t.sm, "bad name", 2, 0, NULL, false, NULL, &c, err, sizeof err), STATUS_INVALID_ARGUMENT);
     cr_assert(sess_token_ok(t.sm, "anything"), "no token configured");
     double lease;
-    cr_assert_eq(sess_heartbeat(t.sm, a.sid, &lease, NULL, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(sess_heartbeat(t.sm, a.sid, NULL, &lease, NULL, NULL, err, sizeof err), 0, "%s", err);
     cr_assert_float_eq(lease, 30.0, 1e-9);
-    cr_assert_eq(sess_heartbeat(t.sm, 12345, NULL, NULL, NULL, err, sizeof err), STATUS_NOT_FOUND);
+    cr_assert_eq(sess_heartbeat(t.sm, 12345, NULL, NULL, NULL, NULL, err, sizeof err), STATUS_NOT_FOUND);
+    /* with a caller: only the owner renews, and another caller hears what an
+     * unknown id gets */
+    sess_caller_t me = { true, (uint32_t)geteuid() }, other = { true, (uint32_t)geteuid() + 1 }, remote = { false, 0 };
+    cr_assert_eq(sess_heartbeat(t.sm, a.sid, &me, &lease, NULL, NULL, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(sess_heartbeat(t.sm, a.sid, &other, &lease, NULL, NULL, err, sizeof err), STATUS_NOT_FOUND);
+    cr_assert(strstr(err, "of this caller") != NULL, "%s", err);
+    cr_assert_eq(sess_heartbeat(t.sm, a.sid, &remote, &lease, NULL, NULL, err, sizeof err), STATUS_NOT_FOUND);
+    char err2[256];
+    cr_assert_eq(sess_heartbeat(t.sm, 12345, &me, NULL, NULL, NULL, err2, sizeof err2), STATUS_NOT_FOUND);
+    cr_assert(strstr(err2, "of this caller") != NULL, "%s", err2);
     svc_stop(&t);
 }
 

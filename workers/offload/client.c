@@ -119,13 +119,13 @@ static status_t rpc_fail(oc_client_t *c, grpc_status_code code, const char *what
 
 /* ---- rpc helpers ---- */
 
-static grpc_status_code call(oc_client_t *c, const char *method, const void *req,
-                             const ProtobufCMessageDescriptor *rd, void **resp, char *msg, size_t ml) {
-    char path[96];
-    snprintf(path, sizeof path, SVC "%s", method);
+static grpc_status_code call_path(oc_client_t *c, const char *path, const void *req,
+                                  const ProtobufCMessageDescriptor *rd, void **resp, char *msg, size_t ml) {
     return rpc_call(c->rpc, path, (const ProtobufCMessage *)req, rd, (ProtobufCMessage **)resp,
                     (int64_t)(c->timeout_s * 1000), false, msg, ml);
 }
+/* method is a string literal: its path is put together by the compiler */
+#define CALL(c, method, ...) call_path(c, SVC method, __VA_ARGS__)
 
 static void set_pb_key(pb_key_t *pk, const oc_key_t *k) {
     ballast__offload__v1__key__init(pk);
@@ -142,7 +142,7 @@ static grpc_status_code heartbeat_call(oc_client_t *c, char *msg, size_t ml) {
     Ballast__Offload__V1__HeartbeatRequest req = BALLAST__OFFLOAD__V1__HEARTBEAT_REQUEST__INIT;
     req.session_id = c->sid;
     void *resp = NULL;
-    grpc_status_code st = call(c, "Heartbeat", &req, &ballast__offload__v1__heartbeat_response__descriptor,
+    grpc_status_code st = CALL(c, "Heartbeat", &req, &ballast__offload__v1__heartbeat_response__descriptor,
                                &resp, msg, ml);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
     return st;
@@ -397,7 +397,7 @@ status_t oc_open(const oc_options_t *o, oc_client_t **out) {
     req.client_name = cname;
     Ballast__Offload__V1__OpenSessionResponse *r = NULL;
     char msg[512];
-    grpc_status_code gs = call(c, "OpenSession", &req, &ballast__offload__v1__open_session_response__descriptor,
+    grpc_status_code gs = CALL(c, "OpenSession", &req, &ballast__offload__v1__open_session_response__descriptor,
                                (void **)&r, msg, sizeof msg);
     if (gs) { status_t st = rpc_fail(c, gs, "OpenSession", msg); client_free(c); return st; }
     c->sid = r->session_id;
@@ -424,7 +424,7 @@ status_t oc_open(const oc_options_t *o, oc_client_t **out) {
         Ballast__Offload__V1__CloseSessionRequest cr = BALLAST__OFFLOAD__V1__CLOSE_SESSION_REQUEST__INIT;
         cr.session_id = c->sid;
         void *resp = NULL;
-        if (call(c, "CloseSession", &cr, &ballast__offload__v1__close_session_response__descriptor, &resp, msg,
+        if (CALL(c, "CloseSession", &cr, &ballast__offload__v1__close_session_response__descriptor, &resp, msg,
                  sizeof msg) == 0 && resp)
             protobuf_c_message_free_unpacked(resp, NULL);
         client_free(c);
@@ -451,7 +451,7 @@ status_t oc_close(oc_client_t *c, bool keep_blobs) {
         pthread_join(c->hb, NULL);
         c->hb_started = false;
     }
-    grpc_status_code gs = call(c, "CloseSession", &cr, &ballast__offload__v1__close_session_response__descriptor,
+    grpc_status_code gs = CALL(c, "CloseSession", &cr, &ballast__offload__v1__close_session_response__descriptor,
                                &resp, msg, sizeof msg);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
     status_t st = gs ? rpc_fail(c, gs, "CloseSession", msg) : STATUS_OK;
@@ -725,8 +725,10 @@ static status_t remote_free_like(oc_client_t *c, const char *method, const oc_ke
     req.session_id = c->sid;
     req.key = &pk;
     void *resp = NULL;
-    char msg[512];
-    grpc_status_code gs = call(c, method, &req, &ballast__offload__v1__free_response__descriptor, &resp, msg, sizeof msg);
+    char msg[512], path[96];
+    snprintf(path, sizeof path, SVC "%s", method);
+    grpc_status_code gs = call_path(c, path, &req, &ballast__offload__v1__free_response__descriptor, &resp, msg,
+                                    sizeof msg);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
     return gs ? rpc_fail(c, gs, method, msg) : STATUS_OK;
 }
@@ -738,7 +740,7 @@ static status_t remote_get(oc_client_t *c, const oc_key_t *k, Ballast__Offload__
     req.session_id = c->sid;
     req.key = &pk;
     char msg[512];
-    grpc_status_code gs = call(c, "Get", &req, &ballast__offload__v1__get_response__descriptor, (void **)out, msg, sizeof msg);
+    grpc_status_code gs = CALL(c, "Get", &req, &ballast__offload__v1__get_response__descriptor, (void **)out, msg, sizeof msg);
     return gs ? rpc_fail(c, gs, "Get", msg) : STATUS_OK;
 }
 
@@ -822,7 +824,7 @@ status_t oc_put_copy(oc_client_t *c, const oc_key_t *k, const void *data, uint64
         req.persistent = persistent;
         void *resp = NULL;
         char msg[512];
-        grpc_status_code gs = call(c, "Put", &req, &ballast__offload__v1__put_response__descriptor, &resp, msg, sizeof msg);
+        grpc_status_code gs = CALL(c, "Put", &req, &ballast__offload__v1__put_response__descriptor, &resp, msg, sizeof msg);
         if (resp) protobuf_c_message_free_unpacked(resp, NULL);
         return gs ? rpc_fail(c, gs, "Put", msg) : STATUS_OK;
     }
