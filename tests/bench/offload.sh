@@ -2,7 +2,7 @@
 # tests/bench/offload.sh: ballastd against its baselines, side by side in one
 # run on this machine:
 #   1. put+get through the shared pool vs memcpy of the same bytes
-#      (bench_offload: 1, 16 and 64 MiB blobs, median of alternated rounds
+#      (bench_offload: 1, 16 and 64 MiB blobs, median of A B B A rounds
 #      with the lowest and highest), with ballastd pinned to the client's CPU
 #      and to another CPU (taskset), both reported       target >= 0.9 at 16
 #      and 64 MiB, >= 0.7 at 1 MiB across CPUs
@@ -198,7 +198,7 @@ read -r fio_rx fio_rx_lo fio_rx_hi <<< "$(stats "${fxs[@]:-n/a}")"
 # ---- table ----
 echo
 echo "ballastd benchmark ($ncpu CPUs; spill dir $DIR, $SIZE, block $BLOCK, depth $DEPTH; tier backend $backend, O_DIRECT $direct;"
-echo "  put+get: median of $PROUNDS alternated rounds [lowest, highest]; spill: median of $ROUNDS paired rounds)"
+echo "  put+get: median of $PROUNDS A B B A rounds [lowest, highest]; spill: median of $ROUNDS paired rounds)"
 printf '  %-46s %12s %12s %8s  %s\n' "measure" "ballastd" "baseline" "ratio" "[spread] target"
 for place in "${places[@]}"; do
     for blob in 1M 16M 64M; do
@@ -230,7 +230,7 @@ for place in "${places[@]}"; do
     echo "RATIO Heartbeat p50 / bare gRPC C-core unary call, $place CPU $hr median of $LATL launches (each the median of 8 interleaved blocks), spread $hr_lo..$hr_hi (target <= 1.1; $(lat $place rpc_p50_us | cut -d' ' -f1) vs $(lat $place bare_p50_us | cut -d' ' -f1) us)"
     for blob in 1M 16M 64M; do
         r=${P[$place,$blob]}
-        echo "RATIO put+get $blob through the shared pool / memcpy, ballastd on $place CPU $(kv "$r" ratio) median of $PROUNDS alternated rounds, spread $(kv "$r" lo)..$(kv "$r" hi) (target $([ $blob = 1M ] && echo '0.7 across CPUs' || echo 0.9); $(kv "$r" pool_gbps) vs $(kv "$r" memcpy_gbps) GB/s)"
+        echo "RATIO put+get $blob through the shared pool / memcpy, ballastd on $place CPU $(kv "$r" ratio) median of $PROUNDS A B B A rounds, spread $(kv "$r" lo)..$(kv "$r" hi) (target $([ $blob = 1M ] && echo '0.7 across CPUs' || echo 0.9); $(kv "$r" pool_gbps) vs $(kv "$r" memcpy_gbps) GB/s)"
     done
 done
 echo "RATIO spill write (tier alone) ballastd/fio $qw median of $ROUNDS paired rounds, spread $qw_lo..$qw_hi (target 0.9; medians $sw vs $fio_w MB/s, io_uring O_DIRECT bs $BLOCK depth $DEPTH size $SIZE)"
