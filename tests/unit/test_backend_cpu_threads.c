@@ -80,28 +80,30 @@ static void builtin(void) { setenv("BALLAST_CPU_GEMM", "builtin", 1); }
 
 /* The matmuls of the small preset and the two benchmark models (dim, MLP
  * width, kv width, vocab), whole and split for tensor parallelism up to
- * tp_max, on N = 288 rows: a 256-row tile and a ragged one. */
+ * tp_max, on N = 544 rows: a 512-row tile (cpu_gemm.c's TILE_M) and a
+ * ragged one. */
 static void model_shapes(int ncfg, int tp_max) {
     const int cfg[][4] = { { 256, 688, 128, 512 }, { 512, 1376, 256, 512 } };
     for (int c = 0; c < ncfg; c++) {
         int D = cfg[c][0], F = cfg[c][1], Dkv = cfg[c][2], V = cfg[c][3];
         for (int tp = 1; tp <= tp_max; tp *= 2) {
             /* column-parallel (output split) and row-parallel (input split) */
-            check_matmul(288, D, D / tp);          /* q, o as column-parallel */
-            check_matmul(288, D, Dkv / tp);        /* k, v */
-            check_matmul(288, D, F / tp);          /* gate, up */
-            check_matmul(288, F / tp, D);          /* down, row-parallel */
-            if (tp == 1) check_matmul(288, D, V);  /* output head */
+            check_matmul(544, D, D / tp);          /* q, o as column-parallel */
+            check_matmul(544, D, Dkv / tp);        /* k, v */
+            check_matmul(544, D, F / tp);          /* gate, up */
+            check_matmul(544, F / tp, D);          /* down, row-parallel */
+            if (tp == 1) check_matmul(544, D, V);  /* output head */
         }
     }
 }
 
-/* Random shapes, a quarter of them at a tile edge (256 rows, 512 columns). */
+/* Random shapes, a quarter of them at a tile edge (cpu_gemm.c's TILE_M 512
+ * rows, TILE_N 1024 columns, and their halves). */
 static void random_shapes(int rounds) {
     for (int r = 0; r < rounds; r++) {
         int N = rnd(1, 600), I = rnd(1, 500), O = rnd(1, 1100);
-        if (r % 4 == 0) N = 256 * rnd(1, 2) + rnd(-1, 1);   /* at a tile edge */
-        if (r % 4 == 1) O = 512 * rnd(1, 2) + rnd(-1, 1);
+        if (r % 4 == 0) N = 256 * rnd(1, 4) + rnd(-1, 1);   /* at a tile edge */
+        if (r % 4 == 1) O = 512 * rnd(1, 4) + rnd(-1, 1);
         check_matmul(N, I, O);
     }
     check_matmul(1, 1, 1);

@@ -40,10 +40,13 @@
  * down to TILE_MIN) until the GEMM has at least TILE_COUNT tiles, so that
  * two or four threads share it evenly. Large, because a tile packs its
  * operands again: a B panel costs about 16 / rows-per-tile of the tile's
- * multiply-adds on AVX2 (6% at 256), an A panel 16 / columns. The choice
- * depends on M and N alone. */
-#define TILE_M 256
-#define TILE_N 512
+ * multiply-adds on AVX2 (6% at 256), an A panel 16 / columns. With 256 x
+ * 512 the model's GEMMs ran at 0.91-0.93 of one OpenBLAS call, with 512 x
+ * 1024 at 0.94-0.96 (tests/bench/cpu_gemm.sh); larger ones leave the
+ * 2048 x 1376 products in 4 uneven tiles. The choice depends on M and N
+ * alone. */
+#define TILE_M 512
+#define TILE_N 1024
 #define TILE_MIN 64
 #define TILE_COUNT 4
 /* The K cut: when K is the longest side, C has at most KSPLIT_MAX_C
