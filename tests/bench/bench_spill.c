@@ -2,7 +2,9 @@
  * on the same directory, block size, queue depth and file size.
  *
  * Writes --bytes sequentially through the tier (blocks of --block, --depth
- * requests in flight, buffers inside a registered pool segment), then reads
+ * requests in flight, buffers inside a pool segment, not registered with
+ * io_uring unless --fixed: ballastd registers none, since its segments come
+ * and go with the jobs), then reads
  * them back the same way, and prints MB/s (10^6 bytes per second) for each
  * phase plus machine-readable lines:
  *   RESULT bench_spill phase=write|read mbps=M dev_mb=D block=B depth=D backend=X direct=0|1
@@ -57,7 +59,7 @@ static const opt_t opts[] = {
     { "depth", OPT_INT, "32", 1, 4096, NULL, "requests in flight", &o_depth },
     { "io-backend", OPT_ENUM, "auto", 0, 0, "auto|io_uring|threads", "I/O engine", &o_backend },
     { "direct", OPT_BOOL, "true", 0, 0, NULL, "O_DIRECT (as fio --direct=1)", &o_direct },
-    { "fixed", OPT_BOOL, "true", 0, 0, NULL, "register the pool with io_uring (fixed-buffer requests), as ballastd does", &o_fixed },
+    { "fixed", OPT_BOOL, "false", 0, 0, NULL, "register the pool with io_uring (fixed-buffer requests); ballastd does not (its segments come and go with the jobs)", &o_fixed },
     { "verify", OPT_BOOL, "false", 0, 0, NULL, "tag every block and check it after the read", &o_verify },
     { "keep", OPT_BOOL, "false", 0, 0, NULL, "keep the spill files afterwards (always with --phase write)", &o_keep },
 };
