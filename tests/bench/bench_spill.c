@@ -249,6 +249,11 @@ int main(int argc, char **argv) {
     }
     if (o_phase != PHASE_WRITE) rm = run_phase(t, dir, slots, nblocks, IO_READ, &bad, &st);
     tier_stats(t, &st);
+    /* a request the kernel split (short transfers) or refused for now
+     * (EAGAIN) runs in pieces, one after the other: worth seeing */
+    printf("  engine: %llu requests, %llu short transfers continued, %llu EAGAIN retries, %llu with fixed buffers\n",
+           (unsigned long long)st.io.submitted, (unsigned long long)st.io.short_resubmits,
+           (unsigned long long)st.io.eagain_retries, (unsigned long long)st.io.fixed_ops);
     if (o_verify && o_phase != PHASE_WRITE) printf("  verify: %llu bad blocks\n", (unsigned long long)bad);
     if (o_phase == PHASE_BOTH)
         printf("RESULT bench_spill write_mbps=%.1f read_mbps=%.1f block=%llu depth=%lld backend=%s direct=%d\n",
