@@ -458,16 +458,15 @@ static void ctx_peer(rpc_server_t *s, rpc_ctx_t *ctx) {
         long fd = strtol(ctx->peer + 3, &end, 10);
         shm_peer_t pc;
         char e[SHM_ERR_LEN];
+        if (*end || fd < 0 || fd > INT32_MAX) return;
         bool known = false;
-        if (!*end && fd >= 0 && fd <= INT32_MAX) {
-            pthread_mutex_lock(&s->fdp_mu);
-            if ((size_t)fd < s->nfdp && s->fdp[fd].set) {
-                pc = s->fdp[fd].peer;
-                known = true;
-            }
-            pthread_mutex_unlock(&s->fdp_mu);
+        pthread_mutex_lock(&s->fdp_mu);
+        if ((size_t)fd < s->nfdp && s->fdp[fd].set) {
+            pc = s->fdp[fd].peer;
+            known = true;
         }
-        if (known || (!*end && fd >= 0 && fd <= INT32_MAX && shm_peer_cred((int)fd, &pc, e, sizeof e) == 0)) {
+        pthread_mutex_unlock(&s->fdp_mu);
+        if (known || shm_peer_cred((int)fd, &pc, e, sizeof e) == 0) {
             ctx->peer_local = true;
             ctx->peer_uid = (uint32_t)pc.uid;
             ctx->peer_gid = (uint32_t)pc.gid;

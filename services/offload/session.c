@@ -516,16 +516,20 @@ bool sess_row_owned(const sess_row_t *r, const sess_caller_t *c) {
     return !c->local;
 }
 
+/* The answer to a caller that does not own session sid (or names none). */
+static status_t not_owner(uint64_t sid, char *err, size_t errlen) {
+    errbuf_set(err, errlen, "no session %016llx of this caller (closed, expired, or opened by another "
+               "user): open a new session", (unsigned long long)sid);
+    return STATUS_NOT_FOUND;
+}
+
 status_t sess_check_owner(sess_mgr_t *m, uint64_t sid, const sess_caller_t *caller,
                           char *err, size_t errlen) {
     pthread_mutex_lock(&m->mu);
     sess_t *s = find_locked(m, sid);
     bool ok = s && owner_ok(s, caller);
     pthread_mutex_unlock(&m->mu);
-    if (ok) return STATUS_OK;
-    errbuf_set(err, errlen, "no session %016llx of this caller (closed, expired, or opened by another "
-               "user): open a new session", (unsigned long long)sid);
-    return STATUS_NOT_FOUND;
+    return ok ? STATUS_OK : not_owner(sid, err, errlen);
 }
 
 typedef struct {
@@ -886,11 +890,9 @@ status_t sess_heartbeat(sess_mgr_t *m, uint64_t sid, const sess_caller_t *caller
                         uint64_t *used, uint64_t *quota, char *err, size_t errlen) {
     pthread_mutex_lock(&m->mu);
     sess_t *s = find_locked(m, sid);
-    if (caller && !(s && owner_ok(s, caller))) { /* as sess_check_owner */
+    if (caller && !(s && owner_ok(s, caller))) {
         pthread_mutex_unlock(&m->mu);
-        errbuf_set(err, errlen, "no session %016llx of this caller (closed, expired, or opened by another "
-                   "user): open a new session", (unsigned long long)sid);
-        return STATUS_NOT_FOUND;
+        return not_owner(sid, err, errlen);
     }
     if (!s || s->detached) {
         pthread_mutex_unlock(&m->mu);

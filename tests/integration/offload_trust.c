@@ -176,15 +176,16 @@ static int read_state(uint64_t *sid, int *count) {
 
 static int g_won;
 
-/* One attempt: it must not succeed. */
-/* An attempt that ran into its deadline was neither refused nor answered:
- * ballastd refuses an attack at once, so that counts as a breach, and the
- * attack stops there (the calls after it would stall the same way). */
+/* One attempt: it must be refused. One that ran into its deadline was
+ * neither refused nor answered: ballastd refuses an attack at once, so that
+ * counts as a breach, and the attack stops there (the calls after it would
+ * stall the same way). */
 static void attempt(const char *what, grpc_status_code st, const char *msg) {
-    if (st == GRPC_STATUS_OK || st == GRPC_STATUS_DEADLINE_EXCEEDED) g_won++;
-    printf("%s %s -> %s%s%s\n", st == GRPC_STATUS_OK ? "SUCCEEDED" : st == GRPC_STATUS_DEADLINE_EXCEEDED ? "STALLED" : "refused",
-           what, rpc_status_name(st), msg[0] ? ": " : "", msg);
-    if (st == GRPC_STATUS_DEADLINE_EXCEEDED) {
+    bool stalled = st == GRPC_STATUS_DEADLINE_EXCEEDED;
+    if (st == GRPC_STATUS_OK || stalled) g_won++;
+    printf("%s %s -> %s%s%s\n", st == GRPC_STATUS_OK ? "SUCCEEDED" : stalled ? "STALLED" : "refused", what,
+           rpc_status_name(st), msg[0] ? ": " : "", msg);
+    if (stalled) {
         printf("attack: stopped at a call ballastd neither refused nor answered in %lld ms; %d attempt(s) "
                "succeeded or stalled\n", (long long)g_deadline_ms, g_won);
         fflush(stdout);

@@ -718,19 +718,17 @@ static void *region_ptr(oc_client_t *c, const rp_cpl_t *p) {
 
 /* ---- remote-mode calls ---- */
 
-static status_t remote_free_like(oc_client_t *c, const char *method, const oc_key_t *k) {
+static status_t remote_free(oc_client_t *c, const oc_key_t *k) {
     pb_key_t pk;
     set_pb_key(&pk, k);
     Ballast__Offload__V1__FreeRequest req = BALLAST__OFFLOAD__V1__FREE_REQUEST__INIT;
     req.session_id = c->sid;
     req.key = &pk;
     void *resp = NULL;
-    char msg[512], path[96];
-    snprintf(path, sizeof path, SVC "%s", method);
-    grpc_status_code gs = call_path(c, path, &req, &ballast__offload__v1__free_response__descriptor, &resp, msg,
-                                    sizeof msg);
+    char msg[512];
+    grpc_status_code gs = CALL(c, "Free", &req, &ballast__offload__v1__free_response__descriptor, &resp, msg, sizeof msg);
     if (resp) protobuf_c_message_free_unpacked(resp, NULL);
-    return gs ? rpc_fail(c, gs, method, msg) : STATUS_OK;
+    return gs ? rpc_fail(c, gs, "Free", msg) : STATUS_OK;
 }
 
 static status_t remote_get(oc_client_t *c, const oc_key_t *k, Ballast__Offload__V1__GetResponse **out) {
@@ -895,7 +893,7 @@ static status_t simple(oc_client_t *c, uint32_t op, const oc_key_t *k) {
 }
 
 status_t oc_free(oc_client_t *c, const oc_key_t *k) {
-    if (!c->shared) { status_t st = key_check(k); return st ? st : remote_free_like(c, "Free", k); }
+    if (!c->shared) { status_t st = key_check(k); return st ? st : remote_free(c, k); }
     return simple(c, RP_OP_FREE, k);
 }
 
