@@ -44,7 +44,7 @@ static const char *o_dir, *o_spill_dir;
 static uint64_t o_bytes, o_block;
 static int64_t o_depth;
 static int o_backend, o_phase;
-static bool o_direct, o_verify, o_keep, o_fixed;
+static bool o_direct, o_verify, o_keep, o_fixed, o_huge;
 
 enum { PHASE_BOTH, PHASE_WRITE, PHASE_READ };
 
@@ -60,6 +60,7 @@ static const opt_t opts[] = {
     { "io-backend", OPT_ENUM, "auto", 0, 0, "auto|io_uring|threads", "I/O engine", &o_backend },
     { "direct", OPT_BOOL, "true", 0, 0, NULL, "O_DIRECT (as fio --direct=1)", &o_direct },
     { "fixed", OPT_BOOL, "false", 0, 0, NULL, "register the pool with io_uring (fixed-buffer requests); ballastd does not (its segments come and go with the jobs)", &o_fixed },
+    { "huge-pages", OPT_BOOL, "false", 0, 0, NULL, "put the buffers on 2 MiB huge pages (as ballastd --huge-pages 2M; needs vm.nr_hugepages)", &o_huge },
     { "verify", OPT_BOOL, "false", 0, 0, NULL, "tag every block and check it after the read", &o_verify },
     { "keep", OPT_BOOL, "false", 0, 0, NULL, "keep the spill files afterwards (always with --phase write)", &o_keep },
 };
@@ -209,7 +210,7 @@ int main(int argc, char **argv) {
                 "of the write phase)", f0, (unsigned long long)sb.st_size, (unsigned long long)file_bytes);
     }
     pool_config_t pc = { .pool_bytes = (uint64_t)o_depth * o_block, .segment_bytes = (uint64_t)o_depth * o_block,
-                         .mlock = true, .name = "bench-spill" };
+                         .mlock = true, .name = "bench-spill", .huge = o_huge ? POOL_HUGE_ON : POOL_HUGE_OFF };
     pool_t *pool;
     if (pool_open(&pool, &pc, err, sizeof err) != 0) die("pool: %s", err);
     tier_config_t tc = { .dir = dir, .capacity = file_bytes, .file_bytes = file_bytes,

@@ -14,25 +14,47 @@
 # figure is the median of the per-round ratios with the lowest and highest.
 # Blob sizes 1 MiB and 16 MiB; target >= 0.9 for the writes (the read-back
 # is reported: gets of spilled blobs are read one at a time).
-# Settings: BALLAST_BENCH_DIR (/tmp), BALLAST_BENCH_E2E_BYTES (192M),
+# The pool is measured on both backings, each its own RATIO lines:
+# 2M (--huge-pages 2M) and 4K (--huge-pages off). Direct I/O hands the
+# device one segment per physically contiguous run of the buffer, and a
+# request holds at most max_segments of them (/sys/block/*/queue): on 4K
+# pages that caps a request near 1 MiB (254 x 4 KiB on virtio) where fio's
+# freshly faulted buffer usually gets 4 MiB requests. 2M needs free huge
+# pages for the pool; run as root, the bench reserves what is missing in
+# vm.nr_hugepages for the run and puts the old value back at exit (set
+# BALLAST_BENCH_RESERVE_HUGE=0 to leave the sysctl alone: 2M is then
+# skipped, saying so, unless pages are already free). fio's buffer is on
+# the same kind of page: --mem=shmhuge against the 2M pool, its default
+# (malloc, 4 KiB pages) against the 4K pool.
+# Settings: BALLAST_BENCH_DIR (/tmp), BALLAST_BENCH_E2E_BYTES (1G),
 # BALLAST_BENCH_E2E_POOL (128M), BALLAST_BENCH_DEPTH (32),
-# BALLAST_BENCH_E2E_ROUNDS (2, even), BALLAST_BENCH_E2E_WATERMARK (25).
+# BALLAST_BENCH_E2E_ROUNDS (6, even), BALLAST_BENCH_E2E_WATERMARK (25),
+# BALLAST_BENCH_E2E_PAGES ("2M 4K"), BALLAST_BENCH_E2E_BLOBS ("1M 16M"),
+# BALLAST_BENCH_RESERVE_HUGE (1).
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 BALLASTD=$BUILD/bin/ballastd
 BO=$BUILD/tests/bench/bench_offload
 DIR=${BALLAST_BENCH_DIR:-/tmp}
-SIZE=${BALLAST_BENCH_E2E_BYTES:-192M}
+SIZE=${BALLAST_BENCH_E2E_BYTES:-1G}
 POOL=${BALLAST_BENCH_E2E_POOL:-128M}
 DEPTH=${BALLAST_BENCH_DEPTH:-32}
-ROUNDS=${BALLAST_BENCH_E2E_ROUNDS:-2}
+ROUNDS=${BALLAST_BENCH_E2E_ROUNDS:-6}
 WM=${BALLAST_BENCH_E2E_WATERMARK:-25}
+PAGES=${BALLAST_BENCH_E2E_PAGES:-2M 4K}
+BLOBS=${BALLAST_BENCH_E2E_BLOBS:-1M 16M}
+RESERVE=${BALLAST_BENCH_RESERVE_HUGE:-1}
 for b in "$BALLASTD" "$BO"; do [ -x "$b" ] || { echo "offload_spill bench: $b not built (run make)"; exit 1; }; done
 command -v fio >/dev/null || { echo "offload_spill bench: fio missing (make deps installs it): nothing to compare, skipped"; exit 0; }
 W=$(mktemp -d "$DIR/ballast-bench-e2e.XXXXXX")
 PID=
-cleanup() { [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; rm -rf "$W"; }
+OLD_NR=
+cleanup() {
+    [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null && wait "$PID" 2>/dev/null
+    rm -rf "$W"
+    [ -n "$OLD_NR" ] && echo "$OLD_NR" > /proc/sys/vm/nr_hugepages
+}
 trap cleanup EXIT
 kv() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 stats() { /usr/bin/python3 -c "
@@ -42,12 +64,46 @@ f = '%.1f' if max(v or [0]) > 10 else '%.3f'
 print(' '.join(f % x for x in (statistics.median(v), min(v), max(v))) if v else 'n/a n/a n/a')" "$@"; }
 ratio() { /usr/bin/python3 -c "a,b='$1','$2'; print('n/a' if 'n/a' in (a,b) or float(b) <= 0 else '%.3f' % (float(a)/float(b)))"; }
 
-# ours blob round: sets OW OR (MB/s)
+# 2M pages for the pool: free ones, or (root) reserved for this run.
+# Prints why not when they cannot be had.
+huge_ready() {
+    local need free total
+    # the pool, and fio's buffer (depth x the largest blob)
+    need=$(/usr/bin/python3 -c "
+import re, sys
+u = {'': 1, 'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}
+def n(v):
+    m = re.fullmatch(r'(\d+)([KMG]?)', v)
+    if not m: sys.exit('bad size ' + v)
+    return int(m.group(1)) * u[m.group(2)]
+pages = lambda b: -(-b // (2 << 20))
+print(pages(n(sys.argv[1])) + pages(int(sys.argv[2]) * max(n(b) for b in sys.argv[3:])))" "$POOL" "$DEPTH" $BLOBS) ||
+        { echo "offload_spill bench: bad pool or blob size ($POOL; $BLOBS)"; exit 1; }
+    free=$(awk '/^HugePages_Free:/ {print $2}' /proc/meminfo)
+    [ "${free:-0}" -ge "$need" ] && return 0
+    if [ "$RESERVE" = 1 ] && [ "$(id -u)" = 0 ] && [ -w /proc/sys/vm/nr_hugepages ]; then
+        total=$(cat /proc/sys/vm/nr_hugepages)
+        [ -z "$OLD_NR" ] && OLD_NR=$total
+        echo $((total + need - free)) > /proc/sys/vm/nr_hugepages 2>/dev/null
+        free=$(awk '/^HugePages_Free:/ {print $2}' /proc/meminfo)
+        if [ "${free:-0}" -ge "$need" ]; then
+            echo "  (vm.nr_hugepages raised from $total to $(cat /proc/sys/vm/nr_hugepages) for this run; $OLD_NR again at exit)"
+            return 0
+        fi
+        echo "  2M pool skipped: the kernel gave only ${free:-0} of $need free huge pages (memory too fragmented)"
+        return 1
+    fi
+    echo "  2M pool skipped: $need free 2M huge pages needed, ${free:-0} free (run as root, or sysctl vm.nr_hugepages)"
+    return 1
+}
+
+# ours blob round pages: sets OW OR (MB/s)
 ours() {
-    local d="$W/spill-$1-$2" o
+    local d="$W/spill-$1-$2" o hp=off
+    [ "$3" = 2M ] && hp=2M
     rm -f "$W/ports"
     "$BALLASTD" --socket "$W/b.sock" --pool-bytes "$POOL" --spill-dir "$d" --spill-bytes 2G --queue-depth "$DEPTH" \
-        --evict-watermark "$WM" --port-file "$W/ports" --log-level warn > "$W/ballastd.log" 2>&1 &
+        --evict-watermark "$WM" --huge-pages "$hp" --port-file "$W/ports" --log-level warn > "$W/ballastd.log" 2>&1 &
     PID=$!
     for i in $(seq 1 100); do [ -s "$W/ports" ] && break; sleep 0.05; done
     [ -s "$W/ports" ] || { echo "ballastd did not start:"; cat "$W/ballastd.log"; exit 1; }
@@ -58,31 +114,39 @@ ours() {
     o=$(echo "$o" | grep '^RESULT bench_offload_spill')
     OW=$(kv "$o" write_mbps); OR=$(kv "$o" read_mbps)
 }
-# fio_rw blob rw: sets X (MB/s)
+# fio_rw blob rw mem: sets X (MB/s)
 fio_rw() {
-    X=$(fio --name=e2e --filename="$W/fio.dat" --ioengine=io_uring --direct=1 --rw="$2" --bs="$1" \
+    X=$(fio --name=e2e --filename="$W/fio.dat" --ioengine=io_uring --direct=1 --rw="$2" --bs="$1" --mem="$3" \
         --iodepth="$DEPTH" --size="$SIZE" --fallocate=native --end_fsync=0 --output-format=json 2> "$W/fio.err" |
         /usr/bin/python3 -c "
 import json, sys
 print('%.1f' % (json.load(sys.stdin)['jobs'][0]['$2']['bw_bytes'] / 1e6))" 2>/dev/null) || { X=n/a; tail -3 "$W/fio.err"; }
     [ "$2" = write ] && sync "$W/fio.dat"
 }
-fio_both() { fio_rw "$1" write; FW=$X; fio_rw "$1" read; FR=$X; rm -f "$W/fio.dat"; sync -f "$W"; }
+fio_both() { fio_rw "$1" write "$2"; FW=$X; fio_rw "$1" read "$2"; FR=$X; rm -f "$W/fio.dat"; sync -f "$W"; }
 
-echo "spill end to end through ballastd vs fio: $SIZE per side per round after a $POOL fill, pool $POOL," \
-     "watermark $WM%, depth $DEPTH, $ROUNDS rounds, dir $DIR"
-for blob in 1M 16M; do
-    qw=(); qr=(); ows=(); fws=(); ors=(); frs=()
-    for round in $(seq 1 "$ROUNDS"); do
-        if [ $((round % 2)) = 1 ]; then ours "$blob" "$round"; fio_both "$blob"; first=ours
-        else fio_both "$blob"; ours "$blob" "$round"; first=fio; fi
-        qw+=("$(ratio "$OW" "$FW")"); qr+=("$(ratio "$OR" "$FR")")
-        ows+=("$OW"); fws+=("$FW"); ors+=("$OR"); frs+=("$FR")
-        echo "  $blob round $round ($first first): write ours $OW fio $FW MB/s (${qw[-1]}); read-back ours $OR fio $FR MB/s (${qr[-1]})"
+echo "spill end to end through ballastd vs fio: $SIZE per side per round after a $POOL fill, pool $POOL" \
+     "on pages ${PAGES// /, }, watermark $WM%, depth $DEPTH, $ROUNDS rounds, dir $DIR"
+for pages in $PAGES; do
+    case $pages in 2M|4K) ;; *) echo "offload_spill bench: BALLAST_BENCH_E2E_PAGES: '$pages' is not 2M or 4K"; exit 1;; esac
+    mem=malloc
+    if [ "$pages" = 2M ]; then huge_ready || continue; mem=shmhuge; fi
+    for blob in $BLOBS; do
+        qw=(); qr=(); ows=(); fws=(); ors=(); frs=()
+        for round in $(seq 1 "$ROUNDS"); do
+            if [ $((round % 2)) = 1 ]; then ours "$blob" "$round" "$pages"; fio_both "$blob" $mem; first=ours
+            else fio_both "$blob" $mem; ours "$blob" "$round" "$pages"; first=fio; fi
+            qw+=("$(ratio "$OW" "$FW")"); qr+=("$(ratio "$OR" "$FR")")
+            ows+=("$OW"); fws+=("$FW"); ors+=("$OR"); frs+=("$FR")
+            echo "  $pages pool, $blob round $round ($first first): write ours $OW fio $FW MB/s (${qw[-1]});" \
+                 "read-back ours $OR fio $FR MB/s (${qr[-1]})"
+        done
+        read -r w w_lo w_hi <<< "$(stats "${qw[@]}")"; read -r r r_lo r_hi <<< "$(stats "${qr[@]}")"
+        read -r mow _ _ <<< "$(stats "${ows[@]}")"; read -r mfw _ _ <<< "$(stats "${fws[@]}")"
+        read -r mor _ _ <<< "$(stats "${ors[@]}")"; read -r mfr _ _ <<< "$(stats "${frs[@]}")"
+        echo "RATIO spill write through ballastd/fio, $blob blobs, $pages pool $w median of $ROUNDS alternated rounds," \
+             "spread $w_lo..$w_hi (target 0.9; medians $mow vs $mfw MB/s)"
+        echo "RATIO spill read-back through ballastd/fio, $blob blobs, $pages pool $r median, spread $r_lo..$r_hi" \
+             "(no target; medians $mor vs $mfr MB/s)"
     done
-    read -r w w_lo w_hi <<< "$(stats "${qw[@]}")"; read -r r r_lo r_hi <<< "$(stats "${qr[@]}")"
-    read -r mow _ _ <<< "$(stats "${ows[@]}")"; read -r mfw _ _ <<< "$(stats "${fws[@]}")"
-    read -r mor _ _ <<< "$(stats "${ors[@]}")"; read -r mfr _ _ <<< "$(stats "${frs[@]}")"
-    echo "RATIO spill write through ballastd/fio, $blob blobs $w median of $ROUNDS alternated rounds, spread $w_lo..$w_hi (target 0.9; medians $mow vs $mfw MB/s)"
-    echo "RATIO spill read-back through ballastd/fio, $blob blobs $r median, spread $r_lo..$r_hi (no target; medians $mor vs $mfr MB/s)"
 done
