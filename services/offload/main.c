@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -179,6 +181,40 @@ static void read_svc(void *arg, svc_metrics_sample_t *out) {
     out->quota_refusals = sc.quota_refusals;
     out->put_bytes = st.put_bytes;
     out->get_bytes = st.get_bytes;
+}
+
+/* One limit of the block device under dir's filesystem, from
+ * /sys/dev/block/M:m/queue/NAME (a partition's queue/ is its disk's, one
+ * level up); 0 when there is none (tmpfs, overlay, no sysfs). */
+static unsigned long queue_limit(const char *dir, const char *name) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || major(sb.st_dev) == 0) return 0;
+    static const char *const where[] = { "", "../" };
+    for (int i = 0; i < 2; i++) {
+        char path[192];
+        snprintf(path, sizeof path, "/sys/dev/block/%u:%u/%squeue/%s", major(sb.st_dev), minor(sb.st_dev),
+                 where[i], name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        unsigned long v = 0;
+        int n = fscanf(f, "%lu", &v);
+        fclose(f);
+        if (n == 1) return v;
+    }
+    return 0;
+}
+
+/* Say so when the pool's pages cap the spill writes' request size: a
+ * direct-I/O request carries at most max_segments contiguous pieces of its
+ * buffer, and on 4 KiB pages that is well under what the device takes. */
+static void spill_request_hint(const char *dir, const store_stats_t *st) {
+    if (!dir || !*dir || !st->direct_io || st->pool.huge) return;
+    unsigned long segs = queue_limit(dir, "max_segments"), kb = queue_limit(dir, "max_sectors_kb");
+    unsigned long pg_kb = (unsigned long)sysconf(_SC_PAGESIZE) / 1024;
+    if (!segs || !kb || segs * pg_kb >= kb) return;
+    log_info("spill: the pool is on %lu KiB pages, so a spill write reaches the disk in requests of about "
+             "%lu KiB (max_segments %lu) where the device takes %lu KiB; --huge-pages 2M lets them grow to "
+             "that (see docs/ballastd-storage.md, \"Known gaps\")", pg_kb, segs * pg_kb, segs, kb);
 }
 
 int main(int argc, char **argv) {
@@ -354,6 +390,7 @@ int main(int argc, char **argv) {
                  pb, st.pool.nsegs, st.pool.mlocked ? " mlocked" : " not mlocked",
                  sc.spill_dir ? sc.spill_dir : "off", st.io_backend, st.io_fallback[0] ? ": " : "",
                  st.io_fallback, o_lease, (unsigned long long)st.persistent_blobs);
+        spill_request_hint(sc.spill_dir, &st);
         if (hsrv) log_info("health: grpc.health.v1 on %s:%d", o_health_bind, health_port);
         if (listen_port) log_info("remote mode: listening on TCP port %d", listen_port);
     }

@@ -132,6 +132,7 @@ struct store {
     pthread_cond_t ev_cv;     /* wakes the evictor: a put, a waiter, a completion */
     uint64_t ev_mark;         /* bytes kept free (or being freed): the watermark */
     uint64_t ev_waiting;      /* bytes asked for by allocations waiting for space */
+    uint64_t ev_retry;        /* of those, bytes whose allocation failed again since the evictor last looked */
     uint32_t ev_inflight;     /* eviction writes in flight */
     uint64_t ev_bytes;        /* their bytes */
     uint32_t ev_failures;     /* eviction writes failed in a row */
@@ -543,8 +544,12 @@ static uint64_t evict_deficit(store_t *s) {
     uint64_t want = s->ev_mark + s->ev_waiting; /* what waiting allocations ask for, on top */
     uint64_t d = have >= want ? 0 : want - have;
     /* A waiting allocation may fail with enough free bytes, in pieces too
-     * small: free its size again (LRU order) unless that much is on its way. */
-    if (s->ev_waiting > s->ev_bytes && s->ev_waiting - s->ev_bytes > d) d = s->ev_waiting - s->ev_bytes;
+     * small: free its size again (LRU order) unless that much is on its way.
+     * Only for an allocation that tried again and failed since the evictor
+     * last looked (ev_retry): asking on ev_waiting alone went on evicting,
+     * one blob per completion, for as long as a satisfied waiter had not yet
+     * woken to take its space (a loaded machine spilled a whole pool). */
+    if (s->ev_retry > s->ev_bytes && s->ev_retry - s->ev_bytes > d) d = s->ev_retry - s->ev_bytes;
     return d;
 }
 
@@ -645,6 +650,7 @@ static void *evict_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     while (!s->ev_stop) {
         uint64_t need = v && !s->draining && s->ev_failures < 8 ? evict_deficit(s) : 0;
+        s->ev_retry = 0; /* seen: a waiter asks again when its next try fails */
         int dropped = 0, nv = 0;
         if (need && s->ev_inflight < depth && s->lru_head)
             nv = evict_pick(s, need, v, (int)(depth - s->ev_inflight), &dropped);
@@ -713,6 +719,7 @@ static status_t alloc_space(store_t *s, uint64_t job, uint64_t alen, pool_region
         uint64_t wait = deadline - now;
         if (wait > 50) wait = 50;
         s->ev_waiting += alen;
+        s->ev_retry += alen;
         if (s->ev_started) pthread_cond_signal(&s->ev_cv);
         struct timespec ts = clock_after((double)wait * 1e-3);
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
