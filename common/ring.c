@@ -548,6 +548,47 @@ int ring_wait_data(ring_t *r, int timeout_ms) {
     }
 }
 
+/* Sleep on the futex word *flag (WAIT_FUTEX) for up to ns; like
+ * futex_sleep. */
+static int futex_sleep_ns(_Atomic uint32_t *flag, int64_t ns) {
+    struct timespec ts = { .tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000 };
+    if (syscall(SYS_futex, (uint32_t *)flag, FUTEX_WAIT, WAIT_FUTEX, &ts, NULL, 0) == 0) return 0;
+    return errno == EAGAIN || errno == EINTR || errno == ETIMEDOUT ? 0 : -errno;
+}
+
+int ring_wait_data_at(ring_t *r, int64_t at, int64_t until) {
+    if (r->data_fd < 0) return -EINVAL; /* a producer without doorbells never wakes a sleeper */
+    int64_t ready = cons_ready(r, 1);
+    if (ready != 0) return ready < 0 ? (int)ready : 1;
+    if (!spin_allowed()) return 0;
+    uint32_t peer = atomic_load_explicit(&r->hdr->prod_cpu, memory_order_relaxed);
+    int cpu = sched_getcpu();
+    if (cpu >= 0 && peer == (uint32_t)cpu + 1) return 0;
+    int64_t lead = (r->late_ns ? r->late_ns : RING_SPIN_MAX_NS / 2) + RING_AT_MARGIN_NS;
+    int64_t wake = at - lead;
+    for (int64_t now = clock_now_ns(); now < wake; now = clock_now_ns()) {
+        int rc = arm_data(r, WAIT_FUTEX);
+        if (rc != 0) return rc;
+        rc = futex_sleep_ns(&r->hdr->cons_waiting, wake - now);
+        atomic_store_explicit(&r->hdr->cons_waiting, 0, memory_order_relaxed);
+        if (rc < 0) return rc;
+        ready = cons_ready(r, 1);
+        if (ready != 0) return ready < 0 ? (int)ready : 1;
+        int64_t late = clock_now_ns() - wake;
+        if (late >= 0) { /* the sleep ran out: learn how late it woke (a quarter of each new sample) */
+            uint32_t l = late > RING_AT_LATE_MAX ? RING_AT_LATE_MAX : (uint32_t)late;
+            r->late_ns = r->late_ns ? (uint32_t)(((uint64_t)r->late_ns * 3 + l) / 4) : l;
+            break;
+        }
+    }
+    for (uint32_t i = 1;; i++) {
+        ready = cons_ready(r, 1);
+        if (ready != 0) return ready < 0 ? (int)ready : 1;
+        cpu_relax();
+        if (i % 16 == 0 && clock_now_ns() >= until) return 0;
+    }
+}
+
 int ring_pop_wait(ring_t *r, void *entry, int timeout_ms) {
     int64_t deadline = timeout_ms < 0 ? -1 : clock_now_ms() + timeout_ms;
     for (;;) {

@@ -64,6 +64,8 @@
 #define RING_SPIN_HIST    8u                    /* waits the budget is learnt from */
 #define RING_SPIN_FAILS   4u                    /* spins in a row that ran out before spinning pauses */
 #define RING_SPIN_PROBE   64u                   /* waits without spinning after that */
+#define RING_AT_MARGIN_NS 20000u                /* ring_wait_data_at wakes this much earlier still */
+#define RING_AT_LATE_MAX  1000000u              /* the most late_ns it allows for, ns */
 
 /* The shared header. Each line is written by one side only. */
 typedef struct {
@@ -103,6 +105,7 @@ typedef struct {
     uint32_t gap_n;        /* waits recorded (gap_ns[gap_n % RING_SPIN_HIST] is next) */
     uint32_t gap_ns[RING_SPIN_HIST]; /* how long the last waits' entries took to come, ns (capped) */
     uint32_t my_cpu;       /* last CPU noted in the header by this side, + 1 */
+    uint32_t late_ns;      /* how late this side's timed sleeps wake, ns (ring_wait_data_at; 0: not yet seen) */
     char err[RING_ERR_LEN];/* what was wrong when a call returned -EBADMSG */
 } ring_t;
 
@@ -164,6 +167,19 @@ int ring_wait_data(ring_t *r, int timeout_ms);
 
 /* Producer: wait until at least one slot is free (0) or timeout. */
 int ring_wait_space(ring_t *r, int timeout_ms);
+
+/* Consumer, for a peer whose next entry is expected at about time at
+ * (clock_now_ns()) and no later than until: one that copies a blob of many
+ * megabytes between two requests, too long to spin for (RING_SPIN_MAX_NS)
+ * and too regular to pay a cross-core wakeup for each time. Sleeps on the
+ * ring's futex (a push wakes it at once) until shortly before at, by how
+ * late this ring's timed sleeps have been waking (learnt, late_ns) and
+ * RING_AT_MARGIN_NS, then polls until until. 1: an entry is ready; 0: none
+ * by until (the caller waits as usual); -EBADMSG; -EINVAL (no data_fd: the
+ * producer would not wake the sleep, as for ring_wait_data). Returns 0 at once where
+ * spinning is off (one online CPU, or the peer last ran on this CPU). The
+ * poll costs this CPU at most until - at plus the lead, per call. */
+int ring_wait_data_at(ring_t *r, int64_t at, int64_t until);
 
 /* ---- event loops ---- */
 

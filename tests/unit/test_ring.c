@@ -441,3 +441,98 @@ Test(ring, spin_budget_follows_the_gaps, .timeout = 60) {
     close(sfd);
     free(mem);
 }
+
+/* ring_wait_data_at: a push wakes its sleep at once, an entry after the
+ * time it was due is caught by the poll, and with nothing coming it polls
+ * until it was told to and learns how late its timed sleep woke; where the
+ * peer last ran on this CPU it returns at once. The consumer (this thread)
+ * and the producer are pinned to different CPUs so that the same-CPU rule
+ * does not fire by chance. */
+static void pin_to(pthread_t t, int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    cr_assert_eq(pthread_setaffinity_np(t, sizeof set, &set), 0, "pinning to CPU %d", cpu);
+}
+
+Test(ring, wait_data_at_sleeps_until_due_and_wakes_on_push, .timeout = 60) {
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) cr_skip_test("one online CPU: rings never spin");
+    cpu_set_t mine;
+    cr_assert_eq(sched_getaffinity(0, sizeof mine, &mine), 0);
+    int cpus[2], nc = 0;
+    for (int c = 0; c < CPU_SETSIZE && nc < 2; c++)
+        if (CPU_ISSET(c, &mine)) cpus[nc++] = c;
+    if (nc < 2) cr_skip_test("this test may run on one CPU only");
+    pin_to(pthread_self(), cpus[0]);
+    enum { CAP = 16, ESZ = 8 };
+    size_t bytes = ring_bytes(CAP, ESZ);
+    void *mem = amem(bytes);
+    cr_assert_eq(ring_init(mem, bytes, CAP, ESZ, NULL, 0), 0);
+    ring_t prod, cons;
+    cr_assert_eq(ring_attach(&prod, mem, bytes, ESZ, NULL, 0), 0);
+    cr_assert_eq(ring_attach(&cons, mem, bytes, ESZ, NULL, 0), 0);
+    uint64_t seed = test_seed(), v;
+    const int64_t ms = 1000000;
+    cr_assert_eq(ring_wait_data_at(&cons, clock_now_ns(), clock_now_ns()), -EINVAL, "no doorbell set");
+    int dfd, sfd;
+    char err[RING_ERR_LEN];
+    cr_assert_eq(ring_doorbell_create(&dfd, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ring_doorbell_create(&sfd, err, sizeof err), 0, "%s", err);
+    ring_set_doorbells(&prod, dfd, sfd);
+    ring_set_doorbells(&cons, dfd, sfd);
+
+    /* an entry already there: at once */
+    v = 41;
+    cr_assert_eq(ring_push(&prod, &v), 0);
+    int64_t t0 = clock_now_ns();
+    cr_assert_eq(ring_wait_data_at(&cons, t0 + 2000 * ms, t0 + 3000 * ms), 1);
+    cr_assert_lt(clock_now_ns() - t0, 1000 * ms);
+    cr_assert_eq(ring_pop(&cons, &v), 0);
+    cr_assert_eq(v, 41);
+
+    /* nothing comes: it polls until `until` and learns its timed sleep's lateness */
+    atomic_store(&((ring_hdr_t *)mem)->prod_cpu, 0);
+    cr_assert_eq(cons.late_ns, 0);
+    t0 = clock_now_ns();
+    int64_t at = t0 + 3 * ms + (int64_t)(seed % 3) * ms, until = at + 2 * ms;
+    cr_assert_eq(ring_wait_data_at(&cons, at, until), 0);
+    int64_t took = clock_now_ns() - t0;
+    cr_assert_geq(took, until - t0, "returned %lld ns early", (long long)(until - t0 - took));
+    cr_assert_gt(cons.late_ns, 0, "the timed sleep ran out and nothing was learnt");
+    cr_assert_leq(cons.late_ns, RING_AT_LATE_MAX);
+    cr_assert_eq(atomic_load(&((ring_hdr_t *)mem)->cons_waiting), 0, "flag cleared after the sleep");
+
+    /* a push long before the entry was due wakes the sleep: the producer
+     * pushes after 5-9 ms, the entry was due in 2 s */
+    spin_peer_t p = { .r = &prod, .rounds = 2, .gap_us = 5000 + (long)(seed % 4000) };
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, spin_producer, &p), 0);
+    pin_to(t, cpus[1]);
+    t0 = clock_now_ns();
+    atomic_store(&p.go, 1);
+    cr_assert_eq(ring_wait_data_at(&cons, t0 + 2000 * ms, t0 + 2001 * ms), 1);
+    took = clock_now_ns() - t0;
+    cr_assert_lt(took, 1000 * ms, "a push after %ld us was seen after %lld ms: it did not wake the sleep", p.gap_us,
+                 (long long)(took / ms));
+    cr_assert_geq(took, p.gap_us * 1000 - ms);
+    cr_assert_eq(ring_pop(&cons, &v), 0);
+    cr_assert_eq(v, 0);
+
+    /* an entry later than due is caught while polling */
+    t0 = clock_now_ns();
+    atomic_store(&p.go, 1);
+    cr_assert_eq(ring_wait_data_at(&cons, t0 + ms, t0 + 3000 * ms), 1, "the entry %ld us after go was missed",
+                 p.gap_us);
+    cr_assert_eq(ring_pop(&cons, &v), 0);
+    cr_assert_eq(v, 1);
+    pthread_join(t, NULL);
+
+    /* the producer last ran on this CPU: no waiting at all */
+    atomic_store(&((ring_hdr_t *)mem)->prod_cpu, (uint32_t)cpus[0] + 1);
+    t0 = clock_now_ns();
+    cr_assert_eq(ring_wait_data_at(&cons, t0 + 1000 * ms, t0 + 2000 * ms), 0);
+    cr_assert_lt(clock_now_ns() - t0, 500 * ms);
+    close(dfd);
+    close(sfd);
+    free(mem);
+}
