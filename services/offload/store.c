@@ -144,6 +144,8 @@ struct store {
     pthread_cond_t pf_cv;
     store_key_t pf_q[PREFETCH_QUEUE];
     size_t pf_head, pf_n;
+    uint32_t pf_inflight;     /* prefetch reads in flight */
+    uint32_t pf_depth_max;    /* the most at once */
 
     /* counters */
     uint64_t spill_writes, spill_reads, spill_wbytes, spill_rbytes;
@@ -733,31 +735,32 @@ static status_t alloc_space(store_t *s, uint64_t job, uint64_t alen, pool_region
     return STATUS_NO_SPACE;
 }
 
-/* Bring b (READY, NVMe only) into the pool and check its crc32c. With mu
- * held and b->refs taken by the caller; drops mu during the read. On
- * STATUS_OK b is READY in the pool (not on the LRU while refs are held). */
-static status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *err, size_t errlen) {
+/* The first half of a read-back of b (READY, NVMe only, b->refs taken by
+ * the caller): mark it LOADING and allocate its pool region in *r. With mu
+ * held (dropped while waiting for space). */
+static status_t load_start(store_t *s, blob_t *b, pool_region_t *r, bool allow_evict, char *err, size_t errlen) {
     b->state = STORE_LOADING;
     s->busy_ops++;
-    pool_region_t r;
-    status_t st = alloc_space(s, b->key.job_id, b->alen, &r, allow_evict, err, errlen);
+    status_t st = alloc_space(s, b->key.job_id, b->alen, r, allow_evict, err, errlen);
     if (st != STATUS_OK) {
         b->state = STORE_READY;
         s->busy_ops--;
         pthread_cond_broadcast(&s->cv);
-        return st;
     }
+    return st;
+}
+
+/* The second half, once the read gave n (bytes or -errno) and crc (of the
+ * bytes read, when n is the whole blob): on STATUS_OK b is READY in the
+ * pool at r. With mu held. */
+static status_t load_finish(store_t *s, blob_t *b, const pool_region_t *r, int64_t n, uint32_t crc, char *err,
+                            size_t errlen) {
     uint64_t off = b->nvme_off;
-    pthread_mutex_unlock(&s->mu);
-    void *p = pool_ptr(s->pool, &r);
-    int64_t n = tier_rw(s->tier, IO_READ, p, b->alen, off);
-    uint32_t crc = n == (int64_t)b->alen ? crc32c(0, p, b->length) : 0;
-    pthread_mutex_lock(&s->mu);
     s->busy_ops--;
     b->state = STORE_READY;
     pthread_cond_broadcast(&s->cv);
     if (n != (int64_t)b->alen) {
-        pool_free(s->pool, &r);
+        pool_free(s->pool, r);
         errbuf_set(err, errlen, "reading a blob of %llu bytes back from %s failed: %s",
                (unsigned long long)b->length, s->spill_dir, n < 0 ? strerror((int)-n) : "short read");
         return STATUS_IO_ERROR;
@@ -765,7 +768,7 @@ static status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *err, si
     s->spill_reads++;
     s->spill_rbytes += b->alen;
     if (!b->crc_valid || crc != b->crc) { /* on_nvme implies crc_valid; never trust it blindly */
-        pool_free(s->pool, &r);
+        pool_free(s->pool, r);
         s->crc_errors++;
         char path[4300] = "?";
         uint64_t fo = 0;
@@ -777,32 +780,97 @@ static status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *err, si
                "check (expected %08x, got %08x)", path, (unsigned long long)fo, b->crc, crc);
         return STATUS_DATA_LOSS;
     }
-    b->region = r;
+    b->region = *r;
     b->in_pool = true;
     return STATUS_OK;
 }
 
-/* ---- prefetch worker ---- */
+/* Bring b (READY, NVMe only) into the pool and check its crc32c. With mu
+ * held and b->refs taken by the caller; drops mu during the read. On
+ * STATUS_OK b is READY in the pool (not on the LRU while refs are held). */
+static status_t load_blob(store_t *s, blob_t *b, bool allow_evict, char *err, size_t errlen) {
+    pool_region_t r;
+    status_t st = load_start(s, b, &r, allow_evict, err, errlen);
+    if (st != STATUS_OK) return st;
+    uint64_t off = b->nvme_off;
+    pthread_mutex_unlock(&s->mu);
+    void *p = pool_ptr(s->pool, &r);
+    int64_t n = tier_rw(s->tier, IO_READ, p, b->alen, off);
+    uint32_t crc = n == (int64_t)b->alen ? crc32c(0, p, b->length) : 0;
+    pthread_mutex_lock(&s->mu);
+    return load_finish(s, b, &r, n, crc, err, errlen);
+}
+
+/* ---- prefetch worker ----
+ *
+ * One thread takes prefetch hints in order and reads their blobs back with
+ * up to cfg.queue_depth reads in flight (a read-back one blob at a time,
+ * as a get does, keeps one request at the device where fio keeps 32). The
+ * read's completion (prefetch_done, on the tier's completion thread)
+ * checks the crc32c and finishes the load. */
+
+typedef struct {
+    store_t *s;
+    blob_t *b;
+    pool_region_t r;
+} prefetch_io_t;
+
+static void prefetch_done(void *arg, int64_t res) {
+    prefetch_io_t *io = arg;
+    store_t *s = io->s;
+    blob_t *b = io->b;
+    uint32_t crc = res == (int64_t)b->alen ? crc32c(0, pool_ptr(s->pool, &io->r), b->length) : 0;
+    char err[STORE_ERR_LEN];
+    pthread_mutex_lock(&s->mu);
+    status_t st = load_finish(s, b, &io->r, res, crc, err, sizeof err);
+    b->refs--;
+    if (st == STATUS_OK) s->prefetches++;
+    else if (st == STATUS_IO_ERROR) log_warn("store: prefetch: %s", err); /* a get will try again and say so */
+    if (b->linked) lru_update(s, b);
+    else {
+        if (st == STATUS_OK) { pool_free(s->pool, &b->region); b->in_pool = false; }
+        blob_maybe_destroy(s, b);
+    }
+    s->pf_inflight--;
+    pthread_cond_signal(&s->pf_cv);
+    pthread_mutex_unlock(&s->mu);
+    free(io);
+}
 
 static void *prefetch_main(void *arg) {
     store_t *s = arg;
+    uint32_t depth = s->cfg.queue_depth ? s->cfg.queue_depth : 64;
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->pf_n && !s->pf_stop) pthread_cond_wait(&s->pf_cv, &s->mu);
+        while ((!s->pf_n || s->pf_inflight >= depth) && !s->pf_stop) pthread_cond_wait(&s->pf_cv, &s->mu);
         if (s->pf_stop) break;
         store_key_t k = s->pf_q[s->pf_head];
         s->pf_head = (s->pf_head + 1) % PREFETCH_QUEUE;
         s->pf_n--;
         blob_t *b = lookup(s, &k);
         if (!b || b->state != STORE_READY || b->in_pool || !b->on_nvme) continue;
+        prefetch_io_t *io = malloc(sizeof *io);
+        if (!io) continue; /* a hint: the get reads it back itself */
         b->refs++;
         char err[STORE_ERR_LEN];
-        status_t st = load_blob(s, b, true, err, sizeof err);
-        b->refs--;
-        if (st == STATUS_OK) s->prefetches++;
-        if (b->linked) lru_update(s, b);
-        blob_maybe_destroy(s, b);
+        if (load_start(s, b, &io->r, true, err, sizeof err) != STATUS_OK) {
+            b->refs--;
+            free(io);
+            if (b->linked) lru_update(s, b);
+            blob_maybe_destroy(s, b);
+            continue;
+        }
+        io->s = s;
+        io->b = b;
+        if (++s->pf_inflight > s->pf_depth_max) s->pf_depth_max = s->pf_inflight;
+        void *p = pool_ptr(s->pool, &io->r);
+        uint64_t len = b->alen, off = b->nvme_off;
+        pthread_mutex_unlock(&s->mu);
+        int rc = tier_submit(s->tier, IO_READ, p, len, off, prefetch_done, io);
+        if (rc) prefetch_done(io, rc);
+        pthread_mutex_lock(&s->mu);
     }
+    while (s->pf_inflight) pthread_cond_wait(&s->pf_cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     return NULL;
 }
@@ -1888,6 +1956,7 @@ void store_stats(store_t *s, store_stats_t *out) {
     out->get_bytes = s->get_bytes;
     out->evictions = s->evictions;
     out->prefetches = s->prefetches;
+    out->prefetch_depth_max = s->pf_depth_max;
     out->crc_errors = s->crc_errors;
     out->manifest_damaged = s->manifest_damaged;
     out->manifest_lost = s->manifest_lost;

@@ -367,6 +367,7 @@ typedef struct {
     uint64_t get_bytes;       /* their blob lengths, bytes: what clients were handed back */
     uint64_t evictions;       /* blobs whose pool copy was dropped to make room */
     uint64_t prefetches;      /* read-backs started by store_prefetch */
+    uint32_t prefetch_depth_max; /* the most prefetch reads in flight at once */
     uint64_t crc_errors;      /* read-backs whose crc32c did not match */
     uint64_t manifest_damaged; /* damaged manifest records skipped at open */
     uint64_t manifest_lost;   /* persistent blobs of the replayed manifest not served again */

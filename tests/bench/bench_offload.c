@@ -62,7 +62,7 @@
 #include "workers/offload/client.h"
 
 static const char *o_addr;
-static uint64_t o_blob, o_bytes, o_fill;
+static uint64_t o_blob, o_bytes, o_fill, o_ahead;
 static int64_t o_rounds, o_lat_iters, o_lat_rounds, o_cpu, o_peer_cpu;
 static const char *o_lat_dir;
 static int o_mode;
@@ -85,6 +85,8 @@ static const opt_t opts[] = {
     { "lat-dir", OPT_STRING, "/tmp", 0, 0, NULL, "pool: directory for the bare gRPC server's socket", &o_lat_dir },
     { "bytes", OPT_SIZE, "512M", 1 << 20, 1ull << 44, NULL, "spill: bytes put (and read back) timed", &o_bytes },
     { "fill", OPT_SIZE, "256M", 0, 1ull << 44, NULL, "spill: bytes put untimed first (the pool size)", &o_fill },
+    { "prefetch", OPT_SIZE, "0", 0, 1ull << 44, NULL, "spill: read back with prefetch hints this many bytes of "
+      "blobs ahead of the get (0: none, each get reads its blob itself)", &o_ahead },
 };
 
 static int cmp_d(const void *a, const void *b) {
@@ -265,10 +267,20 @@ static int spill_mode(oc_client_t *c) {
     double tw = clock_now_s() - t0;
     uint64_t bad = 0;
     double tr = 0;
+    /* a trainer reading activations back for its backward pass hints the
+     * next ones while it uses this one: prefetch up to --prefetch bytes of
+     * blobs ahead */
+    uint64_t ahead = o_ahead / n, hinted = nfill;
     for (uint64_t i = nfill; i < nfill + nt; i++) {
         k.index = i;
         oc_buf_t b;
         double t1 = clock_now_s();
+        for (; hinted < nfill + nt && hinted <= i + ahead; hinted++) {
+            if (hinted == i) continue; /* the get reads it */
+            oc_key_t h = k;
+            h.index = hinted;
+            CHECK_OC(oc_prefetch(c, &h));
+        }
         CHECK_OC(oc_get(c, &k, &b));
         uint64_t got = b.len; /* get_done clears b */
         memcpy(dst, b.ptr, n);
@@ -281,8 +293,8 @@ static int spill_mode(oc_client_t *c) {
     if (bad) die("spill: %llu of %llu blobs came back different", (unsigned long long)bad, (unsigned long long)nt);
     double mb = (double)(nt * n) / 1e6;
     printf("spill through ballastd, %zu-byte blobs, %.0f MB after %.0f MB of fill: write %.1f MB/s, read-back "
-           "%.1f MB/s (all %llu blobs checked)\n", n, mb, (double)(nfill * n) / 1e6, mb / tw, mb / tr,
-           (unsigned long long)nt);
+           "%.1f MB/s with %llu blob(s) prefetched ahead (all %llu blobs checked)\n", n, mb, (double)(nfill * n) / 1e6,
+           mb / tw, mb / tr, (unsigned long long)ahead, (unsigned long long)nt);
     printf("RESULT bench_offload_spill blob=%zu write_mbps=%.1f read_mbps=%.1f\n", n, mb / tw, mb / tr);
     free(src); free(dst);
     return 0;

@@ -12,8 +12,11 @@
 # $DEPTH, write then read, in the same directory.
 # Each round measures both, the side that goes first alternating; the
 # figure is the median of the per-round ratios with the lowest and highest.
-# Blob sizes 1 MiB and 16 MiB; target >= 0.9 for the writes (the read-back
-# is reported: gets of spilled blobs are read one at a time).
+# Blob sizes 1 MiB and 16 MiB; target >= 0.9. The read-back hints blobs
+# ahead of the get with prefetch (oc_prefetch), as a trainer does for its
+# backward pass: fio's depth in blobs, at most half the pool
+# (BALLAST_BENCH_E2E_PREFETCH=0: none, each get reads its own blob, one
+# request at a time).
 # The pool is measured on both backings, each its own RATIO lines:
 # 2M (--huge-pages 2M) and 4K (--huge-pages off). Direct I/O hands the
 # device one segment per physically contiguous run of the buffer, and a
@@ -30,7 +33,7 @@
 # BALLAST_BENCH_E2E_POOL (128M), BALLAST_BENCH_DEPTH (32),
 # BALLAST_BENCH_E2E_ROUNDS (6, even), BALLAST_BENCH_E2E_WATERMARK (25),
 # BALLAST_BENCH_E2E_PAGES ("2M 4K"), BALLAST_BENCH_E2E_BLOBS ("1M 16M"),
-# BALLAST_BENCH_RESERVE_HUGE (1).
+# BALLAST_BENCH_RESERVE_HUGE (1), BALLAST_BENCH_E2E_PREFETCH (1).
 set -u
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -45,6 +48,8 @@ WM=${BALLAST_BENCH_E2E_WATERMARK:-25}
 PAGES=${BALLAST_BENCH_E2E_PAGES:-2M 4K}
 BLOBS=${BALLAST_BENCH_E2E_BLOBS:-1M 16M}
 RESERVE=${BALLAST_BENCH_RESERVE_HUGE:-1}
+AHEAD=${BALLAST_BENCH_E2E_PREFETCH:-1}
+case $AHEAD in 0|1) ;; *) echo "BALLAST_BENCH_E2E_PREFETCH=$AHEAD: give 1 (prefetch ahead of the gets) or 0 (none)"; exit 1 ;; esac
 for b in "$BALLASTD" "$BO"; do [ -x "$b" ] || { echo "offload_spill bench: $b not built (run make)"; exit 1; }; done
 command -v fio >/dev/null || { echo "offload_spill bench: fio missing (make deps installs it): nothing to compare, skipped"; exit 0; }
 W=$(mktemp -d "$DIR/ballast-bench-e2e.XXXXXX")
@@ -107,7 +112,11 @@ ours() {
     PID=$!
     for i in $(seq 1 100); do [ -s "$W/ports" ] && break; sleep 0.05; done
     [ -s "$W/ports" ] || { echo "ballastd did not start:"; cat "$W/ballastd.log"; exit 1; }
-    o=$("$BO" --addr "unix:$W/b.sock" --mode spill --blob "$1" --bytes "$SIZE" --fill "$POOL" 2>&1) ||
+    # prefetch hints ahead of the gets: fio's depth in blobs, at most half the pool
+    local ahead=$(( $(numfmt --from=iec "$1") * DEPTH )) half=$(( $(numfmt --from=iec "$POOL") / 2 ))
+    [ "$ahead" -gt "$half" ] && ahead=$half
+    [ "$AHEAD" = 0 ] && ahead=0
+    o=$("$BO" --addr "unix:$W/b.sock" --mode spill --blob "$1" --bytes "$SIZE" --fill "$POOL" --prefetch "$ahead" 2>&1) ||
         { echo "bench_offload --mode spill failed: $o"; tail -5 "$W/ballastd.log"; exit 1; }
     kill -TERM $PID; wait $PID; PID=
     rm -rf "$d"; sync -f "$W"
@@ -147,6 +156,6 @@ for pages in $PAGES; do
         echo "RATIO spill write through ballastd/fio, $blob blobs, $pages pool $w median of $ROUNDS alternated rounds," \
              "spread $w_lo..$w_hi (target 0.9; medians $mow vs $mfw MB/s)"
         echo "RATIO spill read-back through ballastd/fio, $blob blobs, $pages pool $r median, spread $r_lo..$r_hi" \
-             "(no target; medians $mor vs $mfr MB/s)"
+             "($([ "$AHEAD" = 1 ] && echo "prefetched ahead, target 0.9" || echo "no prefetch, no target"); medians $mor vs $mfr MB/s)"
     done
 done

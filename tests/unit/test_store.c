@@ -922,6 +922,85 @@ Test(store, kill9_during_persistent_puts_keeps_every_acknowledged_blob, .timeout
 
 /* ---- prefetch ---- */
 
+/* Prefetch hints for many spilled blobs are read back with several reads
+ * in flight; a damaged copy fails its check (the get then says DATA_LOSS),
+ * a blob freed while its read runs leaves no region behind, and the gets
+ * read nothing again but the damaged one. */
+Test(store, prefetch_reads_many_at_once) {
+    make_dir();
+    store_config_t c = small_cfg(8u << 20, true);
+    c.evict_wait_ms = 5000;
+    store_t *s = open_store(&c);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
+    enum { N = 16, DAMAGED = 5, FREED = 9 };
+    uint64_t seed = th_seed(0x6a09e667f3bcc909ull), len[N];
+    for (int i = 0; i < N; i++) {
+        store_key_t k = key_of(9, 0, (uint64_t)i);
+        len[i] = 200000 + (seed >> (i % 32) & 0xffff) + (uint64_t)i * 4099;
+        cr_assert_eq(put_gen(s, 1, &k, seed + (uint64_t)i, len[i], 0), STATUS_OK);
+    }
+    for (int i = 0; i < 40; i++) { /* push them all out */
+        store_key_t k = key_of(9, 1, (uint64_t)i);
+        cr_assert_eq(put_gen(s, 1, &k, 77 + (uint64_t)i, 256u << 10, 0), STATUS_OK);
+    }
+    store_blob_info_t info;
+    for (int i = 0; i < N; i++) {
+        store_key_t k = key_of(9, 0, (uint64_t)i);
+        cr_assert_eq(store_info(s, &k, &info), STATUS_OK);
+        cr_assert_eq(info.tier, STORE_TIER_NVME, "blob %d not spilled (tier %d)", i, info.tier);
+        if (i == DAMAGED) corrupt_at(info.nvme_off, c.spill_file_bytes, len[i] / 2);
+    }
+    for (int i = 0; i < 40; i++) { /* room for them all again */
+        store_key_t k = key_of(9, 1, (uint64_t)i);
+        cr_assert_eq(store_free(s, 1, &k), STATUS_OK);
+    }
+    store_stats_t st0, st1;
+    store_stats(s, &st0);
+    for (int i = 0; i < N; i++) {
+        store_key_t k = key_of(9, 0, (uint64_t)i);
+        cr_assert_eq(store_prefetch(s, &k), STATUS_OK);
+        if (i == FREED) cr_assert_eq(store_free(s, 1, &k), STATUS_OK);
+    }
+    for (int tries = 0;; tries++) { /* bounded: 2000 x 5 ms */
+        store_stats(s, &st1);
+        int resident = 0;
+        for (int i = 0; i < N; i++) {
+            store_key_t k = key_of(9, 0, (uint64_t)i);
+            resident += store_info(s, &k, &info) == STATUS_OK && info.tier == STORE_TIER_BOTH && info.state == STORE_READY;
+        }
+        if (resident == N - 2 && st1.crc_errors == st0.crc_errors + 1) break;
+        cr_assert_lt(tries, 2000, "%d of %d blobs back after 10 s, %llu crc errors", resident, N - 2,
+                     (unsigned long long)(st1.crc_errors - st0.crc_errors));
+        usleep(5000);
+    }
+    cr_log_info("prefetch: %llu reads, at most %u in flight", (unsigned long long)(st1.spill_reads - st0.spill_reads),
+                st1.prefetch_depth_max);
+    cr_assert_geq(st1.prefetch_depth_max, 2, "the prefetches were read one at a time");
+    uint64_t reads = st1.spill_reads;
+    for (int i = 0; i < N; i++) {
+        store_key_t k = key_of(9, 0, (uint64_t)i);
+        if (i == FREED) cr_assert_eq(store_get(s, 1, &k, &(pool_region_t){ 0 }, &info, (char[STORE_ERR_LEN]){ 0 },
+                                                STORE_ERR_LEN), STATUS_NOT_FOUND);
+        else if (i == DAMAGED) {
+            char err[STORE_ERR_LEN];
+            pool_region_t r;
+            cr_assert_eq(store_get(s, 1, &k, &r, &info, err, sizeof err), STATUS_DATA_LOSS, "%s", err);
+        } else cr_assert_eq(get_check(s, 1, &k, seed + (uint64_t)i, len[i], true), STATUS_OK);
+    }
+    store_stats(s, &st1);
+    cr_assert_eq(st1.spill_reads, reads + 1, "the gets read %llu blobs again (only the damaged one should be)",
+                 (unsigned long long)(st1.spill_reads - reads));
+    for (int i = 0; i < N; i++) {
+        store_key_t k = key_of(9, 0, (uint64_t)i);
+        if (i != FREED) cr_assert_eq(store_free(s, 1, &k), STATUS_OK);
+    }
+    store_stats(s, &st1);
+    cr_assert_eq(st1.pool.used_bytes, 0, "%llu pool bytes left after every blob was freed",
+                 (unsigned long long)st1.pool.used_bytes);
+    store_close(s);
+    remove_dir();
+}
+
 Test(store, prefetch_brings_a_spilled_blob_back_before_the_get) {
     make_dir();
     store_config_t c = small_cfg(2u << 20, true);
