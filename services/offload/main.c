@@ -204,17 +204,19 @@ static unsigned long queue_limit(const char *dir, const char *name) {
     return 0;
 }
 
-/* Say so when the pool's pages cap the spill writes' request size: a
+/* Say so when the pool's pages may cap the spill writes' request size: a
  * direct-I/O request carries at most max_segments contiguous pieces of its
- * buffer, and on 4 KiB pages that is well under what the device takes. */
+ * buffer, and on 4 KiB pages that are not contiguous (a host whose free
+ * memory is fragmented) that is well under what the device takes. */
 static void spill_request_hint(const char *dir, const store_stats_t *st) {
     if (!dir || !*dir || !st->direct_io || st->pool.huge) return;
     unsigned long segs = queue_limit(dir, "max_segments"), kb = queue_limit(dir, "max_sectors_kb");
     unsigned long pg_kb = (unsigned long)sysconf(_SC_PAGESIZE) / 1024;
     if (!segs || !kb || segs * pg_kb >= kb) return;
-    log_info("spill: the pool is on %lu KiB pages, so a spill write reaches the disk in requests of about "
-             "%lu KiB (max_segments %lu) where the device takes %lu KiB; --huge-pages 2M lets them grow to "
-             "that (see docs/ballastd-storage.md, \"Known gaps\")", pg_kb, segs * pg_kb, segs, kb);
+    log_info("spill: the pool is on %lu KiB pages, so a spill write can reach the disk in requests as small as "
+             "%lu KiB (max_segments %lu, when its pages are not physically contiguous) where the device takes "
+             "%lu KiB; --huge-pages 2M keeps them at that size (see docs/ballastd-storage.md, \"Known gaps\")",
+             pg_kb, segs * pg_kb, segs, kb);
 }
 
 int main(int argc, char **argv) {

@@ -26,6 +26,7 @@
 #include "ring.h"
 #include "shm.h"
 #include "proto/offload_ring.h"
+#include "services/offload/gap.h"
 
 #define RING_BATCH        32     /* entries popped per wakeup */
 #define RING_POLL_MS      100    /* ring threads re-check their stop flag this often */
@@ -34,6 +35,10 @@
 #define MAX_LOGGED_ERRORS 8      /* bad ring entries logged per session (then counted only) */
 
 /* ---- types ---- */
+
+/* One gap class per op, and one each for a large PUT_ALLOC and GET
+ * (services/offload/gap.h). */
+#define GAP_CLASSES (RP_OP_MAX_ + 2)
 
 typedef struct sess {
     struct sess *next;
@@ -60,13 +65,13 @@ typedef struct sess {
     shm_seg_t ringseg;
     ring_t req, cpl;
     int efd[RP_FD_COUNT];               /* [RP_FD_RING] unused (ringseg.fd) */
-    /* the client copying a blob between a PUT_ALLOC or GET and its next
-     * request: when that request is due (ring_wait_data_at) */
-    int64_t x_since;                    /* when the completion was pushed, ns; 0: no copy expected */
-    uint64_t x_kib;                     /* the blob's length, KiB */
+    /* when the client's next request is due (ring_wait_data_at), learnt
+     * per class of the request answered last (next_due, next_seen) */
+    int64_t x_since;                    /* when that answer was pushed, ns; 0: none pending */
+    uint32_t x_class;                   /* its class */
+    uint64_t x_scale;                   /* the unit of that class's samples: the blob's KiB, or 1 */
     bool x_tried;                       /* ring_wait_data_at already ran for it */
-    uint32_t x_n;                       /* copies measured */
-    uint32_t x_ns_kib[8];               /* ns per KiB the last ones took, completion to next request */
+    gap_class_t gaps[GAP_CLASSES];
     pthread_t thr;
     sess_mgr_t *m;
 } sess_t;
@@ -295,43 +300,36 @@ static bool push_cpl(sess_t *s, const rp_cpl_t *c) {
     }
 }
 
-/* Copies of blobs shorter than this are left to the ring's own spin. */
-#define COPY_MIN_KIB 1024u
-/* Nor waited for in time when due later than this (the client is doing
- * something else), nor polled for longer than this past when they were
- * due. */
-#define COPY_DUE_MAX_NS  20000000
-#define COPY_LATE_MAX_NS 500000
-
-/* When the client's copy of the blob of the last PUT_ALLOC or GET should
- * end, from how fast its last copies went (ns per KiB of the last 8): the
- * fastest of them gives *from, the slowest *to; false when not known or
- * not worth waiting for in time. A copy's speed moves by a fifth from one
- * blob to the next (the caches, the other CPU's work), so waking for the
- * median alone slept through most of them. */
-static bool copy_due(const sess_t *s, int64_t *from, int64_t *to) {
-    if (!s->x_since || s->x_tried || s->x_n < 4) return false;
-    uint32_t n = s->x_n < 8 ? s->x_n : 8, lo = UINT32_MAX, hi = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (s->x_ns_kib[i] < lo) lo = s->x_ns_kib[i];
-        if (s->x_ns_kib[i] > hi) hi = s->x_ns_kib[i];
+/* The class of an answer just pushed, and the unit its gap is kept in. */
+static void gap_expect(sess_t *s, const rp_cpl_t *c) {
+    s->x_since = 0;
+    if (c->op == 0 || c->op >= RP_OP_MAX_) return;
+    s->x_class = c->op;
+    s->x_scale = 1;
+    if ((c->op == RP_OP_PUT_ALLOC || c->op == RP_OP_GET) && c->status == (uint32_t)status_wire(STATUS_OK) &&
+        c->length >= (uint64_t)GAP_COPY_MIN_KIB << 10) {
+        s->x_class = RP_OP_MAX_ + (c->op == RP_OP_GET);
+        s->x_scale = c->length >> 10;
     }
-    int64_t a = (int64_t)lo * (int64_t)s->x_kib, b = (int64_t)hi * (int64_t)s->x_kib;
-    if (a <= (int64_t)RING_SPIN_MAX_NS || b > COPY_DUE_MAX_NS) return false;
-    if (b - a > COPY_LATE_MAX_NS) b = a + COPY_LATE_MAX_NS;
-    *from = s->x_since + a;
-    *to = s->x_since + b + RING_AT_MARGIN_NS;
+    s->x_tried = false;
+    s->x_since = clock_now_ns();
+}
+
+/* When the client's next request is due (absolute times), once per
+ * answer; false: not worth waiting for in time (gap.h). */
+static bool next_due(sess_t *s, int64_t *from, int64_t *to) {
+    if (!s->x_since || s->x_tried) return false;
+    s->x_tried = true;
+    if (!gap_window(&s->gaps[s->x_class], s->x_scale, from, to)) return false;
+    *from += s->x_since;
+    *to += s->x_since;
     return true;
 }
 
-/* A request came: how long the copy took, when one was expected. */
-static void copy_seen(sess_t *s) {
+/* A request came: how long after the pending answer. */
+static void next_seen(sess_t *s) {
     if (!s->x_since) return;
-    int64_t d = clock_now_ns() - s->x_since;
-    if (d > 0 && d <= 2 * COPY_DUE_MAX_NS) {
-        uint64_t per = (uint64_t)d / s->x_kib;
-        s->x_ns_kib[s->x_n++ % 8] = per > UINT32_MAX ? UINT32_MAX : (uint32_t)per;
-    }
+    gap_record(&s->gaps[s->x_class], clock_now_ns() - s->x_since, s->x_scale);
     s->x_since = 0;
 }
 
@@ -351,10 +349,12 @@ static void *ring_main(void *arg) {
         if (n == 0) {
             if (atomic_load(&s->finish)) break;
             int64_t from, to;
-            if (copy_due(s, &from, &to)) {
-                /* the client copies a large blob: be awake when it is done */
-                s->x_tried = true;
+            if (next_due(s, &from, &to)) {
+                /* the client's next request is due (it copies a large
+                 * blob, or does what it did after the last answers of
+                 * this kind): be awake when it comes */
                 int rc = ring_wait_data_at(&s->req, from, to);
+                if (rc >= 0) gap_waited(&s->gaps[s->x_class], rc > 0);
                 if (rc == -EBADMSG) {
                     log_warn("session %016llx (job %s): request ring corrupt (%s)",
                              (unsigned long long)s->sid, s->job, s->req.err);
@@ -379,19 +379,14 @@ static void *ring_main(void *arg) {
             }
             continue;
         }
-        copy_seen(s);
+        next_seen(s);
         touch(s);
         rp_cpl_t c;
         for (int i = 0; i < n; i++) {
             ring_process(m, s, &batch[i], &c);
             if (!push_cpl(s, &c)) goto done;
         }
-        if ((c.op == RP_OP_PUT_ALLOC || c.op == RP_OP_GET) && c.status == (uint32_t)status_wire(STATUS_OK) &&
-            c.length >= (uint64_t)COPY_MIN_KIB << 10) {
-            s->x_since = clock_now_ns();
-            s->x_kib = c.length >> 10;
-            s->x_tried = false;
-        }
+        gap_expect(s, &c);
         touch(s);
     }
 done:
