@@ -380,66 +380,83 @@ static void *spin_producer(void *arg) {
  * take longer than RING_SPIN_MAX_NS, enough to cover the gaps that are
  * shorter (a peer copying a megabyte between requests), whether the waits
  * that saw those gaps spun or slept. */
-Test(ring, spin_budget_follows_the_gaps, .timeout = 60) {
-    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) cr_skip_test("one online CPU: rings never spin");
+/* A ring of 16 8-byte entries with a producer and a consumer handle in
+ * this process; doorbells: with a data and a space eventfd set on both. */
+typedef struct {
+    void *mem;
+    ring_t prod, cons;
+    int dfd, sfd;
+} ring_pair_t;
+
+static void pair_open(ring_pair_t *p, bool doorbells) {
     enum { CAP = 16, ESZ = 8 };
     size_t bytes = ring_bytes(CAP, ESZ);
-    void *mem = amem(bytes);
-    cr_assert_eq(ring_init(mem, bytes, CAP, ESZ, NULL, 0), 0);
-    ring_t prod, cons;
-    cr_assert_eq(ring_attach(&prod, mem, bytes, ESZ, NULL, 0), 0);
-    cr_assert_eq(ring_attach(&cons, mem, bytes, ESZ, NULL, 0), 0);
-    int dfd, sfd;
+    p->mem = amem(bytes);
+    cr_assert_eq(ring_init(p->mem, bytes, CAP, ESZ, NULL, 0), 0);
+    cr_assert_eq(ring_attach(&p->prod, p->mem, bytes, ESZ, NULL, 0), 0);
+    cr_assert_eq(ring_attach(&p->cons, p->mem, bytes, ESZ, NULL, 0), 0);
+    p->dfd = p->sfd = -1;
+    if (!doorbells) return;
     char err[RING_ERR_LEN];
-    cr_assert_eq(ring_doorbell_create(&dfd, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(ring_doorbell_create(&sfd, err, sizeof err), 0, "%s", err);
-    ring_set_doorbells(&prod, dfd, sfd);
-    ring_set_doorbells(&cons, dfd, sfd);
+    cr_assert_eq(ring_doorbell_create(&p->dfd, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(ring_doorbell_create(&p->sfd, err, sizeof err), 0, "%s", err);
+    ring_set_doorbells(&p->prod, p->dfd, p->sfd);
+    ring_set_doorbells(&p->cons, p->dfd, p->sfd);
+}
+
+static void pair_close(ring_pair_t *p) {
+    if (p->dfd >= 0) close(p->dfd);
+    if (p->sfd >= 0) close(p->sfd);
+    free(p->mem);
+}
+
+Test(ring, spin_budget_follows_the_gaps, .timeout = 60) {
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2) cr_skip_test("one online CPU: rings never spin");
+    ring_pair_t rp;
+    pair_open(&rp, true);
     uint64_t v;
 
     /* an idle peer: every wait runs out (5 ms) -> no budget */
-    for (unsigned i = 0; i < RING_SPIN_HIST; i++) cr_assert_eq(ring_wait_data(&cons, 5), -ETIMEDOUT);
-    cr_assert_eq(cons.spin_ns, 0, "after %u waits of 5 ms the budget is %u ns", RING_SPIN_HIST, cons.spin_ns);
+    for (unsigned i = 0; i < RING_SPIN_HIST; i++) cr_assert_eq(ring_wait_data(&rp.cons, 5), -ETIMEDOUT);
+    cr_assert_eq(rp.cons.spin_ns, 0, "after %u waits of 5 ms the budget is %u ns", RING_SPIN_HIST, rp.cons.spin_ns);
 
     /* gaps of 30-50 us, from another thread: the budget covers every
      * recorded gap within RING_SPIN_MAX_NS (a gap the scheduler stretched
      * past it is left out; a quarter must be short) */
     uint64_t seed = test_seed();
-    spin_peer_t p = { .r = &prod, .rounds = 24, .gap_us = 30 + (long)(seed % 21) };
+    spin_peer_t p = { .r = &rp.prod, .rounds = 24, .gap_us = 30 + (long)(seed % 21) };
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, spin_producer, &p), 0);
     for (int i = 0; i < p.rounds; i++) {
         atomic_store(&p.go, 1);
-        cr_assert_eq(ring_pop_wait(&cons, &v, 10000), 0, "entry %d never came", i);
+        cr_assert_eq(ring_pop_wait(&rp.cons, &v, 10000), 0, "entry %d never came", i);
         cr_assert_eq(v, (uint64_t)i);
     }
     pthread_join(t, NULL);
     unsigned shorts = 0, longest = 0;
     for (unsigned i = 0; i < RING_SPIN_HIST; i++)
-        if (cons.gap_ns[i] <= RING_SPIN_MAX_NS) {
+        if (rp.cons.gap_ns[i] <= RING_SPIN_MAX_NS) {
             shorts++;
-            if (cons.gap_ns[i] > longest) longest = cons.gap_ns[i];
+            if (rp.cons.gap_ns[i] > longest) longest = rp.cons.gap_ns[i];
         }
     cr_log_info("gap %ld us: %u of the last %u gaps within %u ns, longest %u ns, budget %u ns", p.gap_us, shorts,
-                RING_SPIN_HIST, RING_SPIN_MAX_NS, longest, cons.spin_ns);
+                RING_SPIN_HIST, RING_SPIN_MAX_NS, longest, rp.cons.spin_ns);
     cr_assert_geq(4 * shorts, RING_SPIN_HIST, "%u of %u gaps of %ld us were recorded within %u ns", shorts,
                   RING_SPIN_HIST, p.gap_us, RING_SPIN_MAX_NS);
-    cr_assert_geq(cons.spin_ns, longest, "budget %u ns does not cover a %u ns gap", cons.spin_ns, longest);
+    cr_assert_geq(rp.cons.spin_ns, longest, "budget %u ns does not cover a %u ns gap", rp.cons.spin_ns, longest);
     cr_assert_geq(longest, (unsigned)p.gap_us * 1000, "a gap shorter than the producer's wait");
-    cr_assert_leq(cons.spin_ns, RING_SPIN_MAX_NS);
+    cr_assert_leq(rp.cons.spin_ns, RING_SPIN_MAX_NS);
 
     /* entries already there: gaps of about nothing, a small budget */
     for (unsigned i = 0; i < RING_SPIN_HIST; i++) {
         v = i;
-        cr_assert_eq(ring_push(&prod, &v), 0);
-        cr_assert_eq(ring_wait_data(&cons, 1000), 0);
-        cr_assert_eq(ring_pop(&cons, &v), 0);
+        cr_assert_eq(ring_push(&rp.prod, &v), 0);
+        cr_assert_eq(ring_wait_data(&rp.cons, 1000), 0);
+        cr_assert_eq(ring_pop(&rp.cons, &v), 0);
     }
-    cr_assert_gt(cons.spin_ns, 0);
-    cr_assert_lt(cons.spin_ns, RING_SPIN_MAX_NS / 2, "budget %u ns for entries that were already there", cons.spin_ns);
-    close(dfd);
-    close(sfd);
-    free(mem);
+    cr_assert_gt(rp.cons.spin_ns, 0);
+    cr_assert_lt(rp.cons.spin_ns, RING_SPIN_MAX_NS / 2, "budget %u ns for entries that were already there", rp.cons.spin_ns);
+    pair_close(&rp);
 }
 
 /* ring_wait_data_at: a push wakes its sleep at once, an entry after the
@@ -464,75 +481,65 @@ Test(ring, wait_data_at_sleeps_until_due_and_wakes_on_push, .timeout = 60) {
         if (CPU_ISSET(c, &mine)) cpus[nc++] = c;
     if (nc < 2) cr_skip_test("this test may run on one CPU only");
     pin_to(pthread_self(), cpus[0]);
-    enum { CAP = 16, ESZ = 8 };
-    size_t bytes = ring_bytes(CAP, ESZ);
-    void *mem = amem(bytes);
-    cr_assert_eq(ring_init(mem, bytes, CAP, ESZ, NULL, 0), 0);
-    ring_t prod, cons;
-    cr_assert_eq(ring_attach(&prod, mem, bytes, ESZ, NULL, 0), 0);
-    cr_assert_eq(ring_attach(&cons, mem, bytes, ESZ, NULL, 0), 0);
     uint64_t seed = test_seed(), v;
     const int64_t ms = 1000000;
-    cr_assert_eq(ring_wait_data_at(&cons, clock_now_ns(), clock_now_ns()), -EINVAL, "no doorbell set");
-    int dfd, sfd;
-    char err[RING_ERR_LEN];
-    cr_assert_eq(ring_doorbell_create(&dfd, err, sizeof err), 0, "%s", err);
-    cr_assert_eq(ring_doorbell_create(&sfd, err, sizeof err), 0, "%s", err);
-    ring_set_doorbells(&prod, dfd, sfd);
-    ring_set_doorbells(&cons, dfd, sfd);
+    ring_pair_t rp;
+    pair_open(&rp, false);
+    cr_assert_eq(ring_wait_data_at(&rp.cons, clock_now_ns(), clock_now_ns()), -EINVAL, "no doorbell set");
+    pair_close(&rp);
+    pair_open(&rp, true);
+    void *mem = rp.mem;
 
     /* an entry already there: at once */
     v = 41;
-    cr_assert_eq(ring_push(&prod, &v), 0);
+    cr_assert_eq(ring_push(&rp.prod, &v), 0);
     int64_t t0 = clock_now_ns();
-    cr_assert_eq(ring_wait_data_at(&cons, t0 + 2000 * ms, t0 + 3000 * ms), 1);
+    cr_assert_eq(ring_wait_data_at(&rp.cons, t0 + 2000 * ms, t0 + 3000 * ms), 1);
     cr_assert_lt(clock_now_ns() - t0, 1000 * ms);
-    cr_assert_eq(ring_pop(&cons, &v), 0);
+    cr_assert_eq(ring_pop(&rp.cons, &v), 0);
     cr_assert_eq(v, 41);
 
     /* nothing comes: it polls until `until` and learns its timed sleep's lateness */
     atomic_store(&((ring_hdr_t *)mem)->prod_cpu, 0);
-    cr_assert_eq(cons.late_ns, 0);
+    cr_assert_eq(rp.cons.late_ns, 0);
     t0 = clock_now_ns();
     int64_t at = t0 + 3 * ms + (int64_t)(seed % 3) * ms, until = at + 2 * ms;
-    cr_assert_eq(ring_wait_data_at(&cons, at, until), 0);
+    cr_assert_eq(ring_wait_data_at(&rp.cons, at, until), 0);
     int64_t took = clock_now_ns() - t0;
     cr_assert_geq(took, until - t0, "returned %lld ns early", (long long)(until - t0 - took));
-    cr_assert_gt(cons.late_ns, 0, "the timed sleep ran out and nothing was learnt");
-    cr_assert_leq(cons.late_ns, RING_AT_LATE_MAX);
+    cr_assert_gt(rp.cons.late_ns, 0, "the timed sleep ran out and nothing was learnt");
+    cr_assert_leq(rp.cons.late_ns, RING_AT_LATE_MAX);
     cr_assert_eq(atomic_load(&((ring_hdr_t *)mem)->cons_waiting), 0, "flag cleared after the sleep");
 
     /* a push long before the entry was due wakes the sleep: the producer
      * pushes after 5-9 ms, the entry was due in 2 s */
-    spin_peer_t p = { .r = &prod, .rounds = 2, .gap_us = 5000 + (long)(seed % 4000) };
+    spin_peer_t p = { .r = &rp.prod, .rounds = 2, .gap_us = 5000 + (long)(seed % 4000) };
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, spin_producer, &p), 0);
     pin_to(t, cpus[1]);
     t0 = clock_now_ns();
     atomic_store(&p.go, 1);
-    cr_assert_eq(ring_wait_data_at(&cons, t0 + 2000 * ms, t0 + 2001 * ms), 1);
+    cr_assert_eq(ring_wait_data_at(&rp.cons, t0 + 2000 * ms, t0 + 2001 * ms), 1);
     took = clock_now_ns() - t0;
     cr_assert_lt(took, 1000 * ms, "a push after %ld us was seen after %lld ms: it did not wake the sleep", p.gap_us,
                  (long long)(took / ms));
     cr_assert_geq(took, p.gap_us * 1000 - ms);
-    cr_assert_eq(ring_pop(&cons, &v), 0);
+    cr_assert_eq(ring_pop(&rp.cons, &v), 0);
     cr_assert_eq(v, 0);
 
     /* an entry later than due is caught while polling */
     t0 = clock_now_ns();
     atomic_store(&p.go, 1);
-    cr_assert_eq(ring_wait_data_at(&cons, t0 + ms, t0 + 3000 * ms), 1, "the entry %ld us after go was missed",
+    cr_assert_eq(ring_wait_data_at(&rp.cons, t0 + ms, t0 + 3000 * ms), 1, "the entry %ld us after go was missed",
                  p.gap_us);
-    cr_assert_eq(ring_pop(&cons, &v), 0);
+    cr_assert_eq(ring_pop(&rp.cons, &v), 0);
     cr_assert_eq(v, 1);
     pthread_join(t, NULL);
 
     /* the producer last ran on this CPU: no waiting at all */
     atomic_store(&((ring_hdr_t *)mem)->prod_cpu, (uint32_t)cpus[0] + 1);
     t0 = clock_now_ns();
-    cr_assert_eq(ring_wait_data_at(&cons, t0 + 1000 * ms, t0 + 2000 * ms), 0);
+    cr_assert_eq(ring_wait_data_at(&rp.cons, t0 + 1000 * ms, t0 + 2000 * ms), 0);
     cr_assert_lt(clock_now_ns() - t0, 500 * ms);
-    close(dfd);
-    close(sfd);
-    free(mem);
+    pair_close(&rp);
 }
