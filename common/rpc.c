@@ -51,6 +51,23 @@
 #include "grpc/health/v1/health.pb-c.h"
 #include "log.h"
 
+/* A call's tag goes to gRPC with an operation (request_call, start_batch)
+ * and comes back from a completion queue, often on another thread: the
+ * queue orders everything before the hand-off before everything after it.
+ * Debian's libgrpc is not built with ThreadSanitizer, which therefore
+ * cannot see that order and reports our own accesses to the call around
+ * it (sc_free, on_event) as races; under TSan, tell it (release at the
+ * hand-off, acquire when the tag comes back). Nothing otherwise. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define TAG_HANDED(t)   __tsan_release(t)
+#define TAG_RETURNED(t) __tsan_acquire(t)
+#else
+#define TAG_HANDED(t)   ((void)(t))
+#define TAG_RETURNED(t) ((void)(t))
+#endif
+
 #define HEALTH_CHECK_PATH "/grpc.health.v1.Health/Check"
 #define CLIENT_DEFAULT_MAX_MSG (64u << 20)
 #define MAX_UNIX_LISTENERS 4
@@ -348,6 +365,7 @@ static void post_request(srv_thread_t *th, int method) {
         sc_free(sc);
         return;
     }
+    TAG_HANDED(sc);
     if (method >= 0)
         e = grpc_server_request_registered_call(s->gs, s->methods[method].handle, &sc->call,
                                                 &sc->deadline, &sc->md, &sc->payload, th->cq,
@@ -390,7 +408,9 @@ static void send_answer(srv_call_t *sc, grpc_status_code code, const char *msg) 
     ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     ops[n++].data.recv_close_on_server.cancelled = &sc->cancelled;
     atomic_fetch_add(&s->calls, 1);
-    grpc_call_error e = grpc_call_start_batch(sc->call, ops, n, sc, NULL);
+    grpc_call *call = sc->call; /* read before the hand-off: sc may be freed on another thread from then on */
+    TAG_HANDED(sc);
+    grpc_call_error e = grpc_call_start_batch(call, ops, n, sc, NULL);
     if (e != GRPC_CALL_OK) {
         log_error("rpc: starting the answer batch failed (grpc_call_error %d)", (int)e);
         sc_free(sc);
@@ -645,6 +665,7 @@ static void *server_thread(void *arg) {
             pthread_mutex_unlock(&s->mu);
             continue;
         }
+        TAG_RETURNED(ev.tag);
         on_event(th, ev.tag, ev.success != 0);
     }
     return NULL;
@@ -1104,6 +1125,7 @@ static void drain_cq(rpc_server_t *s) {
         if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
         if (ev.type != GRPC_OP_COMPLETE) continue;
         if (ev.tag != &s->shutdown_tag) {
+            TAG_RETURNED(ev.tag);
             sc_free(ev.tag);
         } else if (!down) {
             down = true;

@@ -118,5 +118,9 @@ $(EMU_DIR)/plain/libnccl.so.2: tests/emu/nccl.cc $(EMU_HDRS)
 	@echo "  CXX  $@"
 	$(Q)$(EMU_CXX) -std=c++17 -O1 -g -Wall -Wextra -shared -fPIC -Itests/emu/include $< -o $@
 
+# Not in a ThreadSanitizer build (make tsan): the tier is built with ASan,
+# and one program cannot hold both runtimes; make asan and make test run it.
+ifneq ($(SAN),tsan)
 UNIT_TESTS += $(EMU_CHECKS) $(EMU_BINS) $(BUILD)/tests/emu/selftest $(BUILD)/tests/emu/test_emu_libs \
               $(EMU_DIR)/plain/libnccl.so.2
+endif
