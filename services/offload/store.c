@@ -1022,7 +1022,7 @@ static int open_tier(store_t *s, char *err, size_t errlen) {
     /* Serve the persistent blobs of earlier runs, newest record first: two
      * live records can only share space when a damaged DEL or RELEASE was
      * skipped, and then the later one is the blob that owns it. */
-    qsort(rp.recs, rp.n, sizeof *rp.recs, rec_seq_desc);
+    if (rp.n) qsort(rp.recs, rp.n, sizeof *rp.recs, rec_seq_desc); /* recs is NULL when there are none */
     size_t lost = 0;
     for (size_t i = 0; i < rp.n; i++) {
         manifest_rec_t *r = &rp.recs[i];
