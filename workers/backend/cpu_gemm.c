@@ -32,6 +32,7 @@
 
 #include <dlfcn.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "log.h"
@@ -135,9 +136,41 @@ static void kernel_4x16(int kb, const float *Ap, const float *Bp, float *C, size
     V8_ST(C + 3 * ldc, c30); V8_ST(C + 3 * ldc + 8, c31);
 }
 
-/* Scratch of n floats on the calling thread, one per purpose (*buf, *cap
- * thread-local), grown as needed and kept (the OpenMP team's threads live
- * as long as the process). */
+/* Scratch of the calling thread, one buffer per purpose, grown as needed
+ * and kept while the thread lives (the OpenMP team's threads usually live
+ * as long as the process); freed when the thread ends (a team that shrinks,
+ * a caller's own thread), through a pthread key's destructor. */
+typedef struct {
+    float *pack, *ksplit;
+    size_t pack_cap, ksplit_cap;
+} scratch_t;
+
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static _Thread_local scratch_t *g_scratch;
+
+static void scratch_free(void *p) {
+    scratch_t *sc = p;
+    free(sc->pack);
+    free(sc->ksplit);
+    free(sc);
+}
+
+static void scratch_key_init(void) {
+    if (pthread_key_create(&g_scratch_key, scratch_free) != 0) die("pthread_key_create failed");
+}
+
+static scratch_t *scratch(void) {
+    if (!g_scratch) {
+        pthread_once(&g_scratch_once, scratch_key_init);
+        g_scratch = calloc(1, sizeof *g_scratch);
+        CHECK_ALLOC(g_scratch);
+        if (pthread_setspecific(g_scratch_key, g_scratch) != 0) die("pthread_setspecific failed");
+    }
+    return g_scratch;
+}
+
+/* n floats of one of the calling thread's buffers. */
 static float *thread_buf(float **buf, size_t *cap, size_t n) {
     if (n > *cap) {
         free(*buf);
@@ -148,11 +181,8 @@ static float *thread_buf(float **buf, size_t *cap, size_t n) {
     return *buf;
 }
 
-static _Thread_local float *g_pack_buf, *g_ksplit_buf;
-static _Thread_local size_t g_pack_cap, g_ksplit_cap;
-
 /* The packing buffer of the built-in kernel. */
-static float *pack_buf(size_t n) { return thread_buf(&g_pack_buf, &g_pack_cap, n); }
+static float *pack_buf(size_t n) { scratch_t *sc = scratch(); return thread_buf(&sc->pack, &sc->pack_cap, n); }
 
 /* C = alpha * op(A) @ op(B) + beta * C on the calling thread. K in blocks
  * of KC; per block, op(B) packed in 16-column panels and each 4-row strip
@@ -215,7 +245,7 @@ void cpu_gemm1(bool ta, bool tb, int M, int N, int K, float alpha, const float *
 }
 
 /* The scratch of the K cut. */
-static float *ksplit_buf(size_t n) { return thread_buf(&g_ksplit_buf, &g_ksplit_cap, n); }
+static float *ksplit_buf(size_t n) { scratch_t *sc = scratch(); return thread_buf(&sc->ksplit, &sc->ksplit_cap, n); }
 
 /* C = alpha op(A) op(B) + beta C with K in nk chunks of kc (see the top). */
 static void gemm_ksplit(bool ta, bool tb, int M, int N, int K, int kc, int nk, float alpha, const float *A, int lda,

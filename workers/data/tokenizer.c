@@ -118,6 +118,7 @@ struct tokenizer {
     int16_t chr_byte[324];          /* code point -> byte, -1 when none */
     int64_t ascii_id[128];          /* SentencePiece: id of each ASCII character, -1 when none */
     added_t *added; size_t n_added;
+    char **retired; size_t n_retired; /* vocabulary strings an added token's replaced: the vocab map still points at them */
     uint32_t *added_by_byte[256]; size_t n_added_by_byte[256]; /* candidates by first byte, longest first */
     norm_t norm[TOK_MAX_STEPS]; int n_norm;
     pre_t pre[TOK_MAX_STEPS]; int n_pre;
@@ -907,6 +908,8 @@ void tokenizer_free(tokenizer_t *t) {
     bpe_merges_free(&t->merges);
     for (size_t i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
+    for (size_t i = 0; i < t->n_retired; i++) free(t->retired[i]);
+    free(t->retired);
     for (int i = 0; i < 256; i++) free(t->added_by_byte[i]);
     for (int i = 0; i < t->n_norm; i++) { free(t->norm[i].a); free(t->norm[i].b); }
     for (int i = 0; i < t->n_dec; i++) { free(t->dec[i].a); free(t->dec[i].b); }
@@ -1190,7 +1193,16 @@ static const char *config_token(const json_t *cfg, const char *k) {
 static int set_token(loader_t *L, uint32_t id, const char *s, size_t len) {
     tokenizer_t *t = L->t;
     if (id >= t->vocab_size) return lerr(L, "internal: id %u beyond the vocabulary", id);
-    free(t->tok[id]);
+    if (t->tok[id]) {
+        /* an added token over a vocabulary entry: the vocab map's key is
+         * this string, so it is kept (and kept alive when it differs) */
+        if (t->tok_len[id] == len && memcmp(t->tok[id], s, len) == 0) return 0;
+        char **r = realloc(t->retired, (t->n_retired + 1) * sizeof *r);
+        if (!r) return lerr(L, "out of memory");
+        t->retired = r;
+        t->retired[t->n_retired++] = t->tok[id];
+        t->tok[id] = NULL;
+    }
     t->tok[id] = dupn(s, len);
     t->tok_len[id] = (uint32_t)len;
     return t->tok[id] ? 0 : lerr(L, "out of memory");
