@@ -53,20 +53,12 @@
 
 /* A call's tag goes to gRPC with an operation (request_call, start_batch)
  * and comes back from a completion queue, often on another thread: the
- * queue orders everything before the hand-off before everything after it.
- * Debian's libgrpc is not built with ThreadSanitizer, which therefore
- * cannot see that order and reports our own accesses to the call around
- * it (sc_free, on_event) as races; under TSan, tell it (release at the
- * hand-off, acquire when the tag comes back). Nothing otherwise. */
-#if defined(__SANITIZE_THREAD__)
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
-#define TAG_HANDED(t)   __tsan_release(t)
-#define TAG_RETURNED(t) __tsan_acquire(t)
-#else
-#define TAG_HANDED(t)   ((void)(t))
-#define TAG_RETURNED(t) ((void)(t))
-#endif
+ * queue orders everything before the hand-off before everything after it,
+ * which ThreadSanitizer cannot see in Debian's uninstrumented libgrpc; it
+ * reported our own sc_free and on_event as races (tsan.h). */
+#include "tsan.h"
+#define TAG_HANDED(t)   TSAN_RELEASE(t)
+#define TAG_RETURNED(t) TSAN_ACQUIRE(t)
 
 #define HEALTH_CHECK_PATH "/grpc.health.v1.Health/Check"
 #define CLIENT_DEFAULT_MAX_MSG (64u << 20)

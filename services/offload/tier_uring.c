@@ -28,16 +28,8 @@
 #define MAX_BUFS 1024  /* registered pieces */
 
 /* A request travels to the reaper through the kernel (SQE user_data ->
- * CQE), an ordering ThreadSanitizer cannot see; tell it. */
-#if defined(__SANITIZE_THREAD__)
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
-#define TSAN_RELEASE(p) __tsan_release(p)
-#define TSAN_ACQUIRE(p) __tsan_acquire(p)
-#else
-#define TSAN_RELEASE(p) ((void)(p))
-#define TSAN_ACQUIRE(p) ((void)(p))
-#endif
+ * CQE), an ordering ThreadSanitizer cannot see; tell it (tsan.h). */
+#include "tsan.h"
 
 typedef struct {
     struct io_uring ring;
