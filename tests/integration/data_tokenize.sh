@@ -139,6 +139,37 @@ hdr=$(od -An -t d4 -N 8 "$D/o1/train_000000.bin" | tr -s ' ' | sed 's/^ //')
 if [ "$hdr" = "20240520 1" ]; then t_ok "a small vocabulary writes uint16 shards (version 1)"; else t_fail "uint16 shards" "header '$hdr'"; fi
 t_check "ballast data info reads the shards" "$B" data info "$D/o1/train_000000.bin" "$D/o32/train_000000.bin"
 
+# ---- an added token over a vocabulary entry ----
+# An added token may reuse the id of a model token with other text (it
+# decodes as the added text); the model's string must still encode to that
+# id. Loading once freed that string while the vocabulary map pointed at
+# it (the allocator then handed its bytes to the added text): the id of a
+# token used in the text is given an added token of the same length.
+words="kalo mistaver quing thion rune kaka loth"
+base=$("$TOOL" ids "$D/tok16" "$words" | head -1)
+over=$("$T_PY" - "$D" "$base" <<'PY'
+import json, random, sys
+d, ids = sys.argv[1], [int(x) for x in sys.argv[2].split()]
+tj = json.load(open(d + "/tok16/tokenizer.json"))
+inv = {v: k for k, v in tj["model"]["vocab"].items()}
+pick = [i for i in ids if len(inv[i]) >= 2 and inv[i].isascii() and inv[i].isalpha()]
+k = random.Random(sorted(ids)[0]).choice(pick)
+content = "Q" * len(inv[k])
+tj["added_tokens"].append({"id": k, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                           "normalized": False, "special": False})
+import os; os.makedirs(d + "/tok16o", exist_ok=True)
+json.dump(tj, open(d + "/tok16o/tokenizer.json", "w"), ensure_ascii=False)
+print(k, inv[k], content)
+PY
+)
+read -r oid ostr ocontent <<< "$over"
+got=$("$TOOL" ids "$D/tok16o" "$words" 2>&1)
+if [ -n "$oid" ] && [ "$(echo "$got" | head -1)" = "$base" ] && echo "$got" | sed -n 2p | grep -q "$ocontent"; then
+    t_ok "an added token over id $oid (\"$ostr\" -> \"$ocontent\") leaves its encoding as it was and decodes as the added text"
+else
+    t_fail "an added token over a vocabulary entry leaves its encoding as it was" "id $oid \"$ostr\": ids '$base' before, now: $got"
+fi
+
 # ---- bad input ----
 printf '{"text": "fine"}\n{"body": "no text field"}\n' > "$D/bad.jsonl"
 printf '{"text": "fine"}\n{"text": "unterminated\n' > "$D/bad2.jsonl"
