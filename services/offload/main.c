@@ -43,7 +43,7 @@ static int64_t o_health_port, o_threads, o_max_sessions, o_ring_entries, o_queue
                o_io_threads, o_ring_spin_us;
 static uint64_t o_pool_bytes, o_segment_bytes, o_spill_bytes, o_spill_file_bytes,
                 o_session_quota, o_default_quota, o_max_msg, o_job_quota;
-static double o_lease, o_evict_wait, o_stats_interval, o_drain_grace;
+static double o_lease, o_evict_wait, o_evict_ahead, o_stats_interval, o_drain_grace;
 static int o_huge, o_io_backend;
 static int64_t o_metrics_port;
 static const char *o_metrics_bind, *o_socket_group, *o_tls_cert, *o_tls_key, *o_tls_ca;
@@ -94,6 +94,9 @@ static const opt_t opts[] = {
     { "evict-watermark", OPT_INT, "10", 0, 90, NULL,
       "percent of the pool kept free by spilling in the background (0: spill only when a put waits)",
       &o_evict_watermark },
+    { "evict-ahead", OPT_DURATION, "50ms", 0, 10, NULL,
+      "for this long after the pool was short of space, keep spilling the oldest blobs ahead of need "
+      "(they stay in the pool until room is needed; 0: never)", &o_evict_ahead },
     { "session-quota", OPT_SIZE, "0", 0, 1ull << 60, NULL,
       "most bytes one session may hold (0 = no limit); requests above it are refused", &o_session_quota },
     { "job-quota", OPT_SIZE, "0", 0, 1ull << 60, NULL,
@@ -141,19 +144,23 @@ static int read_token(const char *path, char *tok, size_t cap) {
     return 0;
 }
 
+/* One line of figures: every --stats-interval, and once at exit (sm NULL:
+ * the sessions are gone by then). */
 static void log_stats(store_t *store, sess_mgr_t *sm) {
     store_stats_t st;
     store_stats(store, &st);
-    sess_counters_t sc;
-    sess_counters(sm, &sc);
+    sess_counters_t sc = { 0 };
+    if (sm) sess_counters(sm, &sc);
     char used[32], tot[32], spl[32];
     format_size(st.pool.used_bytes, used, sizeof used);
     format_size(st.pool.total_bytes, tot, sizeof tot);
     format_size(st.spilled_bytes, spl, sizeof spl);
-    log_info("stats: pool %s/%s, spilled %s, %llu blobs, %llu sessions, %llu ring ops (%llu failed), "
-             "%llu evictions, io %s", used, tot, spl, (unsigned long long)st.blobs,
-             (unsigned long long)st.sessions, (unsigned long long)sc.ring_ops,
-             (unsigned long long)sc.ring_errors, (unsigned long long)st.evictions, st.io_backend);
+    log_info("stats%s: pool %s/%s, spilled %s, %llu blobs, %llu sessions, %llu ring ops (%llu failed), "
+             "%llu evictions, %llu spill writes (%llu ahead of need), %llu spill reads (%llu prefetched), io %s",
+             sm ? "" : " at exit", used, tot, spl, (unsigned long long)st.blobs, (unsigned long long)st.sessions,
+             (unsigned long long)sc.ring_ops, (unsigned long long)sc.ring_errors, (unsigned long long)st.evictions,
+             (unsigned long long)st.spill_writes, (unsigned long long)st.ahead_writes,
+             (unsigned long long)st.spill_reads, (unsigned long long)st.prefetches, st.io_backend);
 }
 
 /* ---- metrics: the figures svc_metrics mirrors at every scrape ---- */
@@ -315,6 +322,7 @@ int main(int argc, char **argv) {
     sc.io_threads = (uint32_t)o_io_threads;
     sc.evict_wait_ms = (uint32_t)(o_evict_wait * 1000);
     sc.evict_watermark_pct = (uint32_t)o_evict_watermark;
+    sc.evict_ahead_ms = (uint32_t)(o_evict_ahead * 1000 + 0.5);
     sc.direct_io = o_direct_io;
     store_t *store = NULL;
     char sterr[STORE_ERR_LEN];
@@ -441,6 +449,7 @@ int main(int argc, char **argv) {
     sm = NULL;
     rc = store_drain(store, sterr, sizeof sterr);
     if (rc) log_error("drain: %s", sterr);
+    log_stats(store, NULL);
     rpc_server_free(srv);
     rpc_server_free(hsrv);
     store_close(store);

@@ -141,13 +141,16 @@ typedef struct {
                                     others, pins dropping); 0 = 5000 */
     uint32_t evict_watermark_pct;/* percent of the pool the background evictor keeps free
                                     (0..90; 0 = evict only for waiting allocations) */
+    uint32_t evict_ahead_ms;     /* for this long after the pool was last short of space, keep
+                                    the watermark's bytes of writes in flight, the blobs written
+                                    keeping their regions (0: never; at most 10000) */
     bool direct_io;              /* try O_DIRECT (default true via store_config_default) */
     uint64_t job_quota;          /* bytes all blobs of one job may hold together; 0 = no limit */
 } store_config_t;
 
 /* Defaults: 256 MiB pool in one segment, huge pages off, mlock on, no spill
  * dir, 1 GiB spill files, io auto, depth 64, 4 threads, 5 s wait, watermark
- * 10%, O_DIRECT. */
+ * 10%, writes ahead for 50 ms, O_DIRECT. */
 void store_config_default(store_config_t *cfg);
 
 typedef struct store store_t;
@@ -366,6 +369,7 @@ typedef struct {
     uint64_t gets;            /* gets served (store_get, store_get_copy; not store_pin) */
     uint64_t get_bytes;       /* their blob lengths, bytes: what clients were handed back */
     uint64_t evictions;       /* blobs whose pool copy was dropped to make room */
+    uint64_t ahead_writes;    /* blobs written to NVMe ahead of need, keeping their pool copy */
     uint64_t prefetches;      /* read-backs started by store_prefetch */
     uint32_t prefetch_depth_max; /* the most prefetch reads in flight at once */
     uint64_t crc_errors;      /* read-backs whose crc32c did not match */

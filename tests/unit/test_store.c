@@ -511,6 +511,7 @@ static void corrupt_at(uint64_t nvme_off, uint64_t file_bytes, uint64_t delta) {
 Test(store, crc_known_at_commit_for_persistent_at_first_spill_otherwise) {
     make_dir();
     store_config_t c = small_cfg(2u << 20, true);
+    c.evict_ahead_ms = 0; /* blobs only in the pool stay so (writing ahead would give them a crc) */
     store_t *s = open_store(&c);
     cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     const uint64_t vlen = 300001, plen = 123457;
@@ -583,6 +584,7 @@ Test(store, eviction_spills_only_what_is_needed) {
     const uint64_t small = 256u << 10, big = 300001;
     store_config_t c = small_cfg(2u << 20, true);
     c.evict_wait_ms = 5000;
+    c.evict_ahead_ms = 0; /* what allocations need, without the writes ahead (their own test) */
     store_t *s = open_store(&c);
     cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     const int rounds = 16;
@@ -611,6 +613,116 @@ Test(store, eviction_spills_only_what_is_needed) {
                   (unsigned long long)worst);
     store_close(s);
     remove_dir();
+}
+
+/* Blobs of a burst through a pool of 16, by tier, once the evictor is
+ * quiet (no write for 200 ms, bounded by 10 s). */
+typedef struct { int pool, both, nvme; } tiers_t;
+
+static tiers_t ahead_burst(store_t *s, uint64_t seed, int n, uint64_t len) {
+    for (int i = 0; i < n; i++) {
+        store_key_t k = key_of(9, 0, (uint64_t)i);
+        cr_assert_eq(put_gen(s, 1, &k, seed + (uint64_t)i, len, 0), STATUS_OK, "put %d", i);
+    }
+    store_stats_t st;
+    store_stats(s, &st);
+    uint64_t last = st.spill_writes;
+    for (int quiet = 0, i = 0; quiet < 20 && i < 1000; i++) {
+        nanosleep(&(struct timespec){ 0, 10 * 1000000 }, NULL);
+        store_stats(s, &st);
+        quiet = st.spill_writes == last ? quiet + 1 : 0;
+        last = st.spill_writes;
+    }
+    tiers_t t = { 0, 0, 0 };
+    for (int i = 0; i < n; i++) {
+        store_key_t k = key_of(9, 0, (uint64_t)i);
+        store_blob_info_t info;
+        cr_assert_eq(store_info(s, &k, &info), STATUS_OK);
+        if (info.tier == STORE_TIER_POOL) t.pool++;
+        else if (info.tier == STORE_TIER_BOTH) t.both++;
+        else t.nvme++;
+    }
+    return t;
+}
+
+/* Writing ahead of need (evict_ahead_ms): while puts are short of space the
+ * evictor keeps the watermark's bytes of writes going, and the blobs it
+ * wrote keep their regions, so the pool holds as many blobs after a burst
+ * as without it (on NVMe too: dropped at once when room is needed). With
+ * nobody short of space it writes nothing. Fails with no writes ahead, with
+ * ahead writes that give up their regions (resident 2 against 12 here), or
+ * with writes that go on without a shortage. */
+Test(store, eviction_writes_ahead_and_keeps_the_blobs) {
+    uint64_t seed = th_seed((uint64_t)time(NULL)) * 0x9E3779B97F4A7C15ull;
+    const uint64_t len = (256u << 10) - 4096 * (seed >> 61) - (seed >> 40) % 4000; /* 16 fit in the pool */
+    const int n = 48;
+    tiers_t t[2];
+    for (int on = 0; on < 2; on++) {
+        make_dir();
+        store_config_t c = small_cfg(4u << 20, true);
+        c.evict_wait_ms = 5000;
+        c.evict_watermark_pct = 25;
+        c.evict_ahead_ms = on ? 50 : 0;
+        store_t *s = open_store(&c);
+        cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
+        t[on] = ahead_burst(s, seed, n, len);
+        store_stats_t st;
+        store_stats(s, &st);
+        cr_assert_eq(st.spill_writes, (uint64_t)(t[on].both + t[on].nvme), "every write is a blob on NVMe");
+        if (!on) {
+            cr_assert_eq(st.ahead_writes, 0, "evict_ahead_ms 0 wrote %llu blobs ahead",
+                         (unsigned long long)st.ahead_writes);
+        } else {
+            cr_assert_gt(st.ahead_writes, 0, "a burst of %d blobs through a pool of 16 wrote none ahead of need", n);
+            cr_assert_gt(t[on].both, 0, "no blob both in the pool and on NVMe after writing %llu ahead",
+                         (unsigned long long)st.ahead_writes);
+            /* Nobody short of space: make room, put into it, nothing is written. */
+            int freed = 0;
+            for (int i = 0; i < n && freed < 8; i++) {
+                store_key_t k = key_of(9, 0, (uint64_t)i);
+                store_blob_info_t info;
+                cr_assert_eq(store_info(s, &k, &info), STATUS_OK);
+                if (info.tier & STORE_TIER_POOL) { cr_assert_eq(store_free(s, 1, &k), STATUS_OK); freed++; }
+            }
+            nanosleep(&(struct timespec){ 0, 120 * 1000000 }, NULL); /* past evict_ahead_ms */
+            store_stats(s, &st);
+            uint64_t w = st.spill_writes;
+            for (int i = 0; i < 2; i++) {
+                store_key_t k = key_of(9, 1, (uint64_t)i);
+                cr_assert_eq(put_gen(s, 1, &k, seed ^ (uint64_t)(i + 1), len, 0), STATUS_OK);
+            }
+            nanosleep(&(struct timespec){ 0, 200 * 1000000 }, NULL);
+            store_stats(s, &st);
+            cr_assert_eq(st.spill_writes, w, "%llu blobs written with the pool not short of space for 320 ms",
+                         (unsigned long long)(st.spill_writes - w));
+            for (int i = 0; i < 2; i++) {
+                store_key_t k = key_of(9, 1, (uint64_t)i);
+                cr_assert_eq(get_check(s, 1, &k, seed ^ (uint64_t)(i + 1), len, false), STATUS_OK);
+            }
+        }
+        /* What is left reads back right; resident blobs without a read. */
+        store_stats(s, &st);
+        uint64_t reads = st.spill_reads;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < n; i++) {
+                store_key_t k = key_of(9, 0, (uint64_t)i);
+                store_blob_info_t info;
+                if (store_info(s, &k, &info) != STATUS_OK) continue; /* freed above */
+                if ((pass == 0) != ((info.tier & STORE_TIER_POOL) != 0)) continue;
+                cr_assert_eq(get_check(s, 1, &k, seed + (uint64_t)i, len, false), STATUS_OK, "blob %d", i);
+            }
+            store_stats(s, &st);
+            if (pass == 0)
+                cr_assert_eq(st.spill_reads, reads, "getting the blobs in the pool read %llu from NVMe",
+                             (unsigned long long)(st.spill_reads - reads));
+        }
+        cr_assert_geq(st.spill_reads - reads, (uint64_t)t[on].nvme);
+        store_close(s);
+        remove_dir();
+    }
+    cr_assert_geq(t[1].pool + t[1].both + 2, t[0].pool + t[0].both,
+                  "writing ahead left %d blobs in the pool (%d on NVMe too) where %d stay without it",
+                  t[1].pool + t[1].both, t[1].both, t[0].pool + t[0].both);
 }
 
 Test(store, corrupt_spill_file_gives_data_loss_not_data) {
@@ -930,6 +1042,7 @@ Test(store, prefetch_reads_many_at_once) {
     make_dir();
     store_config_t c = small_cfg(8u << 20, true);
     c.evict_wait_ms = 5000;
+    c.evict_ahead_ms = 0; /* pushed out means NVMe only (written ahead, they would stay) */
     store_t *s = open_store(&c);
     cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     enum { N = 16, DAMAGED = 5, FREED = 9 };
