@@ -184,6 +184,7 @@ static void read_svc(void *arg, svc_metrics_sample_t *out) {
     out->spill_write_bytes = st.spill_write_bytes;
     out->spill_read_bytes = st.spill_read_bytes;
     out->evictions = st.evictions;
+    out->ahead_writes = st.ahead_writes;
     out->crc_errors = st.crc_errors;
     out->quota_refusals = sc.quota_refusals;
     out->put_bytes = st.put_bytes;

@@ -11,7 +11,7 @@ struct svc_metrics {
     void *arg;
     metric_t *pool_used, *pool_capacity, *spill_used, *blobs, *sessions;  /* gauges */
     metric_family_t *offload;    /* ballast_offload_bytes_total{direction} */
-    metric_t *to_host, *to_device, *spill_write, *spill_read, *evictions, *crc_errors, *quota; /* counters */
+    metric_t *to_host, *to_device, *spill_write, *spill_read, *evictions, *ahead, *crc_errors, *quota; /* counters */
 };
 
 static void collect(void *p) {
@@ -28,6 +28,7 @@ static void collect(void *p) {
     metric_set_total(m->spill_write, s.spill_write_bytes);
     metric_set_total(m->spill_read, s.spill_read_bytes);
     metric_set_total(m->evictions, s.evictions);
+    metric_set_total(m->ahead, s.ahead_writes);
     metric_set_total(m->crc_errors, s.crc_errors);
     metric_set_total(m->quota, s.quota_refusals);
 }
@@ -50,6 +51,8 @@ svc_metrics_t *svc_metrics_init(metrics_registry_t *r, svc_metrics_read_fn read,
     COUNTER(spill_write, "ballast_spill_bytes_total", "Bytes written from the pool to the NVMe tier");
     COUNTER(spill_read, "ballast_spill_read_bytes_total", "Bytes read back from the NVMe tier");
     COUNTER(evictions, "ballast_evictions_total", "Blobs dropped from the pool to make room (a copy stays on NVMe)");
+    COUNTER(ahead, "ballast_spill_ahead_writes_total",
+            "Blobs written to NVMe ahead of need while the pool was short of space (they stay in the pool until room is needed)");
     COUNTER(crc_errors, "ballast_crc_errors_total", "Read-backs whose crc32c did not match (reported to the client as lost)");
     COUNTER(quota, "ballast_quota_refusals_total", "Requests refused because a session was over its quota");
 #undef GAUGE

@@ -25,6 +25,7 @@ typedef struct {
     uint64_t spill_write_bytes;   /* total bytes written to NVMe */
     uint64_t spill_read_bytes;    /* total bytes read back from NVMe */
     uint64_t evictions;           /* total blobs dropped from the pool to make room */
+    uint64_t ahead_writes;        /* total blobs written to NVMe ahead of need, kept in the pool */
     uint64_t crc_errors;          /* total read-backs whose crc32c did not match */
     uint64_t quota_refusals;      /* total requests refused for quota (RESOURCE_EXHAUSTED) */
 } svc_metrics_sample_t;

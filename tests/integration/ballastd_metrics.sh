@@ -34,7 +34,7 @@ types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", t, re.M))
 want = {"ballast_pool_used_bytes": "gauge", "ballast_pool_capacity_bytes": "gauge", "ballast_spill_used_bytes": "gauge",
         "ballast_blobs": "gauge", "ballast_sessions": "gauge", "ballast_offload_bytes_total": "counter",
         "ballast_spill_bytes_total": "counter", "ballast_spill_read_bytes_total": "counter",
-        "ballast_evictions_total": "counter", "ballast_crc_errors_total": "counter",
+        "ballast_evictions_total": "counter", "ballast_spill_ahead_writes_total": "counter", "ballast_crc_errors_total": "counter",
         "ballast_quota_refusals_total": "counter", "ballast_build_info": "gauge"}
 bad = {k: types.get(k) for k, v in want.items() if types.get(k) != v}
 assert not bad, bad

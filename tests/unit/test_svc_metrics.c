@@ -41,7 +41,7 @@ Test(svc_metrics, families_mirror_the_sample) {
         { "ballast_spill_used_bytes", "gauge" }, { "ballast_blobs", "gauge" }, { "ballast_sessions", "gauge" },
         { "ballast_spill_bytes_total", "counter" }, { "ballast_spill_read_bytes_total", "counter" },
         { "ballast_evictions_total", "counter" }, { "ballast_crc_errors_total", "counter" },
-        { "ballast_quota_refusals_total", "counter" }, { "ballast_offload_bytes_total", "counter" },
+        { "ballast_spill_ahead_writes_total", "counter" }, { "ballast_quota_refusals_total", "counter" }, { "ballast_offload_bytes_total", "counter" },
     };
     svc_metrics_sample_t hi = { 0 }; /* the highest totals seen */
     for (int round = 0; round < 4; round++) {
@@ -49,10 +49,10 @@ Test(svc_metrics, families_mirror_the_sample) {
         s->pool_used_bytes = rnd(); s->pool_capacity_bytes = rnd(); s->spill_used_bytes = rnd();
         s->blobs = rnd() % 100000; s->sessions = rnd() % 64;
         uint64_t *tot[] = { &s->put_bytes, &s->get_bytes, &s->spill_write_bytes, &s->spill_read_bytes,
-                            &s->evictions, &s->crc_errors, &s->quota_refusals };
+                            &s->evictions, &s->crc_errors, &s->quota_refusals, &s->ahead_writes };
         uint64_t *his[] = { &hi.put_bytes, &hi.get_bytes, &hi.spill_write_bytes, &hi.spill_read_bytes,
-                            &hi.evictions, &hi.crc_errors, &hi.quota_refusals };
-        for (int i = 0; i < 7; i++) {
+                            &hi.evictions, &hi.crc_errors, &hi.quota_refusals, &hi.ahead_writes };
+        for (int i = 0; i < 8; i++) {
             if (round == 2 && i % 2) *tot[i] /= 3; /* a total going down (a restarted part): the counter holds */
             else *tot[i] += rnd();
             if (*tot[i] > *his[i]) *his[i] = *tot[i];
@@ -74,6 +74,7 @@ Test(svc_metrics, families_mirror_the_sample) {
         expect_line(t, "ballast_spill_bytes_total", hi.spill_write_bytes);
         expect_line(t, "ballast_spill_read_bytes_total", hi.spill_read_bytes);
         expect_line(t, "ballast_evictions_total", hi.evictions);
+        expect_line(t, "ballast_spill_ahead_writes_total", hi.ahead_writes);
         expect_line(t, "ballast_crc_errors_total", hi.crc_errors);
         expect_line(t, "ballast_quota_refusals_total", hi.quota_refusals);
         free(t);
