@@ -44,8 +44,9 @@
  * are put untimed (the pool is then full and eviction runs), then --bytes
  * more are put and timed (put_alloc, memcpy, put_commit: every byte of them
  * has to make its way through eviction to the disk for the puts to go on),
- * then they are read back in order and timed (get, memcpy, get_done: most
- * come from the disk) and checked.
+ * then they are read back in order (prefetch hints ahead, get, memcpy,
+ * get_done, free: most come from the disk), timed from the first request
+ * to the last answer as fio times its reads, and checked.
  *   RESULT bench_offload_spill blob=B write_mbps=W read_mbps=R (10^6 bytes/s) */
 #include <inttypes.h>
 #include <errno.h>
@@ -266,15 +267,18 @@ static int spill_mode(oc_client_t *c) {
     }
     double tw = clock_now_s() - t0;
     uint64_t bad = 0;
-    double tr = 0;
     /* a trainer reading activations back for its backward pass hints the
      * next ones while it uses this one: prefetch up to --prefetch bytes of
-     * blobs ahead */
+     * blobs ahead. Timed as fio is, from the first request to the last
+     * answer; each blob is checked as it comes by its tag and one word of
+     * every 4 KiB page (a full compare would be the bench's own work between
+     * gets, holding back the next hint; ballastd checks the crc32c of every
+     * read-back), the last one in full. */
     uint64_t ahead = o_ahead / n, hinted = nfill;
+    double t1 = clock_now_s();
     for (uint64_t i = nfill; i < nfill + nt; i++) {
         k.index = i;
         oc_buf_t b;
-        double t1 = clock_now_s();
         for (; hinted < nfill + nt && hinted <= i + ahead; hinted++) {
             if (hinted == i) continue; /* the get reads it */
             oc_key_t h = k;
@@ -285,16 +289,23 @@ static int spill_mode(oc_client_t *c) {
         uint64_t got = b.len; /* get_done clears b */
         memcpy(dst, b.ptr, n);
         CHECK_OC(oc_get_done(c, &k, &b));
-        tr += clock_now_s() - t1;
         CHECK_OC(oc_free(c, &k));
         memcpy(src, &k.index, 8);
-        if (got != n || memcmp(dst, src, n) != 0) bad++;
+        bool same = got == n && memcmp(dst, src, n < 64 ? n : 64) == 0;
+        for (size_t p = 4096; same && p + 8 <= n; p += 4096) {
+            size_t at = p + (p / 4096 * 8) % 4088;
+            same = memcmp(dst + at, src + at, 8) == 0;
+        }
+        if (same && i + 1 == nfill + nt) same = memcmp(dst, src, n) == 0;
+        if (!same) bad++;
     }
+    double tr = clock_now_s() - t1;
     if (bad) die("spill: %llu of %llu blobs came back different", (unsigned long long)bad, (unsigned long long)nt);
     double mb = (double)(nt * n) / 1e6;
     printf("spill through ballastd, %zu-byte blobs, %.0f MB after %.0f MB of fill: write %.1f MB/s, read-back "
-           "%.1f MB/s with %llu blob(s) prefetched ahead (all %llu blobs checked)\n", n, mb, (double)(nfill * n) / 1e6,
-           mb / tw, mb / tr, (unsigned long long)ahead, (unsigned long long)nt);
+           "%.1f MB/s with %llu blob(s) prefetched ahead (all %llu blobs checked: tag and a word per 4 KiB page, "
+           "the last in full)\n", n, mb, (double)(nfill * n) / 1e6, mb / tw, mb / tr, (unsigned long long)ahead,
+           (unsigned long long)nt);
     printf("RESULT bench_offload_spill blob=%zu write_mbps=%.1f read_mbps=%.1f\n", n, mb / tw, mb / tr);
     free(src); free(dst);
     return 0;
