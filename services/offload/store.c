@@ -241,30 +241,27 @@ static void lru_del(store_t *s, blob_t *b) {
     b->on_lru = false;
 }
 
-/* Put b on the LRU (as most recent) when it qualifies, off it otherwise. */
-static void lru_update(store_t *s, blob_t *b) {
+/* Put b on the LRU when it qualifies, off it otherwise: as the most recent,
+ * or (first) as the least recent, where a blob written ahead of need goes
+ * back to. */
+static void lru_put(store_t *s, blob_t *b, bool first) {
     lru_del(s, b);
     if (!(b->linked && b->state == STORE_READY && b->in_pool && b->pins == 0 && b->refs == 0)) return;
-    b->lprev = s->lru_tail;
-    b->lnext = NULL;
-    if (s->lru_tail) s->lru_tail->lnext = b;
-    else s->lru_head = b;
-    s->lru_tail = b;
+    if (first) { /* lru_del left b's links NULL */
+        b->lnext = s->lru_head;
+        if (s->lru_head) s->lru_head->lprev = b;
+        else s->lru_tail = b;
+        s->lru_head = b;
+    } else {
+        b->lprev = s->lru_tail;
+        if (s->lru_tail) s->lru_tail->lnext = b;
+        else s->lru_head = b;
+        s->lru_tail = b;
+    }
     b->on_lru = true;
 }
 
-/* Put b on the LRU as the least recent (a blob written ahead of need goes
- * back where it was taken from), when it qualifies. */
-static void lru_put_first(store_t *s, blob_t *b) {
-    lru_del(s, b);
-    if (!(b->linked && b->state == STORE_READY && b->in_pool && b->pins == 0 && b->refs == 0)) return;
-    b->lnext = s->lru_head;
-    b->lprev = NULL;
-    if (s->lru_head) s->lru_head->lprev = b;
-    else s->lru_tail = b;
-    s->lru_head = b;
-    b->on_lru = true;
-}
+static void lru_update(store_t *s, blob_t *b) { lru_put(s, b, false); }
 
 static void zombie_add(store_t *s, blob_t *b) {
     b->lprev = NULL;
@@ -608,7 +605,7 @@ static void evict_finish(evict_io_t *io) {
         }
     }
     if (!b->linked) blob_maybe_destroy(s, b);
-    else if (io->keep) lru_put_first(s, b);
+    else if (io->keep) lru_put(s, b, true);
     else lru_update(s, b);
     pthread_cond_broadcast(&s->cv);
     pthread_cond_signal(&s->ev_cv);
@@ -647,21 +644,7 @@ static int evict_pick(store_t *s, uint64_t need, evict_io_t **v, int max, int *d
             if (++passed >= EV_AHEAD_SCAN) break;
             continue;
         }
-        if (ahead) {
-            uint64_t o;
-            if (tier_alloc(s->tier, b->alen, &o) != 0) break;
-            evict_io_t *io = malloc(sizeof *io);
-            if (!io) { tier_free(s->tier, o); break; }
-            lru_del(s, b);
-            b->state = STORE_SPILLING;
-            b->refs++;
-            *io = (evict_io_t){ .s = s, .b = b, .off = o, .need_crc = !b->crc_valid, .keep = true };
-            atomic_init(&io->parts, 2);
-            v[nv++] = io;
-            s->busy_ops++;
-            s->ev_inflight++;
-            s->ev_bytes += b->alen;
-        } else if (b->on_nvme) {
+        if (b->on_nvme) {
             lru_del(s, b);
             pool_free(s->pool, &b->region);
             b->in_pool = false;
@@ -669,14 +652,14 @@ static int evict_pick(store_t *s, uint64_t need, evict_io_t **v, int max, int *d
             (*dropped)++;
         } else {
             uint64_t o;
-            if (tier_alloc(s->tier, b->alen, &o) != 0 && !reclaim_nvme_copies(s, b->alen, &o)) break;
+            if (tier_alloc(s->tier, b->alen, &o) != 0 && (ahead || !reclaim_nvme_copies(s, b->alen, &o))) break;
             evict_io_t *io = malloc(sizeof *io);
             if (!io) { tier_free(s->tier, o); break; }
             next = b->lnext; /* reclaiming does not reorder the LRU, but re-read to be safe */
             lru_del(s, b);
             b->state = STORE_SPILLING;
             b->refs++;
-            *io = (evict_io_t){ .s = s, .b = b, .off = o, .need_crc = !b->crc_valid };
+            *io = (evict_io_t){ .s = s, .b = b, .off = o, .need_crc = !b->crc_valid, .keep = ahead };
             atomic_init(&io->parts, 2);
             v[nv++] = io;
             s->busy_ops++;
