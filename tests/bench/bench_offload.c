@@ -269,12 +269,16 @@ static int spill_mode(oc_client_t *c) {
     uint64_t bad = 0;
     /* a trainer reading activations back for its backward pass hints the
      * next ones while it uses this one: prefetch up to --prefetch bytes of
-     * blobs ahead. Timed as fio is, from the first request to the last
+     * blobs ahead. As workers/offload/act.c does, the hints and the frees
+     * go without waiting (their answers are taken later), the get and
+     * get_done wait. Timed as fio is, from the first request to the last
      * answer; each blob is checked as it comes by its tag and one word of
      * every 4 KiB page (a full compare would be the bench's own work between
      * gets, holding back the next hint; ballastd checks the crc32c of every
      * read-back), the last one in full. */
-    uint64_t ahead = o_ahead / n, hinted = nfill;
+    uint64_t ahead = o_ahead / n, hinted = nfill, cap = ahead + 1;
+    oc_handle_t *hint_h = calloc(cap, sizeof *hint_h), free_h = 0;
+    CHECK_ALLOC(hint_h);
     double t1 = clock_now_s();
     for (uint64_t i = nfill; i < nfill + nt; i++) {
         k.index = i;
@@ -283,13 +287,17 @@ static int spill_mode(oc_client_t *c) {
             if (hinted == i) continue; /* the get reads it */
             oc_key_t h = k;
             h.index = hinted;
-            CHECK_OC(oc_prefetch(c, &h));
+            oc_handle_t *slot = &hint_h[hinted % cap];
+            if (*slot) CHECK_OC(oc_wait(c, *slot, NULL, -1));
+            CHECK_OC(oc_prefetch_async(c, &h, slot));
         }
+        if (hint_h[i % cap]) { CHECK_OC(oc_wait(c, hint_h[i % cap], NULL, -1)); hint_h[i % cap] = 0; }
         CHECK_OC(oc_get(c, &k, &b));
         uint64_t got = b.len; /* get_done clears b */
         memcpy(dst, b.ptr, n);
         CHECK_OC(oc_get_done(c, &k, &b));
-        CHECK_OC(oc_free(c, &k));
+        if (free_h) CHECK_OC(oc_wait(c, free_h, NULL, -1));
+        CHECK_OC(oc_free_async(c, &k, &free_h));
         memcpy(src, &k.index, 8);
         bool same = got == n && memcmp(dst, src, n < 64 ? n : 64) == 0;
         for (size_t p = 4096; same && p + 8 <= n; p += 4096) {
@@ -299,7 +307,11 @@ static int spill_mode(oc_client_t *c) {
         if (same && i + 1 == nfill + nt) same = memcmp(dst, src, n) == 0;
         if (!same) bad++;
     }
+    if (free_h) CHECK_OC(oc_wait(c, free_h, NULL, -1));
+    for (uint64_t j = 0; j < cap; j++)
+        if (hint_h[j]) CHECK_OC(oc_wait(c, hint_h[j], NULL, -1));
     double tr = clock_now_s() - t1;
+    free(hint_h);
     if (bad) die("spill: %llu of %llu blobs came back different", (unsigned long long)bad, (unsigned long long)nt);
     double mb = (double)(nt * n) / 1e6;
     printf("spill through ballastd, %zu-byte blobs, %.0f MB after %.0f MB of fill: write %.1f MB/s, read-back "
