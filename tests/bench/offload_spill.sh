@@ -13,10 +13,10 @@
 # Each round measures both, the side that goes first alternating; the
 # figure is the median of the per-round ratios with the lowest and highest.
 # Blob sizes 1 MiB and 16 MiB; target >= 0.9. The read-back hints blobs
-# ahead of the get with prefetch (oc_prefetch), as a trainer does for its
-# backward pass: fio's depth in blobs, at most half the pool
-# (BALLAST_BENCH_E2E_PREFETCH=0: none, each get reads its own blob, one
-# request at a time).
+# ahead of the get with prefetch (oc_prefetch_async; the frees do not wait
+# either), as a trainer does for its backward pass: fio's depth in blobs,
+# at most half the pool (BALLAST_BENCH_E2E_PREFETCH=0: none, each get reads
+# its own blob, one request at a time).
 # The pool is measured on both backings, each its own RATIO lines:
 # 2M (--huge-pages 2M) and 4K (--huge-pages off). Direct I/O hands the
 # device one segment per physically contiguous run of the buffer, and a
