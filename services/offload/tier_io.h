@@ -9,7 +9,8 @@
  *                  every system call's result to io_progress()
  *   tier_io.c      what every backend shares: the in-flight limit, the
  *                  short-transfer / EOF / EINTR / EAGAIN rules
- *                  (io_progress), completion (io_finish), statistics, and
+ *                  (io_progress), completion (io_settle, io_deliver),
+ *                  statistics, and
  *                  the engine calls below, which reach the backend only
  *                  through e->ops
  * Both backends complete a request only when all of it is done, at EOF
@@ -82,6 +83,9 @@ int io_engine_submit(io_engine_t *e, io_op_t op, int fd, void *buf, uint64_t len
 /* Synchronous form: submit and wait. Returns bytes transferred or -errno. */
 int64_t io_engine_rw(io_engine_t *e, io_op_t op, int fd, void *buf, uint64_t len, uint64_t off);
 
+/* Fewer than queue_depth requests in flight now (a snapshot). */
+bool io_engine_has_room(io_engine_t *e);
+
 /* Wait until nothing is in flight. */
 void io_engine_drain(io_engine_t *e);
 
@@ -98,9 +102,10 @@ typedef struct io_req {
     uint64_t len;         /* bytes asked for */
     uint64_t off;         /* file offset of buf[0], bytes */
     uint64_t done;        /* bytes transferred so far */
+    int64_t res;          /* the result, once settled */
     io_cb_t cb;
     void *arg;
-    struct io_req *next;  /* backend queue link */
+    struct io_req *next;  /* backend queue link; the io_uring reaper's list of settled requests */
 } io_req_t;
 
 /* The backend function table. */
@@ -120,9 +125,10 @@ struct io_engine {
     const io_backend_ops_t *ops;
     void *impl;              /* backend state */
     io_config_t cfg;         /* effective: queue_depth and threads filled in */
-    pthread_mutex_t mu;      /* guards inflight and stats */
-    pthread_cond_t cv;       /* inflight went down */
-    uint32_t inflight;
+    pthread_mutex_t mu;      /* guards inflight, delivering and stats */
+    pthread_cond_t cv;       /* inflight or delivering went down */
+    uint32_t inflight;       /* requests at the device (slots taken) */
+    uint32_t delivering;     /* settled requests whose callback has not returned */
     io_stats_t st;
     char fallback[128];      /* why io_uring is not used; "" otherwise */
 };
@@ -140,11 +146,16 @@ void io_engine_free(io_engine_t *e);
 
 /* Account res (the result of one system call or CQE for req's remaining
  * bytes). Returns true when req must be started again for the rest (short
- * transfer, -EAGAIN, -EINTR); false when it is finished, in which case its
- * callback has run, req is freed and the in-flight slot released. */
+ * transfer, -EAGAIN, -EINTR); false when it is finished: settled (its slot
+ * released), and the caller must then io_deliver() it. */
 bool io_progress(io_engine_t *e, io_req_t *req, int64_t res);
 
-/* Finish req with res: stats, callback, free, release the slot. */
-void io_finish(io_engine_t *e, io_req_t *req, int64_t res);
+/* Finishing a request is two steps, so that a backend can release the
+ * slots of a whole batch of completions before it runs their callbacks:
+ * io_settle records res, the statistics and releases the in-flight slot;
+ * io_deliver (once per settled request, on the engine thread, in any
+ * order) runs the callback and frees req. A drain waits for both. */
+void io_settle(io_engine_t *e, io_req_t *req, int64_t res);
+void io_deliver(io_engine_t *e, io_req_t *req);
 
 #endif

@@ -261,6 +261,8 @@ int tier_submit(tier_t *t, io_op_t op, void *buf, uint64_t len, uint64_t off, io
     return io_engine_submit(t->io, op, t->fds[f], buf, len, fo, cb, arg);
 }
 
+bool tier_has_room(tier_t *t) { return io_engine_has_room(t->io); }
+
 int64_t tier_rw(tier_t *t, io_op_t op, void *buf, uint64_t len, uint64_t off) {
     uint32_t f;
     uint64_t fo;

@@ -91,6 +91,9 @@ int tier_free(tier_t *t, uint64_t off);
  * returns bytes or -errno. */
 int tier_submit(tier_t *t, io_op_t op, void *buf, uint64_t len, uint64_t off, io_cb_t cb, void *arg);
 int64_t tier_rw(tier_t *t, io_op_t op, void *buf, uint64_t len, uint64_t off);
+/* A request submitted now would start without waiting for a slot (a
+ * snapshot: another submitter may take it first). */
+bool tier_has_room(tier_t *t);
 
 /* Wait for in-flight requests, then fdatasync every file (full fsync when
  * datasync is false). 0 or the first -errno. */

@@ -28,7 +28,7 @@ static void run(io_engine_t *e, io_req_t *req) {
         off_t off = (off_t)(req->off + req->done);
         ssize_t r = req->op == IO_READ ? pread(req->fd, p, n, off) : pwrite(req->fd, p, n, off);
         int64_t res = r < 0 ? -(int64_t)errno : (int64_t)r;
-        if (!io_progress(e, req, res)) return;
+        if (!io_progress(e, req, res)) { io_deliver(e, req); return; }
     }
 }
 

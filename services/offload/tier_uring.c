@@ -6,7 +6,9 @@
  * blocking call that every tool understands; valgrind, for one, does not
  * let other threads run while a thread blocks inside io_uring_enter), then
  * reaps every CQE there is, feeds each result to io_progress() and, for a
- * short transfer or -EAGAIN, starts the rest again. Without an eventfd it
+ * short transfer or -EAGAIN, starts the rest again; the requests that are
+ * finished are settled as they are reaped (their slots go to waiting
+ * submitters at once) and their callbacks run after the whole batch. Without an eventfd it
  * waits in io_uring_wait_cqe instead. The in-flight limit (tier_io.c) keeps
  * the number of requests at or below the SQ size, and the CQ is twice that,
  * so the completion queue never overflows.
@@ -87,30 +89,50 @@ static int uring_start(io_engine_t *e, io_req_t *req) {
     return 0;
 }
 
-/* Handle one completion; false for the stop marker. */
-static bool reap_one(io_engine_t *e, struct io_uring_cqe *cqe) {
+/* Handle one completion; false for the stop marker. A request that is
+ * finished is settled (its slot free for the next submitter) and goes on
+ * *done, for its callback after the rest of the batch. */
+static bool reap_one(io_engine_t *e, struct io_uring_cqe *cqe, io_req_t ***done) {
     uring_t *u = e->impl;
     io_req_t *req = io_uring_cqe_get_data(cqe);
     int64_t res = cqe->res;
     io_uring_cqe_seen(&u->ring, cqe);
     if (!req) return false; /* the stop marker from uring_close */
     TSAN_ACQUIRE(req);
-    while (io_progress(e, req, res)) {
+    for (;;) {
+        if (!io_progress(e, req, res)) break;
         int src = uring_start(e, req);
-        if (src == 0) break;
+        if (src == 0) return true; /* the rest is on its way */
         res = src; /* could not resubmit: finish with that error */
         if (!io_progress(e, req, res)) break;
     }
+    req->next = NULL;
+    **done = req;
+    *done = &req->next;
     return true;
+}
+
+/* Run the callbacks of the settled requests on list, in completion order. */
+static void deliver_all(io_engine_t *e, io_req_t *list) {
+    while (list) {
+        io_req_t *next = list->next;
+        io_deliver(e, list);
+        list = next;
+    }
 }
 
 static void *reaper_main(void *arg) {
     io_engine_t *e = arg;
     uring_t *u = e->impl;
     for (;;) {
+        /* settle every completion there is first, then run their
+         * callbacks: the submitters waiting for slots go on meanwhile */
+        io_req_t *list = NULL, **tail = &list;
         struct io_uring_cqe *cqe;
-        while (io_uring_peek_cqe(&u->ring, &cqe) == 0)
-            if (!reap_one(e, cqe)) return NULL;
+        bool stop = false;
+        while (!stop && io_uring_peek_cqe(&u->ring, &cqe) == 0) stop = !reap_one(e, cqe, &tail);
+        deliver_all(e, list);
+        if (stop) return NULL;
         if (u->efd >= 0) {
             uint64_t v;
             ssize_t r = read(u->efd, &v, sizeof v);

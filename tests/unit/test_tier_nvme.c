@@ -1,6 +1,7 @@
 /* test_tier_nvme.c: the I/O engine (io_uring and the thread pool) and the
  * spill-file tier: random regions written and read back byte-exact, with
- * O_DIRECT and buffered; queue_depth requests held in flight; reads past
+ * O_DIRECT and buffered; the queue_depth limit, and slots freed before
+ * callbacks run; reads past
  * EOF; fixed buffers; the fallback to threads when io_uring is refused and
  * to buffered I/O when O_DIRECT is (both made real with a seccomp filter in
  * the test's own process); alignment and space checks. */
@@ -169,33 +170,109 @@ Test(io_engine, random_regions_threads_buffered) {
     random_round_trip(IO_BACKEND_THREADS, false, "/tmp");
 }
 
-/* Many requests in flight: completions are held back at a gate, so every
- * submitted request stays in flight; the engine must accept queue_depth of
- * them and make the next submitter wait until one completes. */
-static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
-static bool gate_open;
-static atomic_int gate_done;
+/* The in-flight limit and the two steps of finishing a request, on a
+ * backend of the test's own (tier_io.h's backend table): its start() only
+ * keeps the request, so requests stay at the "device" until the test ends
+ * them, as io_uring's reaper does: io_progress (the slot goes), then
+ * io_deliver (the callback). */
+static io_req_t *held[64];
+static atomic_int nheld;
 
-static void gated_cb(void *arg, int64_t res) {
+static int held_start(io_engine_t *e, io_req_t *req) {
+    (void)e;
+    held[atomic_fetch_add(&nheld, 1)] = req;
+    return 0;
+}
+static int held_open(io_engine_t *e, char *err, size_t errlen) { (void)err; (void)errlen; e->impl = held; return 0; }
+static void held_close(io_engine_t *e) { e->impl = NULL; }
+static const io_backend_ops_t held_ops = { .name = "held", .open = held_open, .start = held_start,
+                                           .close = held_close };
+
+static atomic_int cb_runs;
+static void counted_cb(void *arg, int64_t res) {
     (void)arg;
-    pthread_mutex_lock(&gate_mu);
-    while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
-    pthread_mutex_unlock(&gate_mu);
-    if (res == 4096) atomic_fetch_add(&gate_done, 1);
+    if (res == 4096) atomic_fetch_add(&cb_runs, 1);
 }
 
-typedef struct { io_engine_t *e; int fd; char *buf; atomic_bool returned; } late_t;
+typedef struct { io_engine_t *e; char *buf; io_cb_t cb; atomic_bool returned; } late_t;
 
 static void *late_submit(void *arg) {
     late_t *l = arg;
-    int rc = io_engine_submit(l->e, IO_READ, l->fd, l->buf, 4096, 0, gated_cb, NULL);
+    int rc = io_engine_submit(l->e, IO_READ, 0, l->buf, 4096, 0, l->cb, NULL);
     cr_assert_eq(rc, 0);
     atomic_store(&l->returned, true);
     return NULL;
 }
 
-static void many_in_flight(io_backend_t be) {
+static void *drainer(void *arg) {
+    late_t *l = arg;
+    io_engine_drain(l->e);
+    atomic_store(&l->returned, true);
+    return NULL;
+}
+
+/* Poll flag for up to ms milliseconds. */
+static bool becomes_true(atomic_bool *flag, int ms) {
+    for (int i = 0; i < ms && !atomic_load(flag); i++) usleep(1000);
+    return atomic_load(flag);
+}
+
+Test(io_engine, queue_depth_limits_requests_at_the_device_and_frees_a_slot_before_the_callback) {
+    io_engine_t *e = calloc(1, sizeof *e);
+    cr_assert(e);
+    io_config_t cfg = { .queue_depth = 40 };
+    io_engine_init(e, &cfg);
+    e->ops = &held_ops;
+    char err[64];
+    cr_assert_eq(e->ops->open(e, err, sizeof err), 0);
+    char buf[4096];
+    atomic_store(&nheld, 0);
+    atomic_store(&cb_runs, 0);
+    for (int i = 0; i < 40; i++) cr_assert_eq(io_engine_submit(e, IO_READ, 0, buf, 4096, 0, counted_cb, NULL), 0);
+    io_stats_t st;
+    io_engine_stats(e, &st);
+    cr_assert_eq(st.inflight, 40, "%u in flight after 40 submits at depth 40", st.inflight);
+    late_t l = { .e = e, .buf = buf, .cb = counted_cb };
+    pthread_t th;
+    pthread_create(&th, NULL, late_submit, &l);
+    cr_assert(!becomes_true(&l.returned, 100), "a 41st request was accepted at queue depth 40");
+    /* the device ends one: its slot goes to the waiting submitter before
+     * its callback has run */
+    cr_assert(!io_progress(e, held[0], 4096), "a whole transfer asked for more");
+    cr_assert(becomes_true(&l.returned, 5000), "the 41st request still waits after one ended (slot held until "
+              "the callback)");
+    pthread_join(th, NULL);
+    cr_assert_eq(atomic_load(&cb_runs), 0);
+    /* a drain waits for callbacks too, not only for the device */
+    for (int i = 1; i < 41; i++) cr_assert(!io_progress(e, held[i], 4096));
+    io_engine_stats(e, &st);
+    cr_assert_eq(st.inflight, 0);
+    late_t d = { .e = e };
+    pthread_create(&th, NULL, drainer, &d);
+    cr_assert(!becomes_true(&d.returned, 50), "drain returned with 41 callbacks not yet run");
+    for (int i = 0; i < 41; i++) io_deliver(e, held[i]);
+    cr_assert(becomes_true(&d.returned, 5000), "drain did not return after every callback ran");
+    pthread_join(th, NULL);
+    cr_assert_eq(atomic_load(&cb_runs), 41);
+    io_engine_stats(e, &st);
+    cr_assert_eq(st.completed, 41);
+    io_engine_close(e);
+}
+
+/* On the real backends: callbacks held back at a gate do not hold their
+ * slots (a 41st request goes at depth 40), and a drain waits for them. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
+static bool gate_open;
+
+static void gated_cb(void *arg, int64_t res) {
+    pthread_mutex_lock(&gate_mu);
+    while (!gate_open) pthread_cond_wait(&gate_cv, &gate_mu);
+    pthread_mutex_unlock(&gate_mu);
+    counted_cb(arg, res);
+}
+
+static void callbacks_hold_no_slots(io_backend_t be) {
     make_dir("/tmp");
     char path[300];
     snprintf(path, sizeof path, "%s/q", dir);
@@ -208,38 +285,34 @@ static void many_in_flight(io_backend_t be) {
     cr_assert_eq(io_engine_open(&e, &cfg, err, sizeof err), 0, "%s", err);
     char *buf = aligned_alloc(4096, 41 * 4096);
     gate_open = false;
-    atomic_store(&gate_done, 0);
+    atomic_store(&cb_runs, 0);
     for (int i = 0; i < 40; i++)
         cr_assert_eq(io_engine_submit(e, IO_READ, fd, buf + i * 4096, 4096, (uint64_t)i * 4096, gated_cb, NULL), 0);
-    io_stats_t st;
-    io_engine_stats(e, &st);
-    cr_assert_eq(st.inflight, 40, "%u in flight after 40 submits at depth 40", st.inflight);
-    late_t l = { .e = e, .fd = fd, .buf = buf + 40 * 4096 };
+    int rc = io_engine_submit(e, IO_READ, fd, buf + 40 * 4096, 4096, 0, gated_cb, NULL);
+    cr_assert_eq(rc, 0); /* returns once one read has ended, its callback held or not */
+    late_t d = { .e = e };
     pthread_t th;
-    pthread_create(&th, NULL, late_submit, &l);
-    usleep(100 * 1000);
-    cr_assert(!atomic_load(&l.returned), "a 41st request was accepted at queue depth 40");
+    pthread_create(&th, NULL, drainer, &d);
+    cr_assert(!becomes_true(&d.returned, 100), "drain returned with every callback held");
     pthread_mutex_lock(&gate_mu);
     gate_open = true;
     pthread_cond_broadcast(&gate_cv);
     pthread_mutex_unlock(&gate_mu);
     pthread_join(th, NULL);
-    cr_assert(atomic_load(&l.returned));
-    io_engine_drain(e);
-    cr_assert_eq(atomic_load(&gate_done), 41);
+    cr_assert_eq(atomic_load(&cb_runs), 41);
     io_engine_close(e);
     close(fd);
     free(buf);
     remove_dir();
 }
 
-Test(io_engine, queue_depth_in_flight_io_uring) {
+Test(io_engine, held_callbacks_keep_no_slots_io_uring, .timeout = 30) {
     char why[256];
     if (!uring_ok(why, sizeof why)) cr_skip_test("io_uring refused by this kernel/sandbox: %s", why);
-    many_in_flight(IO_BACKEND_URING);
+    callbacks_hold_no_slots(IO_BACKEND_URING);
 }
 
-Test(io_engine, queue_depth_in_flight_threads) { many_in_flight(IO_BACKEND_THREADS); }
+Test(io_engine, held_callbacks_keep_no_slots_threads, .timeout = 30) { callbacks_hold_no_slots(IO_BACKEND_THREADS); }
 
 /* A read that runs past EOF returns what is there: the engine resubmits the
  * rest after the short read, finds EOF, and reports the shorter count. */
