@@ -1115,6 +1115,73 @@ Test(store, prefetch_reads_many_at_once) {
     remove_dir();
 }
 
+/* More hints than the tier's queue depth and than a quarter of the pool
+ * in bytes: the worker keeps at most a quarter of the pool (one blob more
+ * when nothing is reading) and at most queue_depth reads at the device,
+ * holds the other hints until reads end, checks every read's crc, and
+ * every blob comes back exact, none read twice. Two shapes: 1 MiB blobs
+ * (the byte cap binds: 2 at once in an 8 MiB pool) and 48 of 64 KiB (the
+ * queue depth binds: 32). */
+static void prefetch_window(uint64_t blob, int n, uint32_t most) {
+    make_dir();
+    store_config_t c = small_cfg(8u << 20, true);
+    c.evict_ahead_ms = 0; /* pushed out means NVMe only */
+    c.queue_depth = 32;
+    store_t *s = open_store(&c);
+    cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
+    uint64_t seed = th_seed(0xbb67ae8584caa73bull);
+    for (int i = 0; i < n; i++) {
+        store_key_t k = key_of(10, 0, (uint64_t)i);
+        cr_assert_eq(put_gen(s, 1, &k, seed + (uint64_t)i, blob - (uint64_t)i * 8, 0), STATUS_OK);
+    }
+    for (int i = 0; i < 40; i++) { /* push them all out */
+        store_key_t k = key_of(10, 1, (uint64_t)i);
+        cr_assert_eq(put_gen(s, 1, &k, 99 + (uint64_t)i, 256u << 10, 0), STATUS_OK);
+    }
+    store_blob_info_t info;
+    for (int i = 0; i < n; i++) {
+        store_key_t k = key_of(10, 0, (uint64_t)i);
+        cr_assert_eq(store_info(s, &k, &info), STATUS_OK);
+        cr_assert_eq(info.tier, STORE_TIER_NVME, "blob %d not spilled (tier %d)", i, info.tier);
+    }
+    for (int i = 0; i < 40; i++) {
+        store_key_t k = key_of(10, 1, (uint64_t)i);
+        cr_assert_eq(store_free(s, 1, &k), STATUS_OK);
+    }
+    store_stats_t st0, st1;
+    store_stats(s, &st0);
+    for (int i = 0; i < n; i++) {
+        store_key_t k = key_of(10, 0, (uint64_t)i);
+        cr_assert_eq(store_prefetch(s, &k), STATUS_OK);
+    }
+    for (int tries = 0;; tries++) { /* bounded: 2000 x 5 ms */
+        store_stats(s, &st1);
+        if (st1.prefetches - st0.prefetches == (uint64_t)n) break;
+        cr_assert_lt(tries, 2000, "%llu of %d prefetches done after 10 s",
+                     (unsigned long long)(st1.prefetches - st0.prefetches), n);
+        usleep(5000);
+    }
+    cr_log_info("prefetch of %d blobs of %llu bytes: at most %u reads at the device", n, (unsigned long long)blob,
+                st1.prefetch_depth_max);
+    cr_assert_leq(st1.prefetch_depth_max, most, "%u prefetch reads at the device at once, more than %u",
+                  st1.prefetch_depth_max, most);
+    cr_assert_geq(st1.prefetch_depth_max, 2, "the prefetches were read one at a time");
+    cr_assert_eq(st1.crc_errors, st0.crc_errors);
+    for (int i = 0; i < n; i++) {
+        store_key_t k = key_of(10, 0, (uint64_t)i);
+        cr_assert_eq(get_check(s, 1, &k, seed + (uint64_t)i, blob - (uint64_t)i * 8, true), STATUS_OK);
+    }
+    store_stats(s, &st1);
+    cr_assert_eq(st1.spill_reads - st0.spill_reads, (uint64_t)n, "%llu reads for %d blobs",
+                 (unsigned long long)(st1.spill_reads - st0.spill_reads), n);
+    store_close(s);
+    remove_dir();
+}
+
+Test(store, prefetch_keeps_a_quarter_of_the_pool_at_the_device, .timeout = 60) { prefetch_window(1u << 20, 6, 2); }
+
+Test(store, prefetch_keeps_the_queue_depth_at_the_device, .timeout = 60) { prefetch_window(64u << 10, 48, 32); }
+
 Test(store, prefetch_brings_a_spilled_blob_back_before_the_get) {
     make_dir();
     store_config_t c = small_cfg(2u << 20, true);
