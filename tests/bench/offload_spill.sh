@@ -14,9 +14,12 @@
 # figure is the median of the per-round ratios with the lowest and highest.
 # Blob sizes 1 MiB and 16 MiB; target >= 0.9. The read-back hints blobs
 # ahead of the get with prefetch (oc_prefetch_async; the frees do not wait
-# either), as a trainer does for its backward pass: fio's depth in blobs,
-# at most half the pool (BALLAST_BENCH_E2E_PREFETCH=0: none, each get reads
-# its own blob, one request at a time).
+# either), as a trainer does for its backward pass: twice fio's depth in
+# blobs, at most half the pool. ballastd keeps at most its queue depth, and
+# a quarter of the pool, of those reads at the device; the other hints wait
+# there and go the moment reads end, while those are checked
+# (BALLAST_BENCH_E2E_PREFETCH=0: no hints, each get reads its own blob, one
+# request at a time).
 # The pool is measured on both backings, each its own RATIO lines:
 # 2M (--huge-pages 2M) and 4K (--huge-pages off). Direct I/O hands the
 # device one segment per physically contiguous run of the buffer, and a
@@ -112,8 +115,11 @@ ours() {
     PID=$!
     for i in $(seq 1 100); do [ -s "$W/ports" ] && break; sleep 0.05; done
     [ -s "$W/ports" ] || { echo "ballastd did not start:"; cat "$W/ballastd.log"; exit 1; }
-    # prefetch hints ahead of the gets: fio's depth in blobs, at most half the pool
-    local ahead=$(( $(numfmt --from=iec "$1") * DEPTH )) half=$(( $(numfmt --from=iec "$POOL") / 2 ))
+    # prefetch hints ahead of the gets: twice fio's depth in blobs, at most
+    # half the pool (ballastd keeps at most the queue depth, and a quarter of
+    # the pool, of them at the device; the rest wait there to go the moment
+    # reads end, while those are checked)
+    local ahead=$(( $(numfmt --from=iec "$1") * DEPTH * 2 )) half=$(( $(numfmt --from=iec "$POOL") / 2 ))
     [ "$ahead" -gt "$half" ] && ahead=$half
     [ "$AHEAD" = 0 ] && ahead=0
     o=$("$BO" --addr "unix:$W/b.sock" --mode spill --blob "$1" --bytes "$SIZE" --fill "$POOL" --prefetch "$ahead" 2>&1) ||
