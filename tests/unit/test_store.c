@@ -1035,6 +1035,32 @@ Test(store, kill9_during_persistent_puts_keeps_every_acknowledged_blob, .timeout
 
 /* ---- prefetch ---- */
 
+/* Put n blobs of job's rank 0 (len[i] bytes, contents from seed + i) in
+ * session 1, push them all out to NVMe with 40 blobs of 256 KiB of rank 1,
+ * check that each is on NVMe only (its offset in off[i]), and free the 40
+ * again, leaving the pool room for them all. */
+static void put_and_spill(store_t *s, uint64_t job, int n, const uint64_t *len, uint64_t seed, uint64_t *off) {
+    for (int i = 0; i < n; i++) {
+        store_key_t k = key_of(job, 0, (uint64_t)i);
+        cr_assert_eq(put_gen(s, 1, &k, seed + (uint64_t)i, len[i], 0), STATUS_OK);
+    }
+    for (int i = 0; i < 40; i++) {
+        store_key_t k = key_of(job, 1, (uint64_t)i);
+        cr_assert_eq(put_gen(s, 1, &k, 77 + (uint64_t)i, 256u << 10, 0), STATUS_OK);
+    }
+    store_blob_info_t info;
+    for (int i = 0; i < n; i++) {
+        store_key_t k = key_of(job, 0, (uint64_t)i);
+        cr_assert_eq(store_info(s, &k, &info), STATUS_OK);
+        cr_assert_eq(info.tier, STORE_TIER_NVME, "blob %d not spilled (tier %d)", i, info.tier);
+        off[i] = info.nvme_off;
+    }
+    for (int i = 0; i < 40; i++) {
+        store_key_t k = key_of(job, 1, (uint64_t)i);
+        cr_assert_eq(store_free(s, 1, &k), STATUS_OK);
+    }
+}
+
 /* Prefetch hints for many spilled blobs are read back with several reads
  * in flight; a damaged copy fails its check (the get then says DATA_LOSS),
  * a blob freed while its read runs leaves no region behind, and the gets
@@ -1047,27 +1073,11 @@ Test(store, prefetch_reads_many_at_once) {
     store_t *s = open_store(&c);
     cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
     enum { N = 16, DAMAGED = 5, FREED = 9 };
-    uint64_t seed = th_seed(0x6a09e667f3bcc909ull), len[N];
-    for (int i = 0; i < N; i++) {
-        store_key_t k = key_of(9, 0, (uint64_t)i);
-        len[i] = 200000 + (seed >> (i % 32) & 0xffff) + (uint64_t)i * 4099;
-        cr_assert_eq(put_gen(s, 1, &k, seed + (uint64_t)i, len[i], 0), STATUS_OK);
-    }
-    for (int i = 0; i < 40; i++) { /* push them all out */
-        store_key_t k = key_of(9, 1, (uint64_t)i);
-        cr_assert_eq(put_gen(s, 1, &k, 77 + (uint64_t)i, 256u << 10, 0), STATUS_OK);
-    }
+    uint64_t seed = th_seed(0x6a09e667f3bcc909ull), len[N], off[N];
+    for (int i = 0; i < N; i++) len[i] = 200000 + (seed >> (i % 32) & 0xffff) + (uint64_t)i * 4099;
+    put_and_spill(s, 9, N, len, seed, off);
+    corrupt_at(off[DAMAGED], c.spill_file_bytes, len[DAMAGED] / 2);
     store_blob_info_t info;
-    for (int i = 0; i < N; i++) {
-        store_key_t k = key_of(9, 0, (uint64_t)i);
-        cr_assert_eq(store_info(s, &k, &info), STATUS_OK);
-        cr_assert_eq(info.tier, STORE_TIER_NVME, "blob %d not spilled (tier %d)", i, info.tier);
-        if (i == DAMAGED) corrupt_at(info.nvme_off, c.spill_file_bytes, len[i] / 2);
-    }
-    for (int i = 0; i < 40; i++) { /* room for them all again */
-        store_key_t k = key_of(9, 1, (uint64_t)i);
-        cr_assert_eq(store_free(s, 1, &k), STATUS_OK);
-    }
     store_stats_t st0, st1;
     store_stats(s, &st0);
     for (int i = 0; i < N; i++) {
@@ -1129,25 +1139,10 @@ static void prefetch_window(uint64_t blob, int n, uint32_t most) {
     c.queue_depth = 32;
     store_t *s = open_store(&c);
     cr_assert_eq(store_session_open(s, 1, 0), STATUS_OK);
-    uint64_t seed = th_seed(0xbb67ae8584caa73bull);
-    for (int i = 0; i < n; i++) {
-        store_key_t k = key_of(10, 0, (uint64_t)i);
-        cr_assert_eq(put_gen(s, 1, &k, seed + (uint64_t)i, blob - (uint64_t)i * 8, 0), STATUS_OK);
-    }
-    for (int i = 0; i < 40; i++) { /* push them all out */
-        store_key_t k = key_of(10, 1, (uint64_t)i);
-        cr_assert_eq(put_gen(s, 1, &k, 99 + (uint64_t)i, 256u << 10, 0), STATUS_OK);
-    }
-    store_blob_info_t info;
-    for (int i = 0; i < n; i++) {
-        store_key_t k = key_of(10, 0, (uint64_t)i);
-        cr_assert_eq(store_info(s, &k, &info), STATUS_OK);
-        cr_assert_eq(info.tier, STORE_TIER_NVME, "blob %d not spilled (tier %d)", i, info.tier);
-    }
-    for (int i = 0; i < 40; i++) {
-        store_key_t k = key_of(10, 1, (uint64_t)i);
-        cr_assert_eq(store_free(s, 1, &k), STATUS_OK);
-    }
+    uint64_t seed = th_seed(0xbb67ae8584caa73bull), len[64], off[64];
+    cr_assert_leq(n, 64);
+    for (int i = 0; i < n; i++) len[i] = blob - (uint64_t)i * 8;
+    put_and_spill(s, 10, n, len, seed, off);
     store_stats_t st0, st1;
     store_stats(s, &st0);
     for (int i = 0; i < n; i++) {
