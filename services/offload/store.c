@@ -927,10 +927,11 @@ static bool prefetch_start(store_t *s, bool checks) {
     if (checks && !tier_has_room(s->tier)) return false;
     store_key_t k = s->pf_q[s->pf_head];
     blob_t *b = lookup(s, &k);
-    if (b && s->pf_bytes && s->pf_bytes + b->alen > s->pf_bytes_cap) return false;
+    bool wanted = b && b->state == STORE_READY && !b->in_pool && b->on_nvme;
+    if (wanted && s->pf_bytes && s->pf_bytes + b->alen > s->pf_bytes_cap) return false;
     s->pf_head = (s->pf_head + 1) % PREFETCH_QUEUE;
     s->pf_n--;
-    if (!b || b->state != STORE_READY || b->in_pool || !b->on_nvme) return true;
+    if (!wanted) return true;
     prefetch_io_t *io = malloc(sizeof *io);
     if (!io) return true; /* a hint: the get reads it back itself */
     b->refs++;

@@ -1,8 +1,9 @@
 /* tier_io.c: the part of the I/O engine every backend shares: the
  * in-flight limit, the short-transfer / EOF / EINTR / EAGAIN rules
- * (io_progress), completion (io_settle, io_deliver), statistics. It reaches a backend
- * only through e->ops, so the backends (tier_uring.c, tier_threads.c) sit
- * above it and call into it; tier_nvme.c picks one. See tier_io.h. */
+ * (io_progress), completion (io_settle, io_deliver), statistics. It
+ * reaches a backend only through e->ops, so the backends (tier_uring.c,
+ * tier_threads.c) sit above it and call into it; tier_nvme.c picks one.
+ * See tier_io.h. */
 #include "tier_io.h"
 
 #include <errno.h>

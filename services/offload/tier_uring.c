@@ -8,8 +8,8 @@
  * reaps every CQE there is, feeds each result to io_progress() and, for a
  * short transfer or -EAGAIN, starts the rest again; the requests that are
  * finished are settled as they are reaped (their slots go to waiting
- * submitters at once) and their callbacks run after the whole batch. Without an eventfd it
- * waits in io_uring_wait_cqe instead. The in-flight limit (tier_io.c) keeps
+ * submitters at once) and their callbacks run after the whole batch.
+ * Without an eventfd it waits in io_uring_wait_cqe instead. The in-flight limit (tier_io.c) keeps
  * the number of requests at or below the SQ size, and the CQ is twice that,
  * so the completion queue never overflows.
  *
@@ -99,12 +99,11 @@ static bool reap_one(io_engine_t *e, struct io_uring_cqe *cqe, io_req_t ***done)
     io_uring_cqe_seen(&u->ring, cqe);
     if (!req) return false; /* the stop marker from uring_close */
     TSAN_ACQUIRE(req);
-    for (;;) {
-        if (!io_progress(e, req, res)) break;
+    bool again = io_progress(e, req, res);
+    while (again) {
         int src = uring_start(e, req);
         if (src == 0) return true; /* the rest is on its way */
-        res = src; /* could not resubmit: finish with that error */
-        if (!io_progress(e, req, res)) break;
+        again = io_progress(e, req, src); /* could not resubmit: finish with that error */
     }
     req->next = NULL;
     **done = req;
