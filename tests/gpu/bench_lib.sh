@@ -372,6 +372,7 @@ gb_worker_bench() {   # NAME KIND MODEL LIMIT_S [flags...]
     # the socket in a short directory of its own (a Unix socket path has 107 bytes at most)
     local sd
     sd=$(mktemp -d /tmp/ballast-gb.XXXXXX) || { gb_skip "$name" "cannot make a directory under /tmp"; return 1; }
+    echo "$sd" > "$d/sockdir" # for whoever cleans up after a kill
     off=()
     if [ "$kind" != plain ]; then
         if ! gb_ballastd_start "$d" "$sd" "$GB_POOL" "$GB_SPILL"; then

@@ -153,8 +153,10 @@ for _ in $(seq 600); do
 done
 kill -KILL -- -$pid 2>/dev/null
 wait $pid 2>/dev/null
-# the killed ballastd's socket directory (bench_lib.sh makes one under /tmp per run)
-for s in $(cat "$D"/snap/bench/*/cmd 2>/dev/null | grep -o 'unix:/tmp/ballast-gb\.[A-Za-z0-9]*' | sort -u); do rm -rf "${s#unix:}"; done
+# the killed ballastd's socket directory (bench_lib.sh makes one under /tmp
+# per run and names it in the run's sockdir file at once: the worker's cmd
+# file may not be written yet when the kill comes)
+for s in $(cat "$D"/snap/bench/*/sockdir 2>/dev/null | grep -x '/tmp/ballast-gb\.[A-Za-z0-9]*' | sort -u); do rm -rf "$s"; done
 files=$(find "$D/out" -type f | wc -l)
 if tar tzf "$D/out/gpu-run.tar.gz" 2>/dev/null | grep -q '^log/act-off-7b.log$' &&
    grep -q '"kind": "worker_bench", "name": "act-off-7b"' "$D/out/results.jsonl" 2>/dev/null &&
