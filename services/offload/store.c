@@ -688,7 +688,10 @@ static int evict_pick(store_t *s, uint64_t need, evict_io_t **v, int max, int *d
  * before and gives up one at once, without a write, when an allocation
  * needs room. What this writes that is never needed (blobs freed while
  * still in the pool) is bounded by cfg.evict_ahead_ms of the device after
- * the last shortage, plus the watermark. With mu held. */
+ * the last shortage, plus the watermark. None while prefetch reads are at
+ * the device: it is busy then, and such writes only slow the reads a
+ * client waits for (a read-back of the oldest blobs first otherwise wrote
+ * every newer blob the pool still held). With mu held. */
 static uint64_t evict_ahead(store_t *s, uint64_t now_ms) {
     if (!s->cfg.evict_ahead_ms || s->ev_stop || s->draining || s->ev_failures || !s->ev_pressed_ms ||
         now_ms - s->ev_pressed_ms > s->cfg.evict_ahead_ms || s->pf_reads)

@@ -10,9 +10,8 @@
  *   tier_io.c      what every backend shares: the in-flight limit, the
  *                  short-transfer / EOF / EINTR / EAGAIN rules
  *                  (io_progress), completion (io_settle, io_deliver),
- *                  statistics, and
- *                  the engine calls below, which reach the backend only
- *                  through e->ops
+ *                  statistics, and the engine calls below, which reach
+ *                  the backend only through e->ops
  * Both backends complete a request only when all of it is done, at EOF
  * (reads; the callback sees the shorter count) or on error (-errno).
  *

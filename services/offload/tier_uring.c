@@ -9,9 +9,9 @@
  * short transfer or -EAGAIN, starts the rest again; the requests that are
  * finished are settled as they are reaped (their slots go to waiting
  * submitters at once) and their callbacks run after the whole batch.
- * Without an eventfd it waits in io_uring_wait_cqe instead. The in-flight limit (tier_io.c) keeps
- * the number of requests at or below the SQ size, and the CQ is twice that,
- * so the completion queue never overflows.
+ * Without an eventfd it waits in io_uring_wait_cqe instead. The in-flight
+ * limit (tier_io.c) keeps the number of requests at or below the SQ size,
+ * and the CQ is twice that, so the completion queue never overflows.
  *
  * Registered buffers: io_engine_register() registers the pool segments
  * (split into pieces of at most 1 GiB, the kernel's limit per buffer);
