@@ -147,10 +147,12 @@ struct store {
     size_t pf_head, pf_n;
     uint32_t pf_inflight;     /* prefetch loads not finished (the read, then its crc pass) */
     struct prefetch_io *pf_check, **pf_check_tail; /* reads ended, for the worker to check */
-    uint32_t pf_reads;        /* prefetch reads at the device */
+    uint32_t pf_reads;        /* prefetch reads submitted whose callback has not run: at the
+                               * device, or just ended (the tier frees a slot before the
+                               * callback, so this can briefly exceed the queue depth) */
     uint64_t pf_bytes;        /* their bytes */
     uint64_t pf_bytes_cap;    /* the most: a quarter of the pool (one blob is always let through) */
-    uint32_t pf_depth_max;    /* the most reads at the device at once */
+    uint32_t pf_depth_max;    /* the most pf_reads at once */
 
     /* counters */
     uint64_t spill_writes, spill_reads, spill_wbytes, spill_rbytes;
@@ -569,8 +571,13 @@ static uint64_t evict_deficit(store_t *s) {
      * Only for an allocation that tried again and failed since the evictor
      * last looked (ev_retry): asking on ev_waiting alone went on evicting,
      * one blob per completion, for as long as a satisfied waiter had not yet
-     * woken to take its space (a loaded machine spilled a whole pool). */
-    if (s->ev_retry > s->ev_bytes && s->ev_retry - s->ev_bytes > d) d = s->ev_retry - s->ev_bytes;
+     * woken to take its space (a loaded machine spilled a whole pool). And
+     * only for as much as still waits: a waiter that failed, then got its
+     * space before the evictor looked, leaves ev_retry behind, and honouring
+     * it dropped blobs no one needed gone (a loaded machine dropped 16 just
+     * prefetched blobs, 7 of 8 MiB free, and read them again). */
+    uint64_t retry = s->ev_retry < s->ev_waiting ? s->ev_retry : s->ev_waiting;
+    if (retry > s->ev_bytes && retry - s->ev_bytes > d) d = retry - s->ev_bytes;
     return d;
 }
 
@@ -2094,6 +2101,7 @@ void store_stats(store_t *s, store_stats_t *out) {
         out->spill_capacity = ts.capacity;
         out->spilled_bytes = ts.used;
         out->direct_io = ts.direct;
+        out->io_depth_max = ts.io.inflight_max;
         snprintf(out->io_backend, sizeof out->io_backend, "%s", ts.backend);
         snprintf(out->io_fallback, sizeof out->io_fallback, "%s", ts.fallback);
     } else {

@@ -131,7 +131,7 @@ int io_engine_submit(io_engine_t *e, io_op_t op, int fd, void *buf, uint64_t len
     *req = (io_req_t){ .op = op, .fd = fd, .buf = buf, .len = len, .off = off, .cb = cb, .arg = arg };
     pthread_mutex_lock(&e->mu);
     while (e->inflight >= e->cfg.queue_depth) pthread_cond_wait(&e->cv, &e->mu);
-    e->inflight++;
+    if (++e->inflight > e->st.inflight_max) e->st.inflight_max = e->inflight;
     e->st.submitted++;
     pthread_mutex_unlock(&e->mu);
     int rc = e->ops->start(e, req);

@@ -58,6 +58,7 @@ typedef struct {
     uint64_t eagain_retries;  /* -EAGAIN completions retried */
     uint64_t fixed_ops;    /* requests sent as READ_FIXED / WRITE_FIXED */
     uint32_t inflight;     /* requests in flight now */
+    uint32_t inflight_max; /* the most in flight at once since open */
     uint32_t queue_depth;  /* the limit */
     bool registered;       /* buffers registered with io_uring */
 } io_stats_t;

@@ -232,6 +232,7 @@ Test(io_engine, queue_depth_limits_requests_at_the_device_and_frees_a_slot_befor
     io_stats_t st;
     io_engine_stats(e, &st);
     cr_assert_eq(st.inflight, 40, "%u in flight after 40 submits at depth 40", st.inflight);
+    cr_assert_eq(st.inflight_max, 40, "the peak in flight is %u, not 40", st.inflight_max);
     late_t l = { .e = e, .buf = buf, .cb = counted_cb };
     pthread_t th;
     pthread_create(&th, NULL, late_submit, &l);
@@ -247,6 +248,7 @@ Test(io_engine, queue_depth_limits_requests_at_the_device_and_frees_a_slot_befor
     for (int i = 1; i < 41; i++) cr_assert(!io_progress(e, held[i], 4096));
     io_engine_stats(e, &st);
     cr_assert_eq(st.inflight, 0);
+    cr_assert_eq(st.inflight_max, 40, "the peak in flight is %u past the queue depth 40", st.inflight_max);
     late_t d = { .e = e };
     pthread_create(&th, NULL, drainer, &d);
     cr_assert(!becomes_true(&d.returned, 50), "drain returned with 41 callbacks not yet run");
