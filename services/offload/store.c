@@ -369,10 +369,8 @@ static bool job_has_blobs(store_t *s, uint64_t id) {
 
 /* ---- blob lifetime ---- */
 
-/* Return b's space and memory when nothing refers to it any more: unlinked,
- * no pins, no thread using it. With mu held. */
-/* Pool space was freed or a read-ahead blob was taken: wake the prefetch
- * worker if a hint waits for that. With mu held. */
+/* Pool space was freed: wake the prefetch worker if a hint waits for
+ * some. With mu held. */
 static void pf_space_freed(store_t *s) {
     if (s->pf_space_wait) pthread_cond_signal(&s->pf_cv);
 }
@@ -388,6 +386,8 @@ static void rb_release(store_t *s, blob_t *b) {
     s->rb_held_bytes -= b->alen;
 }
 
+/* Return b's space and memory when nothing refers to it any more: unlinked,
+ * no pins, no thread using it. With mu held. */
 static void blob_maybe_destroy(store_t *s, blob_t *b) {
     if (b->linked || b->pins || b->refs || b->committing || b->writer) return;
     zombie_del(s, b);
@@ -1046,10 +1046,10 @@ static void *prefetch_main(void *arg) {
         }
         if (s->pf_stop && !s->pf_inflight) break;
         /* held without checks waiting: by pf_bytes_cap, so a read is at
-         * the device and its end signals; or for pool space, which a free,
-         * an eviction or a get of a read-ahead blob signals (pf_space_wait;
-         * timed as well, so a free on a path that does not signal is
-         * noticed within 20 ms) */
+         * the device and its end signals; or for pool space, which a free
+         * or an eviction signals (pf_space_wait; timed as well, so space
+         * freed on a path that does not signal, or read-backs released by
+         * a client that keeps its blobs, are noticed within 20 ms) */
         if (s->pf_space_wait && !s->pf_stop) {
             struct timespec ts = clock_after(0.02);
             pthread_cond_timedwait(&s->pf_cv, &s->mu, &ts);
