@@ -12,7 +12,10 @@
 # $DEPTH, write then read, in the same directory.
 # Each round measures both, the side that goes first alternating; the
 # figure is the median of the per-round ratios with the lowest and highest.
-# Blob sizes 1 MiB and 16 MiB; target >= 0.9. The read-back hints blobs
+# Blob sizes 1 MiB and 16 MiB; target >= 0.9. Each round also says how
+# many spill writes and reads ballastd made (its exit stats): the blobs
+# the pool still holds when the read-back starts are served from it, so
+# ours reads fewer bytes from the disk than fio. The read-back hints blobs
 # ahead of the get with prefetch (oc_prefetch_async; the frees do not wait
 # either), as a trainer does for its backward pass: twice fio's depth in
 # blobs, at most half the pool. ballastd keeps at most its queue depth, and
@@ -111,7 +114,7 @@ ours() {
     [ "$3" = 2M ] && hp=2M
     rm -f "$W/ports"
     "$BALLASTD" --socket "$W/b.sock" --pool-bytes "$POOL" --spill-dir "$d" --spill-bytes 2G --queue-depth "$DEPTH" \
-        --evict-watermark "$WM" --huge-pages "$hp" --port-file "$W/ports" --log-level warn > "$W/ballastd.log" 2>&1 &
+        --evict-watermark "$WM" --huge-pages "$hp" --port-file "$W/ports" --log-level info > "$W/ballastd.log" 2>&1 &
     PID=$!
     for i in $(seq 1 100); do [ -s "$W/ports" ] && break; sleep 0.05; done
     [ -s "$W/ports" ] || { echo "ballastd did not start:"; cat "$W/ballastd.log"; exit 1; }
@@ -128,6 +131,9 @@ ours() {
     rm -rf "$d"; sync -f "$W"
     o=$(echo "$o" | grep '^RESULT bench_offload_spill')
     OW=$(kv "$o" write_mbps); OR=$(kv "$o" read_mbps)
+    # what the disk moved: blobs the pool still held are served from it
+    local nb=$(( $(numfmt --from=iec "$SIZE") / $(numfmt --from=iec "$1") )) nf=$(( $(numfmt --from=iec "$POOL") / $(numfmt --from=iec "$1") ))
+    OD=$(sed -n "s/.*stats at exit:.* \([0-9]*\) spill writes.* \([0-9]*\) spill reads.*/\1 writes for $((nb + nf)) blobs put, \2 reads for $nb read back/p" "$W/ballastd.log")
 }
 # fio_rw blob rw mem: sets X (MB/s)
 fio_rw() {
@@ -154,7 +160,7 @@ for pages in $PAGES; do
             qw+=("$(ratio "$OW" "$FW")"); qr+=("$(ratio "$OR" "$FR")")
             ows+=("$OW"); fws+=("$FW"); ors+=("$OR"); frs+=("$FR")
             echo "  $pages pool, $blob round $round ($first first): write ours $OW fio $FW MB/s (${qw[-1]});" \
-                 "read-back ours $OR fio $FR MB/s (${qr[-1]})"
+                 "read-back ours $OR fio $FR MB/s (${qr[-1]}); ours on disk: ${OD:-?}"
         done
         read -r w w_lo w_hi <<< "$(stats "${qw[@]}")"; read -r r r_lo r_hi <<< "$(stats "${qr[@]}")"
         read -r mow _ _ <<< "$(stats "${ows[@]}")"; read -r mfw _ _ <<< "$(stats "${fws[@]}")"
