@@ -2166,6 +2166,7 @@ void store_stats(store_t *s, store_stats_t *out) {
         out->spilled_bytes = ts.used;
         out->direct_io = ts.direct;
         out->io_depth_max = ts.io.inflight_max;
+        out->io_inflight = ts.io.inflight;
         snprintf(out->io_backend, sizeof out->io_backend, "%s", ts.backend);
         snprintf(out->io_fallback, sizeof out->io_fallback, "%s", ts.fallback);
     } else {

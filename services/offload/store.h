@@ -373,6 +373,7 @@ typedef struct {
     uint64_t prefetches;      /* read-backs started by store_prefetch */
     uint32_t prefetch_depth_max; /* the most prefetch reads submitted and not yet ended (callback not run) at once */
     uint32_t io_depth_max;    /* the most requests of any kind at the device at once (the tier's count) */
+    uint32_t io_inflight;     /* requests at the device now (the tier's count) */
     uint64_t crc_errors;      /* read-backs whose crc32c did not match */
     uint64_t manifest_damaged; /* damaged manifest records skipped at open */
     uint64_t manifest_lost;   /* persistent blobs of the replayed manifest not served again */
