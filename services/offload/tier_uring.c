@@ -124,14 +124,19 @@ static void *reaper_main(void *arg) {
     io_engine_t *e = arg;
     uring_t *u = e->impl;
     for (;;) {
-        /* settle every completion there is first, then run their
-         * callbacks: the submitters waiting for slots go on meanwhile */
+        /* settle every completion there is first (at most a queue's worth,
+         * so that callbacks are not put off for as long as completions keep
+         * coming), then run their callbacks: the submitters waiting for
+         * slots go on meanwhile */
         io_req_t *list = NULL, **tail = &list;
         struct io_uring_cqe *cqe;
         bool stop = false;
-        while (!stop && io_uring_peek_cqe(&u->ring, &cqe) == 0) stop = !reap_one(e, cqe, &tail);
+        uint32_t n = 0;
+        for (; !stop && n < e->cfg.queue_depth && io_uring_peek_cqe(&u->ring, &cqe) == 0; n++)
+            stop = !reap_one(e, cqe, &tail);
         deliver_all(e, list);
         if (stop) return NULL;
+        if (n == e->cfg.queue_depth) continue; /* more may be there: look before waiting */
         if (u->efd >= 0) {
             uint64_t v;
             ssize_t r = read(u->efd, &v, sizeof v);
