@@ -25,13 +25,61 @@
 #ifndef MFD_HUGE_2MB
 #define MFD_HUGE_2MB (21u << 26) /* log2(2 MiB) << MFD_HUGE_SHIFT */
 #endif
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1, uapi asm-generic/mman-common.h */
+#endif
 
 
 /* ---- sealed memfd segments ---- */
 
+/* Map size bytes of fd shared at a 2 MiB boundary (a transparent huge page
+ * is mapped whole only there): reserve 2 MiB more than needed, map the file
+ * over the first boundary inside, give the slack back. */
+static void *map_aligned(int fd, size_t size) {
+    size_t a = SHM_HUGE_2M;
+    char *r = mmap(NULL, size + a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return MAP_FAILED;
+    char *p = (char *)(((uintptr_t)r + a - 1) & ~(uintptr_t)(a - 1));
+    if (mmap(p, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        int e = errno;
+        munmap(r, size + a);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (p > r) munmap(r, (size_t)(p - r));
+    size_t tail = (size_t)(r + size + a - (p + size));
+    if (tail) munmap(p + size, tail);
+    return p;
+}
+
+/* SHM_THP on a fresh mapping (see shm.h). */
+static void collapse(shm_seg_t *seg) {
+    size_t whole = seg->bytes / SHM_HUGE_2M * SHM_HUGE_2M;
+    seg->thp_bytes = 0;
+    seg->thp_errno = 0;
+    if (!whole) { seg->thp_errno = ERANGE; return; }
+    volatile char *b = seg->base;
+    for (size_t o = 0; o < whole; o += SHM_HUGE_2M) b[o] = 0; /* the page is zero already */
+    if (madvise(seg->base, whole, MADV_COLLAPSE) == 0) seg->thp_bytes = whole;
+    else seg->thp_errno = errno;
+}
+
+const char *shm_thp_why(int e) {
+    switch (e) {
+    case 0: return "on transparent huge pages";
+    case ERANGE: return "the segment is smaller than one 2 MiB page";
+    case EINVAL: return "the kernel cannot collapse shared memory into transparent huge pages "
+                        "(needs Linux 6.1+ with CONFIG_TRANSPARENT_HUGEPAGE, and "
+                        "/sys/kernel/mm/transparent_hugepage/shmem_enabled other than deny)";
+    case EAGAIN: case ENOMEM: return "the kernel found no free 2 MiB blocks (memory fragmented or short); "
+                                     "reserve huge pages (sysctl vm.nr_hugepages, --huge-pages 2M) to be sure of them";
+    default: return strerror(e);
+    }
+}
+
 /* One attempt at create + size + seal + map. Returns 0 or -errno; on error
  * nothing is left open. */
-static int create_once(shm_seg_t *seg, const char *name, size_t bytes, bool huge,
+static int create_once(shm_seg_t *seg, const char *name, size_t bytes, bool huge, bool thp,
                        char *err, size_t errlen) {
     size_t unit = huge ? SHM_HUGE_2M : (size_t)sysconf(_SC_PAGESIZE);
     if (bytes > SIZE_MAX - unit || bytes > (size_t)INT64_MAX - unit) {
@@ -61,7 +109,8 @@ static int create_once(shm_seg_t *seg, const char *name, size_t bytes, bool huge
         close(fd);
         return -e;
     }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    thp = thp && !huge;
+    void *p = thp && size >= SHM_HUGE_2M ? map_aligned(fd, size) : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         int e = errno;
         errbuf_set(err, errlen, "shm_create: mapping %zu bytes of %s: %s%s", size, name, strerror(e),
@@ -75,6 +124,9 @@ static int create_once(shm_seg_t *seg, const char *name, size_t bytes, bool huge
     seg->bytes = size;
     seg->huge = huge;
     seg->locked = false;
+    seg->thp_bytes = 0;
+    seg->thp_errno = 0;
+    if (thp) collapse(seg);
     return 0;
 }
 
@@ -89,11 +141,13 @@ int shm_create(shm_seg_t *seg, const char *name, size_t bytes, unsigned flags,
         errbuf_set(err, errlen, "shm_create(%s): size 0; ask for at least one byte", name);
         return -EINVAL;
     }
+    seg->thp_bytes = 0;
+    seg->thp_errno = 0;
     if (flags & (SHM_HUGE | SHM_HUGE_TRY)) {
-        int rc = create_once(seg, name, bytes, true, err, errlen);
+        int rc = create_once(seg, name, bytes, true, false, err, errlen);
         if (rc == 0 || (flags & SHM_HUGE)) return rc;
     }
-    return create_once(seg, name, bytes, false, err, errlen);
+    return create_once(seg, name, bytes, false, (flags & SHM_THP) != 0, err, errlen);
 }
 
 int shm_map_fd(shm_seg_t *seg, int fd, size_t expect_bytes, char *err, size_t errlen) {
@@ -101,6 +155,8 @@ int shm_map_fd(shm_seg_t *seg, int fd, size_t expect_bytes, char *err, size_t er
     seg->base = NULL;
     seg->bytes = 0;
     seg->huge = seg->locked = false;
+    seg->thp_bytes = 0;
+    seg->thp_errno = 0;
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0) {
         errbuf_set(err, errlen, "shm_map_fd: fd %d is not open", fd);
@@ -126,7 +182,10 @@ int shm_map_fd(shm_seg_t *seg, int fd, size_t expect_bytes, char *err, size_t er
         close(fd);
         return -EINVAL;
     }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* at a 2 MiB boundary from 2 MiB on, so that huge pages the creator
+     * has (SHM_HUGE, SHM_THP) are mapped whole here too */
+    size_t sz = (size_t)st.st_size;
+    void *p = sz >= SHM_HUGE_2M ? map_aligned(fd, sz) : mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         int e = errno;
         errbuf_set(err, errlen, "shm_map_fd: mapping %lld bytes: %s", (long long)st.st_size, strerror(e));
@@ -168,6 +227,7 @@ void shm_destroy(shm_seg_t *seg) {
     seg->base = NULL;
     seg->bytes = 0;
     seg->locked = false;
+    seg->thp_bytes = 0;
 }
 
 /* ---- lock file and listener ---- */

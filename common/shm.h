@@ -31,6 +31,8 @@
 enum {
     SHM_HUGE     = 1u << 0, /* back with 2 MiB huge pages; fail if none are free */
     SHM_HUGE_TRY = 1u << 1, /* try 2 MiB huge pages, fall back to normal pages */
+    SHM_THP      = 1u << 2, /* normal pages: ask the kernel to collapse them into transparent
+                               huge pages (see shm_create); ignored with 2 MiB huge pages */
 };
 
 typedef struct {
@@ -39,6 +41,8 @@ typedef struct {
     size_t bytes;    /* size of the file and of the mapping, bytes */
     bool huge;       /* backed by 2 MiB huge pages */
     bool locked;     /* mlock()ed by shm_lock() */
+    size_t thp_bytes; /* SHM_THP: bytes collapsed into transparent huge pages (0 when refused) */
+    int thp_errno;   /* SHM_THP: why not, when thp_bytes is 0 (shm_thp_why explains it) */
 } shm_seg_t;
 
 /* Create a memfd named name (shown in /proc/PID/fd), size it to bytes
@@ -46,14 +50,30 @@ typedef struct {
  * with F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL and map it read-write.
  * On success *seg owns the fd and the mapping; on error *seg is {-1, NULL}.
  * Errors: -EINVAL (bytes 0 or too large), -ENOMEM (no huge pages with
- * SHM_HUGE, or no memory), -errno of memfd_create/ftruncate/fcntl/mmap. */
+ * SHM_HUGE, or no memory), -errno of memfd_create/ftruncate/fcntl/mmap.
+ *
+ * SHM_THP: the segment is mapped at a 2 MiB boundary, one byte of every
+ * whole 2 MiB of it is faulted in (a zero written to a zero page) and
+ * madvise(MADV_COLLAPSE) turns those into transparent huge pages: 2 MiB
+ * physically contiguous each, the rest of each block filled with zeros.
+ * MADV_COLLAPSE (Linux 6.1) works whatever transparent_hugepage/shmem_enabled
+ * says except "deny", and compacts memory to find the blocks. Either way
+ * the segment is created: when the kernel refuses, thp_bytes is 0, the pages
+ * are normal ones and thp_errno says why (EINVAL: no MADV_COLLAPSE for
+ * shared memory; EAGAIN or ENOMEM: no free 2 MiB blocks). A tail under 2 MiB
+ * stays on normal pages. A peer that maps the memfd (shm_map_fd) sees the
+ * same huge pages. */
 int shm_create(shm_seg_t *seg, const char *name, size_t bytes, unsigned flags,
                char *err, size_t errlen);
+/* A sentence on why SHM_THP was refused (thp_errno), naming the fix. */
+const char *shm_thp_why(int thp_errno);
 
 /* Map a memfd received from a peer. Takes ownership of fd (closed on error
  * too). Checks that it is a memfd-like regular file sealed against
  * shrinking (F_SEAL_SHRINK, so the sender cannot cut it under our feet) and,
- * when expect_bytes != 0, that its size equals expect_bytes.
+ * when expect_bytes != 0, that its size equals expect_bytes. From 2 MiB on
+ * the mapping starts at a 2 MiB boundary, so that the creator's huge pages
+ * (SHM_HUGE, SHM_THP) are mapped whole here too.
  * Errors: -EBADF, -EPERM (not sealed), -EINVAL (size mismatch), -errno of mmap. */
 int shm_map_fd(shm_seg_t *seg, int fd, size_t expect_bytes, char *err, size_t errlen);
 

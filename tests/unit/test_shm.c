@@ -625,3 +625,133 @@ Test(shm, recv_fds_validates_the_control_message) {
     close(f2);
     close(f3);
 }
+
+/* ShmemPmdMapped of the /proc/self/smaps entry that starts at base, kB; -1
+ * when no entry starts there. */
+static long long smaps_pmd_kb(const void *base) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    cr_assert(f, "/proc/self/smaps: %s", strerror(errno));
+    char line[512];
+    bool in = false;
+    long long kb = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+            in = lo == (unsigned long)(uintptr_t)base;
+            continue;
+        }
+        if (in && sscanf(line, "ShmemPmdMapped: %lld kB", &kb) == 1) break;
+    }
+    fclose(f);
+    return kb;
+}
+
+/* Page frame of the 4 KiB page at p (root only: others read 0), or 0. */
+static uint64_t pfn_of(int pagemap, const void *p) {
+    uint64_t e = 0;
+    off_t at = (off_t)((uintptr_t)p / 4096 * 8);
+    if (pread(pagemap, &e, 8, at) != 8 || !(e >> 63)) return 0;
+    return e & ((1ull << 55) - 1);
+}
+
+/* Whether this kernel collapses a 2 MiB-aligned, touched shared memfd
+ * mapping into a huge page, asked without shm.c (so that a refusal by
+ * shm_create of a kernel that can is a failure, not a skip). 0 or errno. */
+static int kernel_collapses_shmem(void) {
+    size_t h = SHM_HUGE_2M;
+    int fd = memfd_create("t-thp-probe", MFD_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, (off_t)h), 0);
+    char *r = mmap(NULL, 2 * h, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(r, MAP_FAILED);
+    char *a = (char *)(((uintptr_t)r + h - 1) & ~(uintptr_t)(h - 1));
+    cr_assert_neq(mmap(a, h, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0), MAP_FAILED);
+    a[0] = 1;
+    int e = madvise(a, h, 25 /* MADV_COLLAPSE */) == 0 ? 0 : errno;
+    munmap(r, 2 * h);
+    close(fd);
+    return e;
+}
+
+Test(shm, thp_segment_is_aligned_collapsed_and_contiguous) {
+    char err[SHM_ERR_LEN];
+    shm_seg_t seg;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t bytes = (8u << 20) + 3 * pg; /* four huge pages and a tail of normal ones */
+    cr_assert_eq(shm_create(&seg, "t-thp", bytes, SHM_THP, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(seg.bytes, bytes);
+    cr_assert_not(seg.huge);
+    cr_assert_eq((uintptr_t)seg.base % SHM_HUGE_2M, 0, "base %p is not at a 2 MiB boundary", seg.base);
+    int seals = fcntl(seg.fd, F_GET_SEALS);
+    cr_assert_eq(seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+                 F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, "seals 0x%x", seals);
+    for (size_t i = 0; i < seg.bytes; i += 8) {
+        uint64_t w;
+        memcpy(&w, (char *)seg.base + i, 8);
+        cr_assert_eq(w, 0, "a fresh segment holds a nonzero word at %zu", i);
+    }
+    if (!seg.thp_bytes) {
+        cr_assert_neq(seg.thp_errno, 0);
+        int k = kernel_collapses_shmem();
+        cr_assert_neq(k, 0, "shm_create was refused (%s) where the kernel collapses a probe mapping",
+                      shm_thp_why(seg.thp_errno));
+        char why[256];
+        snprintf(why, sizeof why, "the kernel refused transparent huge pages: %s", shm_thp_why(seg.thp_errno));
+        shm_destroy(&seg);
+        cr_skip_test("%s", why);
+    }
+    cr_assert_eq(seg.thp_bytes, 8u << 20, "collapsed %zu bytes", seg.thp_bytes);
+    cr_assert_eq(seg.thp_errno, 0);
+    long long kb = smaps_pmd_kb(seg.base);
+    cr_assert_eq(kb, 8192, "smaps shows %lld kB of the segment mapped by huge pages, not 8192", kb);
+
+    /* physically contiguous within each 2 MiB (frames are readable by root only) */
+    int pm = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    cr_assert_geq(pm, 0);
+    if (pfn_of(pm, seg.base)) {
+        for (size_t h = 0; h < seg.thp_bytes; h += SHM_HUGE_2M) {
+            uint64_t first = pfn_of(pm, (char *)seg.base + h);
+            cr_assert_eq(first % (SHM_HUGE_2M / 4096), 0, "huge page at %zu starts at frame %llu", h,
+                         (unsigned long long)first);
+            for (size_t o = 4096; o < SHM_HUGE_2M; o += 4096) {
+                uint64_t f = pfn_of(pm, (char *)seg.base + h + o);
+                cr_assert_eq(f, first + o / 4096, "page %zu of the huge page at %zu is frame %llu, not %llu",
+                             o / 4096, h, (unsigned long long)f, (unsigned long long)(first + o / 4096));
+            }
+        }
+    } else {
+        cr_log_info("page frames unreadable (not root): contiguity not checked");
+    }
+    close(pm);
+
+    /* a peer mapping the memfd sees the same bytes, both ways */
+    uint64_t seed = test_seed();
+    fill(seg.base, seg.bytes, seed);
+    shm_seg_t peer;
+    cr_assert_eq(shm_map_fd(&peer, dup(seg.fd), seg.bytes, err, sizeof err), 0, "%s", err);
+    cr_assert_eq((uintptr_t)peer.base % SHM_HUGE_2M, 0, "the peer's base %p is not at a 2 MiB boundary", peer.base);
+    cr_assert_eq(mismatch(peer.base, peer.bytes, seed), -1);
+    kb = smaps_pmd_kb(peer.base);
+    cr_assert_eq(kb, 8192, "the peer sees %lld kB of the segment mapped by huge pages, not 8192", kb);
+    fill(peer.base, peer.bytes, seed ^ 0x5555);
+    cr_assert_eq(mismatch(seg.base, seg.bytes, seed ^ 0x5555), -1);
+    shm_destroy(&peer);
+    shm_destroy(&seg);
+    cr_assert_eq(seg.thp_bytes, 0);
+}
+
+Test(shm, thp_below_one_huge_page_is_refused_and_usable) {
+    char err[SHM_ERR_LEN];
+    shm_seg_t seg;
+    cr_assert_eq(shm_create(&seg, "t-thp-small", 1u << 20, SHM_THP, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(seg.thp_bytes, 0);
+    cr_assert_eq(seg.thp_errno, ERANGE);
+    cr_assert(strstr(shm_thp_why(seg.thp_errno), "2 MiB"), "%s", shm_thp_why(seg.thp_errno));
+    uint64_t seed = test_seed();
+    fill(seg.base, seg.bytes, seed);
+    cr_assert_eq(mismatch(seg.base, seg.bytes, seed), -1);
+    shm_destroy(&seg);
+    /* refusals name their fix */
+    cr_assert(strstr(shm_thp_why(EINVAL), "shmem_enabled"), "%s", shm_thp_why(EINVAL));
+    cr_assert(strstr(shm_thp_why(EAGAIN), "nr_hugepages"), "%s", shm_thp_why(EAGAIN));
+}
