@@ -75,9 +75,11 @@ static const opt_t opts[] = {
     { "metrics-bind", OPT_STRING, "127.0.0.1", 0, 0, NULL, "address of /metrics (0.0.0.0: every interface, e.g. for a Prometheus scraper elsewhere)", &o_metrics_bind },
     { "pool-bytes", OPT_SIZE, "1G", 1 << 20, 1ull << 50, NULL, "host memory pool size", &o_pool_bytes },
     { "segment-bytes", OPT_SIZE, "0", 0, 1ull << 50, NULL,
-      "size of one pool segment (0 = one segment for the whole pool)", &o_segment_bytes },
-    { "huge-pages", OPT_ENUM, "off", 0, 0, "off|2M|try",
-      "back the pool with 2 MiB huge pages (2M: or fail; try: when available)", &o_huge },
+      "size of a new pool segment; each job gets its own (0 = a sixteenth of the pool, at most 64 MiB; a larger blob gets a segment its size)", &o_segment_bytes },
+    { "huge-pages", OPT_ENUM, "thp", 0, 0, "off|2M|try|thp",
+      "pages of the pool: thp, 4 KiB pages the kernel collapses into transparent 2 MiB ones when it can "
+      "(Linux 6.1+, nothing to reserve); 2M, reserved 2 MiB huge pages (vm.nr_hugepages) or fail; try, "
+      "reserved ones when free, else as thp; off, 4 KiB pages", &o_huge },
     { "mlock", OPT_BOOL, "true", 0, 0, NULL,
       "mlock the pool (warns and continues when RLIMIT_MEMLOCK is too low)", &o_mlock },
     { "spill-dir", OPT_STRING, NULL, 0, 0, NULL,
@@ -217,14 +219,16 @@ static unsigned long queue_limit(const char *dir, const char *name) {
  * buffer, and on 4 KiB pages that are not contiguous (a host whose free
  * memory is fragmented) that is well under what the device takes. */
 static void spill_request_hint(const char *dir, const store_stats_t *st) {
-    if (!dir || !*dir || !st->direct_io || st->pool.huge) return;
+    if (!dir || !*dir || !st->direct_io || st->pool.huge || st->pool.thp) return;
     unsigned long segs = queue_limit(dir, "max_segments"), kb = queue_limit(dir, "max_sectors_kb");
     unsigned long pg_kb = (unsigned long)sysconf(_SC_PAGESIZE) / 1024;
     if (!segs || !kb || segs * pg_kb >= kb) return;
     log_info("spill: the pool is on %lu KiB pages, so a spill write can reach the disk in requests as small as "
              "%lu KiB (max_segments %lu, when its pages are not physically contiguous) where the device takes "
-             "%lu KiB; --huge-pages 2M keeps them at that size (see docs/ballastd-storage.md, \"Known gaps\")",
-             pg_kb, segs * pg_kb, segs, kb);
+             "%lu KiB; %s (see docs/ballastd-storage.md, \"Known gaps\")",
+             pg_kb, segs * pg_kb, segs, kb, st->pool.thp_errno
+                 ? "transparent huge pages were refused (see the pool: line above); --huge-pages 2M keeps them at that size"
+                 : "--huge-pages thp or 2M keeps them at that size");
 }
 
 int main(int argc, char **argv) {
@@ -312,7 +316,8 @@ int main(int argc, char **argv) {
     store_config_default(&sc);
     sc.pool.pool_bytes = o_pool_bytes;
     sc.pool.segment_bytes = o_segment_bytes;
-    sc.pool.huge = o_huge == 1 ? POOL_HUGE_ON : o_huge == 2 ? POOL_HUGE_TRY : POOL_HUGE_OFF;
+    sc.pool.huge = o_huge == 1 ? POOL_HUGE_ON : o_huge == 2 ? POOL_HUGE_TRY : o_huge == 3 ? POOL_HUGE_THP
+                 : POOL_HUGE_OFF;
     sc.pool.mlock = o_mlock;
     sc.spill_dir = o_spill_dir && o_spill_dir[0] ? o_spill_dir : NULL;
     sc.spill_bytes = o_spill_bytes;
@@ -395,10 +400,11 @@ int main(int argc, char **argv) {
         store_stats(store, &st);
         char pb[32];
         format_size(st.pool.total_bytes, pb, sizeof pb);
-        log_info("ready: socket %s, fd socket %s%s%s, pool %s in %u segment(s)%s, spill %s (io %s%s%s), "
-                 "lease %.3gs, %llu persistent blob(s) recovered",
+        log_info("ready: socket %s, fd socket %s%s%s, pool %s on %s in %u segment(s)%s, spill %s "
+                 "(io %s%s%s), lease %.3gs, %llu persistent blob(s) recovered",
                  o_socket, fd_path, listen_port ? ", tcp port " : "", listen_port ? o_listen : "",
-                 pb, st.pool.nsegs, st.pool.mlocked ? " mlocked" : " not mlocked",
+                 pb, st.pool.huge ? "2 MiB huge pages" : st.pool.thp ? "transparent huge pages" : "4 KiB pages",
+                 st.pool.nsegs, st.pool.mlocked ? " mlocked" : " not mlocked",
                  sc.spill_dir ? sc.spill_dir : "off", st.io_backend, st.io_fallback[0] ? ": " : "",
                  st.io_fallback, o_lease, (unsigned long long)st.persistent_blobs);
         spill_request_hint(sc.spill_dir, &st);

@@ -60,6 +60,9 @@ struct pool {
     uint64_t page;             /* segment size granule (page or 2 MiB) */
     uint64_t allocs, failures, created, retired;
     bool huge;                 /* segments use 2 MiB huge pages */
+    bool thp;                  /* collapse normal-page segments into transparent huge pages */
+    int thp_errno;             /* the last refusal of that; 0: none */
+    bool thp_warned;
     bool lock_ok;              /* no mlock refusal so far */
     bool lock_warned;
 };
@@ -90,6 +93,16 @@ static bool make_budget(pool_t *p, uint64_t want) {
     return p->budget - p->assigned >= want;
 }
 
+/* A segment stays on normal pages although transparent huge pages were
+ * asked for: remember why, say it once. */
+static void thp_refused(pool_t *p, int e, uint64_t bytes) {
+    p->thp_errno = e;
+    if (p->thp_warned) return;
+    p->thp_warned = true;
+    log_warn("pool: a segment of %llu bytes stays on 4 KiB pages: %s (said once; pool_stats counts the "
+             "bytes on transparent huge pages)", (unsigned long long)bytes, shm_thp_why(e));
+}
+
 /* A new segment of at least len bytes for owner; NULL with -errno in *rc. */
 static seg_t *seg_new(pool_t *p, uint64_t owner, uint64_t len, int *rc) {
     uint64_t bytes = round_up(len > p->seg_unit ? len : p->seg_unit, p->page);
@@ -107,11 +120,13 @@ static seg_t *seg_new(pool_t *p, uint64_t owner, uint64_t len, int *rc) {
     seg_t *s = &p->seg[slot];
     char nm[64], err[SHM_ERR_LEN];
     snprintf(nm, sizeof nm, "%s-%u", p->name, slot);
-    int r = shm_create(&s->shm, nm, bytes, p->huge ? SHM_HUGE : 0, err, sizeof err);
+    int r = shm_create(&s->shm, nm, bytes, p->huge ? SHM_HUGE : p->thp ? SHM_THP : 0, err, sizeof err);
     if (r && p->huge && p->cfg.huge == POOL_HUGE_TRY) {
-        log_warn("pool: 2 MiB huge pages unavailable (%s); using normal pages", err);
+        log_warn("pool: 2 MiB huge pages unavailable (%s); using normal pages, on transparent huge pages "
+                 "where the kernel gives them", err);
         p->huge = false;
-        r = shm_create(&s->shm, nm, bytes, 0, err, sizeof err);
+        p->thp = true;
+        r = shm_create(&s->shm, nm, bytes, SHM_THP, err, sizeof err);
     }
     if (r) {
         log_error("pool: creating a segment of %llu bytes: %s", (unsigned long long)bytes, err);
@@ -126,6 +141,7 @@ static seg_t *seg_new(pool_t *p, uint64_t owner, uint64_t len, int *rc) {
         *rc = -ENOMEM;
         return NULL;
     }
+    if (p->thp && !s->shm.thp_bytes) thp_refused(p, s->shm.thp_errno, bytes);
     if (p->cfg.mlock && p->lock_ok && shm_lock(&s->shm, err, sizeof err) != 0) {
         p->lock_ok = false;
         if (!p->lock_warned)
@@ -165,7 +181,8 @@ int pool_open(pool_t **out, const pool_config_t *cfg, char *err, size_t errlen) 
     p->cfg = *cfg;
     snprintf(p->name, sizeof p->name, "%s", cfg->name ? cfg->name : "ballast-pool");
     p->cfg.name = NULL;
-    p->huge = cfg->huge != POOL_HUGE_OFF;
+    p->huge = cfg->huge == POOL_HUGE_ON || cfg->huge == POOL_HUGE_TRY;
+    p->thp = cfg->huge == POOL_HUGE_THP;
     p->page = p->huge ? POOL_HUGE_2M : (uint64_t)pg;
     p->budget = round_up(cfg->pool_bytes, p->page);
     /* default: a sixteenth of the budget, at most POOL_DEFAULT_SEG, so that
@@ -186,6 +203,16 @@ int pool_open(pool_t **out, const pool_config_t *cfg, char *err, size_t errlen) 
         return -EINVAL;
     }
     p->lock_ok = true;
+    if (p->thp) {
+        /* one 2 MiB probe, so that the start-up line and pool_stats can say
+         * before the first segment whether the kernel gives huge pages */
+        shm_seg_t probe;
+        char perr[SHM_ERR_LEN];
+        if (shm_create(&probe, "ballast-pool-probe", POOL_HUGE_2M, SHM_THP, perr, sizeof perr) == 0) {
+            if (!probe.thp_bytes) thp_refused(p, probe.thp_errno, POOL_HUGE_2M);
+            shm_destroy(&probe);
+        }
+    }
     *out = p;
     return 0;
 }
@@ -353,6 +380,7 @@ void pool_stats(pool_t *p, pool_stats_t *out) {
     for (uint32_t i = 0; i < POOL_MAX_SEGS; i++) {
         seg_t *s = &p->seg[i];
         if (!s->shm.base) continue;
+        out->thp_bytes += s->shm.thp_bytes;
         ext_stats_t es;
         ext_stats(s->ext, &es);
         out->used_bytes += es.used;
@@ -376,6 +404,8 @@ void pool_stats(pool_t *p, pool_stats_t *out) {
     out->owners = nown;
     out->mlocked = p->cfg.mlock && p->lock_ok && p->created > 0;
     out->huge = p->huge;
+    out->thp = p->thp && !p->thp_errno;
+    out->thp_errno = p->thp_errno;
     pthread_mutex_unlock(&p->mu);
     out->fragmentation = out->free_bytes ? 1.0 - (double)out->largest_free / (double)out->free_bytes : 0.0;
 }

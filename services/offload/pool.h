@@ -53,8 +53,10 @@ typedef struct {
 
 typedef enum {
     POOL_HUGE_OFF = 0, /* normal 4 KiB pages */
-    POOL_HUGE_TRY,     /* 2 MiB huge pages when the kernel has them, else normal pages */
+    POOL_HUGE_TRY,     /* 2 MiB huge pages when the kernel has them, else as POOL_HUGE_THP */
     POOL_HUGE_ON,      /* 2 MiB huge pages or fail */
+    POOL_HUGE_THP,     /* normal pages collapsed into transparent huge pages when the kernel
+                          allows (SHM_THP, common/shm.h), else normal pages */
 } pool_huge_t;
 
 typedef struct {
@@ -84,6 +86,11 @@ typedef struct {
     uint32_t owners;         /* distinct owners holding segments */
     bool mlocked;            /* all segments mlocked */
     bool huge;               /* segments backed by 2 MiB huge pages */
+    bool thp;                /* segments on transparent huge pages: asked for (POOL_HUGE_THP, or
+                                TRY without huge pages) and refused by none so far (a 2 MiB probe at
+                                open, then every segment) */
+    int thp_errno;           /* the last refusal (shm_thp_why explains it); 0: none */
+    uint64_t thp_bytes;      /* bytes of live segments on transparent huge pages */
 } pool_stats_t;
 
 /* Check the configuration and set up an empty pool (no segment exists

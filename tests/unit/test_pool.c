@@ -16,6 +16,7 @@
 
 #include "services/offload/extent.h"
 #include "services/offload/pool.h"
+#include "shm.h"
 #include "tests/unit/helpers.h"
 
 static uint64_t rng_state;
@@ -289,12 +290,74 @@ Test(pool, huge_pages_try_falls_back_and_on_fails_cleanly) {
     pool_stats_t st;
     pool_stats(p, &st);
     bool had_huge = st.huge;
+    if (!had_huge) /* TRY without huge pages goes on to transparent ones, or says why not */
+        cr_assert(st.thp ? st.thp_bytes == (4u << 20) : st.thp_errno != 0, "thp %d, %llu bytes, errno %d", st.thp,
+                  (unsigned long long)st.thp_bytes, st.thp_errno);
     pool_close(p);
     cfg.huge = POOL_HUGE_ON;
     cr_assert_eq(pool_open(&p, &cfg, err, sizeof err), 0, "%s", err);
     int rc = pool_alloc(p, 1, 4096, &r);
     if (had_huge) cr_assert_eq(rc, 0);
     else cr_assert_lt(rc, 0, "huge pages unavailable to TRY but ON succeeded");
+    pool_close(p);
+}
+
+/* Fill len bytes at p from a seed; the first differing byte offset of a
+ * check, or -1. */
+static void fill_seeded(uint8_t *p, uint64_t len, uint64_t seed) {
+    uint64_t s = seed | 1;
+    for (uint64_t i = 0; i < len; i++) p[i] = (uint8_t)(th_xorshift64(&s) >> 32);
+}
+static long long differs(const uint8_t *p, uint64_t len, uint64_t seed) {
+    uint64_t s = seed | 1;
+    for (uint64_t i = 0; i < len; i++)
+        if (p[i] != (uint8_t)(th_xorshift64(&s) >> 32)) return (long long)i;
+    return -1;
+}
+
+Test(pool, thp_segments_are_counted_used_and_retired) {
+    pool_config_t cfg = { .pool_bytes = 16u << 20, .segment_bytes = 8u << 20, .huge = POOL_HUGE_THP };
+    pool_t *p;
+    char err[256] = "";
+    cr_assert_eq(pool_open(&p, &cfg, err, sizeof err), 0, "%s", err);
+    pool_stats_t st;
+    pool_stats(p, &st);
+    cr_assert_not(st.huge);
+    cr_assert_eq(st.thp_bytes, 0, "no segment yet");
+    if (!st.thp) {
+        cr_assert_neq(st.thp_errno, 0, "refused without a reason");
+        char why[256];
+        snprintf(why, sizeof why, "the kernel refused transparent huge pages: %s", shm_thp_why(st.thp_errno));
+        pool_close(p);
+        cr_skip_test("%s", why);
+    }
+    rng_state = th_seed(0x7e1f00d5ull ^ (uint64_t)getpid());
+    uint64_t seed = rnd();
+    pool_region_t a, b, c, d;
+    cr_assert_eq(pool_alloc(p, 1, 3u << 20, &a), 0);
+    cr_assert_eq(pool_alloc(p, 1, 5u << 20, &b), 0);
+    cr_assert_eq(pool_alloc(p, 2, 8u << 20, &c), 0);
+    pool_stats(p, &st);
+    cr_assert_eq(st.nsegs, 2);
+    cr_assert(st.thp, "refused: %s", shm_thp_why(st.thp_errno));
+    cr_assert_eq(st.thp_bytes, st.segment_bytes, "%llu of %llu segment bytes on huge pages",
+                 (unsigned long long)st.thp_bytes, (unsigned long long)st.segment_bytes);
+    pool_region_t *all[] = { &a, &b, &c };
+    for (int i = 0; i < 3; i++) fill_seeded(pool_ptr(p, all[i]), all[i]->len, seed + (uint64_t)i);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(differs(pool_ptr(p, all[i]), all[i]->len, seed + (uint64_t)i), -1, "region %d", i);
+    /* owner 1 lets go; owner 3 gets its budget in a fresh segment, on huge pages again */
+    cr_assert_eq(pool_free(p, &a), 0);
+    cr_assert_eq(pool_free(p, &b), 0);
+    cr_assert_eq(pool_alloc(p, 3, 8u << 20, &d), 0, "owner 3 did not get the retired budget");
+    fill_seeded(pool_ptr(p, &d), d.len, ~seed);
+    cr_assert_eq(differs(pool_ptr(p, &d), d.len, ~seed), -1);
+    cr_assert_eq(differs(pool_ptr(p, &c), c.len, seed + 2), -1, "owner 2's bytes changed");
+    pool_stats(p, &st);
+    cr_assert_geq(st.segs_retired, 1);
+    cr_assert_eq(st.nsegs, 2);
+    cr_assert_eq(st.thp_bytes, st.segment_bytes, "%llu of %llu segment bytes on huge pages after a retire",
+                 (unsigned long long)st.thp_bytes, (unsigned long long)st.segment_bytes);
     pool_close(p);
 }
 
