@@ -23,22 +23,25 @@
 # there and go the moment reads end, while those are checked
 # (BALLAST_BENCH_E2E_PREFETCH=0: no hints, each get reads its own blob, one
 # request at a time).
-# The pool is measured on both backings, each its own RATIO lines:
-# 2M (--huge-pages 2M) and 4K (--huge-pages off). Direct I/O hands the
-# device one segment per physically contiguous run of the buffer, and a
-# request holds at most max_segments of them (/sys/block/*/queue): on 4K
-# pages that caps a request near 1 MiB (254 x 4 KiB on virtio) where fio's
-# freshly faulted buffer usually gets 4 MiB requests. 2M needs free huge
-# pages for the pool; run as root, the bench reserves what is missing in
-# vm.nr_hugepages for the run and puts the old value back at exit (set
-# BALLAST_BENCH_RESERVE_HUGE=0 to leave the sysctl alone: 2M is then
-# skipped, saying so, unless pages are already free). fio's buffer is on
-# the same kind of page: --mem=shmhuge against the 2M pool, its default
-# (malloc, 4 KiB pages) against the 4K pool.
+# The pool is measured on three backings, each its own RATIO lines:
+# 2M (--huge-pages 2M, reserved huge pages), THP (--huge-pages thp, the
+# default: 4 KiB pages the kernel collapses into transparent 2 MiB ones)
+# and 4K (--huge-pages off). Direct I/O hands the device one segment per
+# physically contiguous run of the buffer, and a request holds at most
+# max_segments of them (/sys/block/*/queue): on 4K pages that caps a
+# request near 1 MiB (254 x 4 KiB on virtio) when the host's free memory
+# is fragmented. 2M needs free huge pages for the pool; run as root, the
+# bench reserves what is missing in vm.nr_hugepages for the run and puts
+# the old value back at exit (set BALLAST_BENCH_RESERVE_HUGE=0 to leave
+# the sysctl alone: 2M is then skipped, saying so, unless pages are
+# already free). fio's buffer is on huge pages (--mem=shmhuge) against
+# the 2M pool, and against THP when huge pages are free for it; otherwise,
+# and against 4K, it is fio's default (malloc, 4 KiB pages). Each THP
+# round says which pages ballastd's pool got (its ready line).
 # Settings: BALLAST_BENCH_DIR (/tmp), BALLAST_BENCH_E2E_BYTES (1G),
 # BALLAST_BENCH_E2E_POOL (128M), BALLAST_BENCH_DEPTH (32),
 # BALLAST_BENCH_E2E_ROUNDS (6, even), BALLAST_BENCH_E2E_WATERMARK (25),
-# BALLAST_BENCH_E2E_PAGES ("2M 4K"), BALLAST_BENCH_E2E_BLOBS ("1M 16M"),
+# BALLAST_BENCH_E2E_PAGES ("2M THP 4K"), BALLAST_BENCH_E2E_BLOBS ("1M 16M"),
 # BALLAST_BENCH_RESERVE_HUGE (1), BALLAST_BENCH_E2E_PREFETCH (1).
 set -u
 cd "$(dirname "$0")/../.."
@@ -51,7 +54,7 @@ POOL=${BALLAST_BENCH_E2E_POOL:-128M}
 DEPTH=${BALLAST_BENCH_DEPTH:-32}
 ROUNDS=${BALLAST_BENCH_E2E_ROUNDS:-6}
 WM=${BALLAST_BENCH_E2E_WATERMARK:-25}
-PAGES=${BALLAST_BENCH_E2E_PAGES:-2M 4K}
+PAGES=${BALLAST_BENCH_E2E_PAGES:-2M THP 4K}
 BLOBS=${BALLAST_BENCH_E2E_BLOBS:-1M 16M}
 RESERVE=${BALLAST_BENCH_RESERVE_HUGE:-1}
 AHEAD=${BALLAST_BENCH_E2E_PREFETCH:-1}
@@ -111,7 +114,7 @@ print(pages(n(sys.argv[1])) + pages(int(sys.argv[2]) * max(n(b) for b in sys.arg
 # ours blob round pages: sets OW OR (MB/s)
 ours() {
     local d="$W/spill-$1-$2" o hp=off
-    [ "$3" = 2M ] && hp=2M
+    case $3 in 2M) hp=2M ;; THP) hp=thp ;; esac
     rm -f "$W/ports"
     "$BALLASTD" --socket "$W/b.sock" --pool-bytes "$POOL" --spill-dir "$d" --spill-bytes 2G --queue-depth "$DEPTH" \
         --evict-watermark "$WM" --huge-pages "$hp" --port-file "$W/ports" --log-level info > "$W/ballastd.log" 2>&1 &
@@ -128,12 +131,20 @@ ours() {
     o=$("$BO" --addr "unix:$W/b.sock" --mode spill --blob "$1" --bytes "$SIZE" --fill "$POOL" --prefetch "$ahead" 2>&1) ||
         { echo "bench_offload --mode spill failed: $o"; tail -5 "$W/ballastd.log"; exit 1; }
     kill -TERM $PID; wait $PID; PID=
+    OP=$(sed -n 's/.*ready: .* pool [^ ]* on \(.*\) in [0-9]* segment.*/\1/p' "$W/ballastd.log")
     rm -rf "$d"; sync -f "$W"
     o=$(echo "$o" | grep '^RESULT bench_offload_spill')
     OW=$(kv "$o" write_mbps); OR=$(kv "$o" read_mbps)
     # what the disk moved: blobs the pool still held are served from it
     local nb=$(( $(numfmt --from=iec "$SIZE") / $(numfmt --from=iec "$1") )) nf=$(( $(numfmt --from=iec "$POOL") / $(numfmt --from=iec "$1") ))
     OD=$(sed -n "s/.*stats at exit:.* \([0-9]*\) spill writes.* \([0-9]*\) spill reads.*/\1 writes for $((nb + nf)) blobs put, \2 reads for $nb read back/p" "$W/ballastd.log")
+}
+# free huge pages for fio's buffer (depth x the largest blob), quietly
+huge_free() {
+    local need free
+    need=$(( ( DEPTH * $(for b in $BLOBS; do numfmt --from=iec "$b"; done | sort -n | tail -1) + (2 << 20) - 1 ) / (2 << 20) ))
+    free=$(awk '/^HugePages_Free:/ {print $2}' /proc/meminfo)
+    [ "${free:-0}" -ge "$need" ]
 }
 # fio_rw blob rw mem: sets X (MB/s)
 fio_rw() {
@@ -149,9 +160,12 @@ fio_both() { fio_rw "$1" write "$2"; FW=$X; fio_rw "$1" read "$2"; FR=$X; rm -f 
 echo "spill end to end through ballastd vs fio: $SIZE per side per round after a $POOL fill, pool $POOL" \
      "on pages ${PAGES// /, }, watermark $WM%, depth $DEPTH, $ROUNDS rounds, dir $DIR"
 for pages in $PAGES; do
-    case $pages in 2M|4K) ;; *) echo "offload_spill bench: BALLAST_BENCH_E2E_PAGES: '$pages' is not 2M or 4K"; exit 1;; esac
+    case $pages in 2M|THP|4K) ;; *) echo "offload_spill bench: BALLAST_BENCH_E2E_PAGES: '$pages' is not 2M, THP or 4K"; exit 1;; esac
     mem=malloc
     if [ "$pages" = 2M ]; then huge_ready || continue; mem=shmhuge; fi
+    if [ "$pages" = THP ]; then
+        if huge_free; then mem=shmhuge; else echo "  THP pool: no free huge pages for fio's buffer, fio on 4 KiB pages"; fi
+    fi
     for blob in $BLOBS; do
         qw=(); qr=(); ows=(); fws=(); ors=(); frs=()
         for round in $(seq 1 "$ROUNDS"); do
@@ -160,7 +174,7 @@ for pages in $PAGES; do
             qw+=("$(ratio "$OW" "$FW")"); qr+=("$(ratio "$OR" "$FR")")
             ows+=("$OW"); fws+=("$FW"); ors+=("$OR"); frs+=("$FR")
             echo "  $pages pool, $blob round $round ($first first): write ours $OW fio $FW MB/s (${qw[-1]});" \
-                 "read-back ours $OR fio $FR MB/s (${qr[-1]}); ours on disk: ${OD:-?}"
+                 "read-back ours $OR fio $FR MB/s (${qr[-1]}); ours on disk: ${OD:-?}$([ "$pages" = THP ] && echo "; pool on ${OP:-?}")"
         done
         read -r w w_lo w_hi <<< "$(stats "${qw[@]}")"; read -r r r_lo r_hi <<< "$(stats "${qr[@]}")"
         read -r mow _ _ <<< "$(stats "${ows[@]}")"; read -r mfw _ _ <<< "$(stats "${fws[@]}")"
