@@ -180,6 +180,8 @@ static void read_svc(void *arg, svc_metrics_sample_t *out) {
     sess_counters(r->sm, &sc);
     out->pool_used_bytes = st.pool.used_bytes;
     out->pool_capacity_bytes = st.pool.total_bytes;
+    out->pool_segment_bytes = st.pool.segment_bytes;
+    out->pool_huge_bytes = st.pool.huge ? st.pool.segment_bytes : st.pool.thp_bytes;
     out->spill_used_bytes = st.spilled_bytes;
     out->blobs = st.blobs;
     out->sessions = st.sessions;

@@ -9,7 +9,7 @@ struct svc_metrics {
     metrics_registry_t *reg;
     svc_metrics_read_fn read;
     void *arg;
-    metric_t *pool_used, *pool_capacity, *spill_used, *blobs, *sessions;  /* gauges */
+    metric_t *pool_used, *pool_capacity, *pool_segments, *pool_huge, *spill_used, *blobs, *sessions; /* gauges */
     metric_family_t *offload;    /* ballast_offload_bytes_total{direction} */
     metric_t *to_host, *to_device, *spill_write, *spill_read, *evictions, *ahead, *crc_errors, *quota; /* counters */
 };
@@ -20,6 +20,8 @@ static void collect(void *p) {
     m->read(m->arg, &s);
     metric_set(m->pool_used, (double)s.pool_used_bytes);
     metric_set(m->pool_capacity, (double)s.pool_capacity_bytes);
+    metric_set(m->pool_segments, (double)s.pool_segment_bytes);
+    metric_set(m->pool_huge, (double)s.pool_huge_bytes);
     metric_set(m->spill_used, (double)s.spill_used_bytes);
     metric_set(m->blobs, (double)s.blobs);
     metric_set(m->sessions, (double)s.sessions);
@@ -45,6 +47,9 @@ svc_metrics_t *svc_metrics_init(metrics_registry_t *r, svc_metrics_read_fn read,
 #define COUNTER(f, name, help) if (!(m->f = metrics_counter(r, name, help, err, errlen))) goto fail
     GAUGE(pool_used, "ballast_pool_used_bytes", "Pinned host pool bytes holding blobs");
     GAUGE(pool_capacity, "ballast_pool_capacity_bytes", "Size of the pinned host pool");
+    GAUGE(pool_segments, "ballast_pool_segment_bytes", "Bytes of the pool in segments assigned to jobs");
+    GAUGE(pool_huge, "ballast_pool_huge_page_bytes",
+          "Bytes of the pool's segments on 2 MiB pages, reserved (--huge-pages 2M) or transparent (thp)");
     GAUGE(spill_used, "ballast_spill_used_bytes", "NVMe spill tier space in use");
     GAUGE(blobs, "ballast_blobs", "Blobs held (in the pool, on NVMe or both)");
     GAUGE(sessions, "ballast_sessions", "Open client sessions");

@@ -17,6 +17,8 @@
 typedef struct {
     uint64_t pool_used_bytes;     /* pinned pool bytes holding blobs */
     uint64_t pool_capacity_bytes; /* pool size */
+    uint64_t pool_segment_bytes;  /* pool bytes in segments assigned to jobs */
+    uint64_t pool_huge_bytes;     /* of those, bytes on 2 MiB pages (reserved or transparent) */
     uint64_t spill_used_bytes;    /* NVMe tier space in use */
     uint64_t blobs;               /* blobs in the index */
     uint64_t sessions;            /* open client sessions */

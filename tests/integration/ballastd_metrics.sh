@@ -7,8 +7,9 @@
 # holds so that blobs spill and are read back):
 # ballast_offload_bytes_total{direction="to_host"|"to_device"} equal to the
 # bytes put and got, ballast_spill_bytes_total and
-# ballast_spill_read_bytes_total rising; and a clean exit on SIGTERM with the
-# endpoint closed.
+# ballast_spill_read_bytes_total rising; the pool's segment bytes and how
+# many of them are on 2 MiB pages, as the ready line says the pool's pages
+# are; and a clean exit on SIGTERM with the endpoint closed.
 # Skipped when this build has no ballastd or its ballastd has no
 # --metrics-port.
 source "$(dirname "$0")/../lib.sh"
@@ -32,6 +33,7 @@ base = "http://127.0.0.1:%s" % sys.argv[1]
 t = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
 types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", t, re.M))
 want = {"ballast_pool_used_bytes": "gauge", "ballast_pool_capacity_bytes": "gauge", "ballast_spill_used_bytes": "gauge",
+        "ballast_pool_segment_bytes": "gauge", "ballast_pool_huge_page_bytes": "gauge",
         "ballast_blobs": "gauge", "ballast_sessions": "gauge", "ballast_offload_bytes_total": "counter",
         "ballast_spill_bytes_total": "counter", "ballast_spill_read_bytes_total": "counter",
         "ballast_evictions_total": "counter", "ballast_spill_ahead_writes_total": "counter", "ballast_crc_errors_total": "counter",
@@ -86,6 +88,28 @@ else
     t_fail "to_host after puts" "to_host=$h1, put $total bytes ($sizes; seed $SEED)"
 fi
 first=${sizes%% *}
+# The segments made for the puts, and how much of them is on 2 MiB pages:
+# the ready line says which pages the pool is on (--huge-pages thp, the
+# default: transparent ones where the kernel gives them).
+seg=$(scrape ballast_pool_segment_bytes); hp=$(scrape ballast_pool_huge_page_bytes)
+pages=$(sed -n 's/.*ready: .* pool [^ ]* on \(.*\) in [0-9]* segment.*/\1/p' "$D/out")
+case $pages in
+    "transparent huge pages"|"2 MiB huge pages")
+        # every segment's whole 2 MiB blocks; its tail under 2 MiB stays on 4 KiB pages
+        if [ "$seg" != none ] && [ "$seg" -gt 0 ] && [ $((hp % (2 << 20))) = 0 ] && [ "$hp" -le "$seg" ] &&
+            [ $((hp * 2)) -gt "$seg" ]; then
+            t_ok "pool on $pages: $hp of $seg segment bytes on 2 MiB pages"
+        else
+            t_fail "ballast_pool_huge_page_bytes on $pages" "huge $hp of $seg segment bytes"
+        fi ;;
+    "4 KiB pages")
+        if [ "$seg" != none ] && [ "$seg" -gt 0 ] && [ "$hp" = 0 ]; then
+            t_ok "pool on 4 KiB pages (the kernel refused: $(grep -m1 'stays on 4 KiB' "$D/out" | sed 's/.*pages: //')): none of $seg segment bytes on 2 MiB pages"
+        else
+            t_fail "ballast_pool_huge_page_bytes on 4 KiB pages" "huge $hp of $seg segment bytes"
+        fi ;;
+    *) t_fail "ballastd's ready line names the pool's pages" "got '$pages': $(grep 'ready:' "$D/out")" ;;
+esac
 if [ "$sw1" != none ] && [ "$sw1" -ge "$first" ] && [ $((sw1 % 4096)) = 0 ]; then
     t_ok "ballast_spill_bytes_total rose to $sw1 when the pool overflowed"
 else
