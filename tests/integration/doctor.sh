@@ -232,4 +232,26 @@ t1=$(date +%s)
 expect_rc 0 "--wait: ballastd came up after $((t1 - t0))s"
 expect ballastd ok "--wait"
 grep -q 'waiting.*ballastd missing' "$D/wait.err" && t_ok "--wait says what it waits for" || t_fail "--wait says what it waits for" "$(cat "$D/wait.err")"
+# hugepages: ok when the pool can get 2 MiB pages of either kind, as the
+# detail says; --need-huge-pages (ballastd --huge-pages 2M) warns without
+# free reserved ones
+HFREE=$(awk '/^HugePages_Free:/ {print $2}' /proc/meminfo)
+hd=$(field hugepages detail); hs=$(st hugepages)
+case "$hd" in *"collapses into transparent huge pages"*) thp=1 ;; *"no transparent huge pages"*|*"no 2 MiB memfd"*) thp=0 ;; *) thp=? ;; esac
+if [ "$thp" != "?" ] && { { [ "$thp" = 1 ] || [ "${HFREE:-0}" -gt 0 ]; } && [ "$hs" = ok ] ||
+                          { [ "$thp" = 0 ] && [ "${HFREE:-0}" = 0 ] && [ "$hs" = skipped ]; }; }; then
+    t_ok "hugepages is $hs: $hd"
+else
+    t_fail "hugepages status agrees with its detail" "status $hs, HugePages_Free ${HFREE:-none}: $hd"
+fi
+if [ "${HFREE:-0}" = 0 ]; then
+    doctor --need-huge-pages
+    if [ "$(st hugepages)" = warn ] && field hugepages fix | grep -q 'vm.nr_hugepages'; then
+        t_ok "--need-huge-pages without free reserved huge pages warns, naming vm.nr_hugepages"
+    else
+        t_fail "--need-huge-pages without free reserved huge pages" "$(st hugepages): $(field hugepages fix)"
+    fi
+else
+    t_skip "--need-huge-pages warning" "$HFREE reserved huge pages are free here"
+fi
 t_done

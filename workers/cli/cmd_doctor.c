@@ -9,7 +9,9 @@
  *                  kernel.io_uring_disabled or the seccomp profile
  *   spill_odirect  an O_DIRECT write and read-back of 4 KiB in --spill-dir
  *   spill_free     free space in --spill-dir against --min-free
- *   hugepages      reserved and free huge pages (/proc/meminfo)
+ *   hugepages      reserved and free huge pages (/proc/meminfo), and
+ *                  whether a 2 MiB memfd collapses into a transparent huge
+ *                  page (what ballastd's default --huge-pages thp asks)
  *   gpu            libcuda.so.1 (dlopen), cuInit, driver version, devices;
  *                  libcudart (dlopen) cudaGetDeviceCount when present
  *   nccl           libnccl.so.2 (dlopen), ncclGetVersion
@@ -52,6 +54,7 @@
 
 #include "grpc/health/v1/health.pb-c.h"
 #include "log.h"
+#include "shm.h"
 #include "offload.pb-c.h"
 #include "options.h"
 #include "rpc.h"
@@ -89,7 +92,7 @@ static const opt_t doctor_opts[] = {
     { "min-memlock", OPT_SIZE, "1G", 0, 0, NULL, "smallest RLIMIT_MEMLOCK that passes (unlimited always passes)", &o_min_memlock },
     { "spill-dir", OPT_STRING, "/var/lib/ballast/spill", 0, 0, NULL, "ballastd's spill directory to test for O_DIRECT and free space", &o_spill_dir },
     { "min-free", OPT_SIZE, "10G", 0, 0, NULL, "free space in --spill-dir below which the check warns", &o_min_free },
-    { "need-huge-pages", OPT_BOOL, "false", 0, 0, NULL, "ballastd runs with --huge-pages: warn when none are free", &o_need_huge },
+    { "need-huge-pages", OPT_BOOL, "false", 0, 0, NULL, "ballastd runs with --huge-pages 2M: warn when no reserved huge pages are free", &o_need_huge },
     { "offload-socket", OPT_STRING, "unix:/run/ballast/ballastd.sock", 0, 0, NULL, "ballastd's Unix socket (unix:/path)", &o_socket },
     { "offload-remote", OPT_STRING, NULL, 0, 0, NULL, "ballastd in remote mode, HOST:PORT (instead of the socket)", &o_remote },
     { "offload-token-file", OPT_STRING, NULL, 0, 0, NULL, "token for ballastd's remote mode (to open a test session)", &o_token_file },
@@ -306,20 +309,36 @@ static void check_hugepages(doc_check_t *c) {
         sscanf(line, "Hugepagesize: %ld kB", &sz);
     }
     if (f) fclose(f);
+    /* what ballastd's default (--huge-pages thp) gets: one 2 MiB memfd
+     * collapsed as the pool's segments are */
+    shm_seg_t probe;
+    char perr[SHM_ERR_LEN];
+    int thp = -1; /* errno of the refusal; 0: collapsed; -1: no memfd */
+    if (shm_create(&probe, "ballast-doctor-thp", SHM_HUGE_2M, SHM_THP, perr, sizeof perr) == 0) {
+        thp = probe.thp_bytes ? 0 : probe.thp_errno;
+        shm_destroy(&probe);
+    }
+    char thps[400];
+    if (thp == 0) setf(thps, sizeof thps, "shared memory collapses into transparent huge pages (ballastd's default, --huge-pages thp)");
+    else if (thp > 0) setf(thps, sizeof thps, "no transparent huge pages for shared memory: %s", shm_thp_why(thp));
+    else setf(thps, sizeof thps, "no 2 MiB memfd to try transparent huge pages on: %s", perr);
     if (total < 0) {
-        c->st = o_need_huge ? DS_WARN : DS_SKIPPED;
-        DETAIL(c, "/proc/meminfo has no HugePages_Total (kernel without hugetlbfs)");
-        FIX(c, "run ballastd without --huge-pages");
+        c->st = o_need_huge ? DS_WARN : thp == 0 ? DS_OK : DS_SKIPPED;
+        DETAIL(c, "/proc/meminfo has no HugePages_Total (kernel without hugetlbfs); %s", thps);
+        if (o_need_huge) FIX(c, "run ballastd with --huge-pages thp or off, not 2M");
         return;
     }
-    DETAIL(c, "%ld huge pages of %ld kB reserved, %ld free", total, sz, freep);
-    if (freep <= 0) {
-        c->st = o_need_huge ? DS_WARN : DS_SKIPPED;
-        if (!o_need_huge)
-            setf(c->detail + strlen(c->detail), sizeof c->detail - strlen(c->detail),
-                 "; only ballastd --huge-pages needs them (--need-huge-pages checks)");
+    DETAIL(c, "%ld huge pages of %ld kB reserved, %ld free; %s", total, sz, freep, thps);
+    if (freep <= 0 && o_need_huge) {
+        c->st = DS_WARN;
         FIX(c, "on the host: sysctl -w vm.nr_hugepages=N (N x %ld kB >= ballastd's --pool-bytes); "
             "Kubernetes: a hugepages-2Mi resource on the ballastd container", sz > 0 ? sz : 2048);
+    } else if (freep <= 0 && thp != 0) {
+        /* neither kind: the pool is on 4 KiB pages, which only slows spilling */
+        c->st = DS_SKIPPED;
+        FIX(c, "for 2 MiB pages in ballastd's pool (device-sized spill writes): %s",
+            thp > 0 ? "see the reason above, or reserve huge pages (sysctl -w vm.nr_hugepages=N) and run ballastd "
+                      "with --huge-pages 2M" : "reserve huge pages (sysctl -w vm.nr_hugepages=N) and run ballastd with --huge-pages 2M");
     }
 }
 
